@@ -1,0 +1,48 @@
+# The few targets a person needs. `make test` is what CI runs (.ci/run).
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+JOBS ?= 2
+
+.PHONY: install develop demo test test-cpp test-python lint format gpu-check bench-sampler clean
+
+install:  ## build and install the package (CPU and CUDA ops when torch has CUDA)
+	$(PIP) install -r requirements/build.txt
+	MAX_JOBS=$(JOBS) $(PIP) install --no-build-isolation .
+
+develop:  ## build the extensions in place under python/ for work on the code
+	MAX_JOBS=$(JOBS) $(PYTHON) setup.py build_ext --inplace
+
+demo: install  ## the main job on built-in demo data
+	adaptiveload plan --demo
+
+test-cpp:  ## GoogleTest suite of the C++ sampler core
+	cmake -S . -B build/cmake -DCMAKE_BUILD_TYPE=Release
+	cmake --build build/cmake -j $(JOBS)
+	ctest --test-dir build/cmake --output-on-failure
+
+test-python:  ## pytest against the installed package
+	$(PYTHON) -m pytest tests/python
+
+test:  ## install what the tests need, then run C++ and Python tests
+	$(PIP) install -r requirements/test.txt
+	MAX_JOBS=$(JOBS) $(PIP) install --no-build-isolation .
+	$(MAKE) test-cpp
+	$(MAKE) test-python
+
+lint:
+	ruff check python tests benchmarks examples
+	ruff format --check python tests benchmarks examples
+	clang-format --dry-run -Werror $$(git ls-files 'csrc/*.cpp' 'csrc/*.h' 'csrc/*.cu' 'csrc/*.cuh' 'tests/cpp/*.cpp')
+
+format:
+	ruff format python tests benchmarks examples
+	clang-format -i $$(git ls-files 'csrc/*.cpp' 'csrc/*.h' 'csrc/*.cu' 'csrc/*.cuh' 'tests/cpp/*.cpp')
+
+gpu-check:  ## on a CUDA machine: build, GPU tests, benchmarks, short table
+	bash scripts/gpu_check.sh
+
+bench-sampler:
+	$(PYTHON) benchmarks/bench_sampler.py
+
+clean:
+	rm -rf build dist python/*.egg-info python/adaptiveload/*.so

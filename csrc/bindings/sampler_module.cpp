@@ -1,0 +1,136 @@
+// pybind11 binding of the sampler core: converts types, nothing else.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sampler/cost_model.h"
+#include "sampler/planner.h"
+
+namespace py = pybind11;
+using adaptiveload::CostModel;
+using adaptiveload::EpochPlan;
+using adaptiveload::PlanOptions;
+using adaptiveload::SampleTable;
+
+namespace {
+
+using Int64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+using UInt8Array = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
+
+// Hands a vector to numpy without copying it.
+template <typename T>
+py::array_t<T> to_numpy(std::vector<T>&& v) {
+  auto* owned = new std::vector<T>(std::move(v));
+  py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>({static_cast<py::ssize_t>(owned->size())}, owned->data(), free_when_done);
+}
+
+const int64_t* checked_1d(const Int64Array& a, const char* name, py::ssize_t n) {
+  if (a.ndim() != 1) throw py::value_error(std::string(name) + " must be 1-D");
+  if (n >= 0 && a.shape(0) != n)
+    throw py::value_error(std::string(name) + " has " + std::to_string(a.shape(0)) +
+                          " entries, expected " + std::to_string(n));
+  return a.data();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_sampler, m) {
+  m.doc() = "AdaptiveLoad sampler core (C++): cost model, epoch planning, rank balancing.";
+
+  py::class_<CostModel>(m, "CostModel")
+      .def_static("power", &CostModel::power, py::arg("p"), py::arg("coef") = 1.0)
+      .def_static("polynomial", &CostModel::polynomial, py::arg("c0"), py::arg("c1"), py::arg("c2"))
+      .def("sample_cost", &CostModel::sample_cost, py::arg("seq_len"))
+      .def_property_readonly("is_power", [](const CostModel& c) { return c.kind == CostModel::Kind::kPower; })
+      .def_readonly("p", &CostModel::p)
+      .def_readonly("coef", &CostModel::coef)
+      .def_readonly("c0", &CostModel::c0)
+      .def_readonly("c1", &CostModel::c1)
+      .def_readonly("c2", &CostModel::c2)
+      .def("__repr__", &CostModel::describe);
+
+  py::class_<SampleTable>(m, "SampleTable")
+      .def(py::init([](const Int64Array& seq_lens, std::optional<Int64Array> group_keys,
+                       const CostModel& cost) {
+             const int64_t* lens = checked_1d(seq_lens, "seq_lens", -1);
+             const int64_t* keys =
+                 group_keys ? checked_1d(*group_keys, "group_keys", seq_lens.shape(0)) : nullptr;
+             return std::make_unique<SampleTable>(lens, seq_lens.shape(0), keys, cost);
+           }),
+           py::arg("seq_lens"), py::arg("group_keys"), py::arg("cost_model"))
+      .def("__len__", &SampleTable::size)
+      .def_property_readonly("num_groups", &SampleTable::num_groups)
+      .def("default_max_cost", &SampleTable::default_max_cost, py::arg("max_tokens"))
+      .def("batch_cost",
+           [](const SampleTable& t, const Int64Array& idx) {
+             const int64_t* p = checked_1d(idx, "indices", -1);
+             for (py::ssize_t j = 0; j < idx.shape(0); ++j)
+               if (p[j] < 0 || p[j] >= t.size()) throw py::index_error("sample index out of range");
+             return t.batch_cost(p, idx.shape(0));
+           },
+           py::arg("indices"));
+
+  m.def(
+      "plan_epoch",
+      [](const SampleTable& table, int64_t max_tokens, double max_cost, int64_t num_replicas,
+         int64_t micro_batches_per_step, bool shuffle, uint64_t seed, int64_t epoch,
+         bool drop_last, bool balance, int64_t lookahead_steps, bool skip_oversize,
+         std::optional<UInt8Array> exclude) {
+        PlanOptions o;
+        o.max_tokens = max_tokens;
+        o.max_cost = max_cost;
+        o.num_replicas = num_replicas;
+        o.micro_batches_per_step = micro_batches_per_step;
+        o.shuffle = shuffle;
+        o.seed = seed;
+        o.epoch = epoch;
+        o.drop_last = drop_last;
+        o.balance = balance;
+        o.lookahead_steps = lookahead_steps;
+        o.oversize = skip_oversize ? adaptiveload::OversizePolicy::kSkip
+                                   : adaptiveload::OversizePolicy::kError;
+        const uint8_t* ex = nullptr;
+        if (exclude) {
+          if (exclude->ndim() != 1 || exclude->shape(0) != table.size())
+            throw py::value_error("exclude must be 1-D with one flag per sample");
+          ex = exclude->data();
+        }
+        EpochPlan plan;
+        {
+          py::gil_scoped_release release;
+          plan = adaptiveload::plan_epoch(table, o, ex);
+        }
+        py::dict out;
+        out["num_replicas"] = plan.num_replicas;
+        out["micro_batches_per_step"] = plan.micro_batches_per_step;
+        out["num_steps"] = plan.num_steps;
+        out["num_padded_samples"] = plan.num_padded_samples;
+        out["num_dropped_samples"] = plan.num_dropped_samples;
+        out["num_split_micro_batches"] = plan.num_split_micro_batches;
+        out["samples"] = to_numpy(std::move(plan.samples));
+        out["offsets"] = to_numpy(std::move(plan.offsets));
+        out["costs"] = to_numpy(std::move(plan.costs));
+        out["tokens"] = to_numpy(std::move(plan.tokens));
+        out["padding"] = to_numpy(std::move(plan.padding));
+        out["skipped"] = to_numpy(std::move(plan.skipped));
+        return out;
+      },
+      py::arg("table"), py::arg("max_tokens"), py::arg("max_cost"), py::arg("num_replicas"),
+      py::arg("micro_batches_per_step"), py::arg("shuffle"), py::arg("seed"), py::arg("epoch"),
+      py::arg("drop_last"), py::arg("balance"), py::arg("lookahead_steps"),
+      py::arg("skip_oversize"), py::arg("exclude") = py::none());
+
+  m.def(
+      "assign_to_ranks",
+      [](py::array_t<double, py::array::c_style | py::array::forcecast> costs, int64_t num_bins,
+         int64_t per_bin) {
+        return to_numpy(adaptiveload::assign_to_ranks(costs.data(), costs.size(), num_bins, per_bin));
+      },
+      py::arg("costs"), py::arg("num_bins"), py::arg("per_bin"));
+}

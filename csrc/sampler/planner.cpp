@@ -1,0 +1,348 @@
+#include "sampler/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <queue>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include "sampler/rng.h"
+
+namespace adaptiveload {
+
+namespace {
+
+[[noreturn]] void invalid(const std::string& what) { throw std::invalid_argument(what); }
+
+// A micro-batch under construction: a range of the bucketed sample array.
+struct MicroBatch {
+  int64_t begin;
+  int64_t end;
+  double cost;
+  int64_t tokens;
+  bool padding;
+  int64_t count() const { return end - begin; }
+};
+
+void validate_options(const PlanOptions& o) {
+  if (o.max_tokens <= 0) invalid("max_tokens must be > 0, got " + std::to_string(o.max_tokens));
+  if (!(o.max_cost > 0.0) || !std::isfinite(o.max_cost))
+    invalid("max_cost must be finite and > 0, got " + std::to_string(o.max_cost));
+  if (o.num_replicas < 1) invalid("num_replicas must be >= 1, got " + std::to_string(o.num_replicas));
+  if (o.micro_batches_per_step < 1)
+    invalid("micro_batches_per_step must be >= 1, got " + std::to_string(o.micro_batches_per_step));
+  if (o.lookahead_steps < 1)
+    invalid("lookahead_steps must be >= 1, got " + std::to_string(o.lookahead_steps));
+}
+
+MicroBatch make_micro_batch(const SampleTable& table, const std::vector<int64_t>& samples,
+                            int64_t begin, int64_t end, bool padding) {
+  MicroBatch mb{begin, end, table.cost_model().batch_overhead(), 0, padding};
+  for (int64_t j = begin; j < end; ++j) {
+    mb.cost += table.sample_cost(samples[j]);
+    mb.tokens += table.seq_len(samples[j]);
+  }
+  return mb;
+}
+
+// Greedy packing of each group's samples, in their (shuffled) order, under both caps.
+std::vector<MicroBatch> pack_groups(const SampleTable& table, const PlanOptions& o,
+                                    const std::vector<int64_t>& bucketed,
+                                    const std::vector<int64_t>& group_begin) {
+  std::vector<MicroBatch> mbs;
+  const double overhead = table.cost_model().batch_overhead();
+  for (size_t g = 0; g + 1 < group_begin.size(); ++g) {
+    const int64_t end = group_begin[g + 1];
+    int64_t begin = group_begin[g];
+    int64_t tokens = 0;
+    double cost = overhead;
+    for (int64_t j = begin; j < end; ++j) {
+      const int64_t s = table.seq_len(bucketed[j]);
+      const double c = table.sample_cost(bucketed[j]);
+      if (j > begin && (tokens + s > o.max_tokens || cost + c > o.max_cost)) {
+        mbs.push_back({begin, j, cost, tokens, false});
+        begin = j;
+        tokens = 0;
+        cost = overhead;
+      }
+      tokens += s;
+      cost += c;
+    }
+    if (end > begin) mbs.push_back({begin, end, cost, tokens, false});
+  }
+  return mbs;
+}
+
+// Makes the micro-batch count a multiple of W*K. drop_last drops the smallest
+// micro-batches; otherwise the largest ones are halved (no sample repeated), and only
+// when nothing is left to halve are single-sample micro-batches of the cheapest
+// samples repeated.
+void fit_to_steps(const SampleTable& table, const PlanOptions& o, std::vector<int64_t>& bucketed,
+                  std::vector<MicroBatch>& mbs, EpochPlan& plan) {
+  const int64_t per_step = o.num_replicas * o.micro_batches_per_step;
+  const int64_t m = static_cast<int64_t>(mbs.size());
+  const int64_t rem = m % per_step;
+  if (rem == 0 || m == 0) return;
+
+  if (o.drop_last) {
+    std::vector<int64_t> idx(m);
+    std::iota(idx.begin(), idx.end(), 0);
+    // Fewest samples first; among equals the latest in order.
+    std::nth_element(idx.begin(), idx.begin() + (rem - 1), idx.end(), [&](int64_t a, int64_t b) {
+      if (mbs[a].count() != mbs[b].count()) return mbs[a].count() < mbs[b].count();
+      return a > b;
+    });
+    std::vector<uint8_t> drop(m, 0);
+    for (int64_t i = 0; i < rem; ++i) {
+      drop[idx[i]] = 1;
+      plan.num_dropped_samples += mbs[idx[i]].count();
+    }
+    int64_t w = 0;
+    for (int64_t i = 0; i < m; ++i)
+      if (!drop[i]) mbs[w++] = mbs[i];
+    mbs.resize(w);
+    return;
+  }
+
+  int64_t deficit = per_step - rem;
+  // Max-heap on sample count; ties go to the earlier micro-batch.
+  auto less = [&](int64_t a, int64_t b) {
+    if (mbs[a].count() != mbs[b].count()) return mbs[a].count() < mbs[b].count();
+    return a > b;
+  };
+  std::priority_queue<int64_t, std::vector<int64_t>, decltype(less)> heap(less);
+  for (int64_t i = 0; i < m; ++i)
+    if (mbs[i].count() >= 2) heap.push(i);
+  while (deficit > 0 && !heap.empty()) {
+    const int64_t i = heap.top();
+    heap.pop();
+    const MicroBatch whole = mbs[i];
+    const int64_t mid = whole.begin + whole.count() / 2;
+    mbs[i] = make_micro_batch(table, bucketed, whole.begin, mid, false);
+    mbs.push_back(make_micro_batch(table, bucketed, mid, whole.end, false));
+    ++plan.num_split_micro_batches;
+    --deficit;
+    const int64_t j = static_cast<int64_t>(mbs.size()) - 1;
+    if (mbs[i].count() >= 2) heap.push(i);
+    if (mbs[j].count() >= 2) heap.push(j);
+  }
+  if (deficit == 0) return;
+
+  // Every micro-batch holds one sample: repeat the cheapest samples.
+  std::vector<int64_t> active(bucketed.begin(), bucketed.end());
+  std::stable_sort(active.begin(), active.end(), [&](int64_t a, int64_t b) {
+    return table.sample_cost(a) < table.sample_cost(b);
+  });
+  for (int64_t p = 0; p < deficit; ++p) {
+    const int64_t pos = static_cast<int64_t>(bucketed.size());
+    bucketed.push_back(active[p % static_cast<int64_t>(active.size())]);
+    mbs.push_back(make_micro_batch(table, bucketed, pos, pos + 1, true));
+    ++plan.num_padded_samples;
+  }
+}
+
+}  // namespace
+
+SampleTable::SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* group_keys,
+                         CostModel cost)
+    : cost_(cost) {
+  cost_.validate();
+  if (n < 0) invalid("number of samples must be >= 0");
+  if (n > 0 && seq_lens == nullptr) invalid("seq_lens is null");
+  seq_lens_.assign(seq_lens, seq_lens + n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (seq_lens_[i] < 1)
+      invalid("seq_lens[" + std::to_string(i) + "] = " + std::to_string(seq_lens_[i]) +
+              ": sequence lengths must be >= 1 token");
+  }
+
+  // Dense group ids, numbered in increasing key order so plans do not depend on
+  // hash-map iteration order.
+  const int64_t* keys = group_keys ? group_keys : seq_lens;
+  std::unordered_map<int64_t, int32_t> first_id;
+  std::vector<int64_t> distinct;
+  group_.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    auto it = first_id.find(keys[i]);
+    if (it == first_id.end()) {
+      if (distinct.size() >= static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+        invalid("too many distinct group keys");
+      it = first_id.emplace(keys[i], static_cast<int32_t>(distinct.size())).first;
+      distinct.push_back(keys[i]);
+    }
+    group_[i] = it->second;
+  }
+  std::vector<int32_t> by_key(distinct.size());
+  std::iota(by_key.begin(), by_key.end(), 0);
+  std::sort(by_key.begin(), by_key.end(),
+            [&](int32_t a, int32_t b) { return distinct[a] < distinct[b]; });
+  std::vector<int32_t> renumber(distinct.size());
+  for (size_t r = 0; r < by_key.size(); ++r) renumber[by_key[r]] = static_cast<int32_t>(r);
+  num_groups_ = static_cast<int64_t>(distinct.size());
+  group_max_len_.assign(num_groups_, 0);
+  sample_cost_.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    group_[i] = renumber[group_[i]];
+    group_max_len_[group_[i]] = std::max(group_max_len_[group_[i]], seq_lens_[i]);
+    sample_cost_[i] = cost_.sample_cost(seq_lens_[i]);
+  }
+}
+
+double SampleTable::batch_cost(const int64_t* indices, int64_t count) const {
+  double c = cost_.batch_overhead();
+  for (int64_t j = 0; j < count; ++j) c += sample_cost_[indices[j]];
+  return c;
+}
+
+double SampleTable::default_max_cost(int64_t max_tokens) const {
+  if (max_tokens <= 0) invalid("max_tokens must be > 0, got " + std::to_string(max_tokens));
+  const double overhead = cost_.batch_overhead();
+  double heaviest = 0.0;
+  for (int64_t i = 0; i < size(); ++i)
+    if (seq_lens_[i] <= max_tokens) heaviest = std::max(heaviest, overhead + sample_cost_[i]);
+  double lightest_full = std::numeric_limits<double>::infinity();
+  for (int64_t g = 0; g < num_groups_; ++g) {
+    const int64_t len = group_max_len_[g];
+    if (len > max_tokens) continue;
+    lightest_full = std::min(lightest_full,
+                             overhead + static_cast<double>(max_tokens / len) * cost_.sample_cost(len));
+  }
+  if (heaviest == 0.0) return 1.0;  // nothing fits; planning will report the samples
+  return std::max(heaviest, lightest_full);
+}
+
+std::vector<int64_t> assign_to_ranks(const double* costs, int64_t n_items, int64_t num_bins,
+                                     int64_t per_bin) {
+  if (num_bins < 1 || per_bin < 1 || n_items != num_bins * per_bin)
+    invalid("assign_to_ranks: need n_items == num_bins * per_bin");
+  std::vector<int64_t> order(n_items);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
+  using Bin = std::pair<double, int64_t>;  // (load, bin): ties go to the lower bin
+  std::priority_queue<Bin, std::vector<Bin>, std::greater<Bin>> open;
+  for (int64_t b = 0; b < num_bins; ++b) open.push({0.0, b});
+  std::vector<int64_t> fill(num_bins, 0), bin_of(n_items);
+  for (int64_t item : order) {
+    auto [load, b] = open.top();
+    open.pop();
+    bin_of[item] = b;
+    if (++fill[b] < per_bin) open.push({load + costs[item], b});
+  }
+  return bin_of;
+}
+
+EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8_t* exclude) {
+  validate_options(o);
+  const int64_t n = table.size();
+  const int64_t W = o.num_replicas, K = o.micro_batches_per_step, per_step = W * K;
+  const double overhead = table.cost_model().batch_overhead();
+  EpochPlan plan;
+  plan.num_replicas = W;
+  plan.micro_batches_per_step = K;
+
+  // 1. The samples of this epoch, in (shuffled) order.
+  std::vector<int64_t> order;
+  order.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (exclude && exclude[i]) continue;
+    const int64_t s = table.seq_len(i);
+    const double c = overhead + table.sample_cost(i);
+    if (s > o.max_tokens || c > o.max_cost) {
+      if (o.oversize == OversizePolicy::kSkip) {
+        plan.skipped.push_back(i);
+        continue;
+      }
+      if (s > o.max_tokens)
+        invalid("sample " + std::to_string(i) + " has " + std::to_string(s) +
+                " tokens, more than max_tokens = " + std::to_string(o.max_tokens) +
+                " (raise max_tokens, or skip such samples with on_oversize='skip')");
+      invalid("sample " + std::to_string(i) + " (" + std::to_string(s) +
+              " tokens) has predicted cost " + std::to_string(c) + ", more than max_cost = " +
+              std::to_string(o.max_cost) +
+              " (raise max_cost, or skip such samples with on_oversize='skip')");
+    }
+    order.push_back(i);
+  }
+  if (o.shuffle) {
+    Rng rng(o.seed, 2 * static_cast<uint64_t>(o.epoch));
+    shuffle_in_place(order, rng);
+  }
+
+  // 2. Stable counting sort by group: each group keeps the shuffled order.
+  const int64_t G = table.num_groups();
+  std::vector<int64_t> group_begin(G + 1, 0);
+  for (int64_t i : order) ++group_begin[table.group(i) + 1];
+  for (int64_t g = 0; g < G; ++g) group_begin[g + 1] += group_begin[g];
+  std::vector<int64_t> bucketed(order.size());
+  {
+    std::vector<int64_t> cursor(group_begin.begin(), group_begin.end() - 1);
+    for (int64_t i : order) bucketed[cursor[table.group(i)]++] = i;
+  }
+  std::vector<int64_t>().swap(order);
+
+  // 3. Micro-batches under both caps, then in random order.
+  std::vector<MicroBatch> mbs = pack_groups(table, o, bucketed, group_begin);
+  Rng order_rng(o.seed, 2 * static_cast<uint64_t>(o.epoch) + 1);
+  if (o.shuffle) shuffle_in_place(mbs, order_rng);
+  fit_to_steps(table, o, bucketed, mbs, plan);
+
+  const int64_t m = static_cast<int64_t>(mbs.size());
+  plan.num_steps = m / per_step;
+
+  // 4. Slot of each micro-batch: slot_item[(t * W + r) * K + k] = index into mbs.
+  std::vector<int64_t> slot_item(m);
+  if (o.balance) {
+    const int64_t L = o.lookahead_steps;
+    std::vector<int64_t> items, chunk_order;
+    std::vector<double> chunk_costs(per_step);
+    for (int64_t t0 = 0; t0 < plan.num_steps; t0 += L) {
+      const int64_t steps = std::min(L, plan.num_steps - t0);
+      items.resize(steps * per_step);
+      std::iota(items.begin(), items.end(), t0 * per_step);
+      std::stable_sort(items.begin(), items.end(),
+                       [&](int64_t a, int64_t b) { return mbs[a].cost > mbs[b].cost; });
+      chunk_order.resize(steps);
+      std::iota(chunk_order.begin(), chunk_order.end(), 0);
+      if (o.shuffle) shuffle_in_place(chunk_order, order_rng);
+      for (int64_t c = 0; c < steps; ++c) {
+        const int64_t* chunk = items.data() + c * per_step;
+        for (int64_t j = 0; j < per_step; ++j) chunk_costs[j] = mbs[chunk[j]].cost;
+        const std::vector<int64_t> rank_of = assign_to_ranks(chunk_costs.data(), per_step, W, K);
+        const int64_t t = t0 + chunk_order[c];
+        std::vector<int64_t> fill(W, 0);
+        for (int64_t j = 0; j < per_step; ++j) {
+          const int64_t r = rank_of[j];
+          slot_item[(t * W + r) * K + fill[r]++] = chunk[j];
+        }
+      }
+    }
+  } else {
+    // Consecutive micro-batches go to consecutive ranks, as bucket samplers do.
+    for (int64_t t = 0; t < plan.num_steps; ++t)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t r = 0; r < W; ++r) slot_item[(t * W + r) * K + k] = t * per_step + k * W + r;
+  }
+
+  // 5. Flatten.
+  plan.offsets.resize(m + 1);
+  plan.costs.resize(m);
+  plan.tokens.resize(m);
+  plan.padding.resize(m);
+  plan.samples.reserve(bucketed.size());
+  plan.offsets[0] = 0;
+  for (int64_t slot = 0; slot < m; ++slot) {
+    const MicroBatch& mb = mbs[slot_item[slot]];
+    plan.samples.insert(plan.samples.end(), bucketed.begin() + mb.begin, bucketed.begin() + mb.end);
+    plan.offsets[slot + 1] = static_cast<int64_t>(plan.samples.size());
+    plan.costs[slot] = mb.cost;
+    plan.tokens[slot] = mb.tokens;
+    plan.padding[slot] = mb.padding ? 1 : 0;
+  }
+  return plan;
+}
+
+}  // namespace adaptiveload

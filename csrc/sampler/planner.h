@@ -1,0 +1,119 @@
+// The epoch planner of the dual-constraint adaptive batch sampler.
+// Plain C++17 on plain arrays; no torch, no Python.
+//
+// An epoch plan lists, for every optimizer step t, every data-parallel rank r and
+// every micro-batch k < K of that step, the dataset indices of one micro-batch:
+//
+//   micro-batch id m = (t * W + r) * K + k,   samples = plan.samples[offsets[m] : offsets[m+1]]
+//
+// Every micro-batch obeys two caps:
+//   memory:  sum_i S_i            <= max_tokens       (M_mem, tokens)
+//   compute: c0 + sum_i f(S_i)    <= max_cost         (M_comp, the cost model's unit)
+// and never mixes group keys. With balancing on, each step's W*K micro-batches are
+// drawn from a window of `lookahead_steps` steps sorted by cost, so a step holds
+// micro-batches of similar cost, and are then assigned to ranks, K each, by longest
+// processing time first, which minimizes the slowest rank of the step.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "sampler/cost_model.h"
+
+namespace adaptiveload {
+
+/// What to do with a sample that alone breaks a cap.
+enum class OversizePolicy { kError, kSkip };
+
+/// \brief The dataset as the planner sees it: one sequence length and one group key
+/// per index, plus the cost model. Built once; planning an epoch reads it only.
+class SampleTable {
+ public:
+  /// \param seq_lens   n token counts, each >= 1
+  /// \param group_keys n integer keys or nullptr; a micro-batch never mixes keys.
+  ///                   nullptr means the key is the sequence length itself.
+  SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* group_keys, CostModel cost);
+
+  int64_t size() const { return static_cast<int64_t>(seq_lens_.size()); }
+  int64_t num_groups() const { return num_groups_; }
+  int64_t seq_len(int64_t i) const { return seq_lens_[i]; }
+  int32_t group(int64_t i) const { return group_[i]; }
+  double sample_cost(int64_t i) const { return sample_cost_[i]; }
+  const CostModel& cost_model() const { return cost_; }
+
+  /// cost(batch) for an arbitrary list of indices.
+  double batch_cost(const int64_t* indices, int64_t count) const;
+
+  /// \brief The default compute cap M_comp for a memory cap:
+  ///   max( cost of the heaviest single sample,
+  ///        min over groups of the cost of a micro-batch of that group filled to max_tokens )
+  /// The first term admits every sample; the second stops the cap from cutting the
+  /// cheapest group's micro-batches below what memory allows. Micro-batches of heavy
+  /// groups are then cut to about the cost of a full micro-batch of light ones, which
+  /// is what makes steps balanceable. Samples over max_tokens are ignored.
+  double default_max_cost(int64_t max_tokens) const;
+
+ private:
+  std::vector<int64_t> seq_lens_;
+  std::vector<int32_t> group_;      // dense group id per sample, ordered by key
+  std::vector<int64_t> group_max_len_;
+  std::vector<double> sample_cost_;  // f(S_i)
+  int64_t num_groups_ = 0;
+  CostModel cost_;
+};
+
+struct PlanOptions {
+  int64_t max_tokens = 0;           ///< M_mem: tokens per micro-batch, > 0
+  double max_cost = 0.0;            ///< M_comp: > 0 (callers pass default_max_cost() when unset)
+  int64_t num_replicas = 1;         ///< W: data-parallel ranks
+  int64_t micro_batches_per_step = 1;  ///< K: micro-batches per rank per optimizer step
+  bool shuffle = true;
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+  bool drop_last = false;
+  /// Balance steps: sort each window of lookahead_steps steps by cost and assign each
+  /// step's micro-batches to ranks by LPT. Off: micro-batches keep their shuffled
+  /// order and go to ranks round-robin (what bucket samplers do today).
+  bool balance = true;
+  int64_t lookahead_steps = 16;  ///< window, in optimizer steps; >= 1
+  OversizePolicy oversize = OversizePolicy::kError;
+};
+
+struct EpochPlan {
+  int64_t num_replicas = 1;
+  int64_t micro_batches_per_step = 1;
+  int64_t num_steps = 0;
+  std::vector<int64_t> samples;   ///< dataset indices, micro-batch after micro-batch
+  std::vector<int64_t> offsets;   ///< num_micro_batches + 1 offsets into samples
+  std::vector<double> costs;      ///< predicted cost per micro-batch
+  std::vector<int64_t> tokens;    ///< sum of S per micro-batch
+  std::vector<uint8_t> padding;   ///< 1 where a micro-batch repeats samples to fill the last step
+  int64_t num_padded_samples = 0;   ///< repeated samples added (drop_last = false)
+  int64_t num_dropped_samples = 0;  ///< samples left out of this epoch (drop_last = true)
+  int64_t num_split_micro_batches = 0;  ///< micro-batches halved to fill the last step
+  std::vector<int64_t> skipped;   ///< samples over a cap, left out (OversizePolicy::kSkip)
+
+  int64_t num_micro_batches() const { return static_cast<int64_t>(offsets.size()) - 1; }
+  int64_t micro_batch_id(int64_t step, int64_t rank, int64_t k) const {
+    return (step * num_replicas + rank) * micro_batches_per_step + k;
+  }
+};
+
+/// \brief Plans one epoch for all ranks. Deterministic in (table, options, exclude):
+/// every rank computes the same plan without communication.
+/// \param exclude nullptr or table.size() flags; flagged samples are left out (used to
+///                resume an epoch whose first part was already consumed).
+/// Each non-excluded, non-skipped sample appears exactly once, except the repeats of
+/// padding micro-batches. Throws std::invalid_argument on bad options or, with
+/// OversizePolicy::kError, on the first sample that alone breaks a cap.
+EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& options,
+                     const uint8_t* exclude = nullptr);
+
+/// \brief Assigns n_items costs to num_bins bins, exactly per_bin items each
+/// (n_items = num_bins * per_bin), minimizing the largest bin sum greedily: items in
+/// decreasing cost go to the least loaded bin that still has room (LPT).
+/// \return bin of each item.
+std::vector<int64_t> assign_to_ranks(const double* costs, int64_t n_items, int64_t num_bins,
+                                     int64_t per_bin);
+
+}  // namespace adaptiveload

@@ -1,0 +1,5 @@
+import sys
+
+from adaptiveload.cli import main
+
+sys.exit(main())

@@ -1,0 +1,184 @@
+"""The ``adaptiveload`` command line.
+
+``adaptiveload plan``: plan an epoch from metadata (or ``--demo`` data), print the bucket
+table and the balance report against equal-token buckets and the paper's rule, and draw
+the per-rank load of each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+from adaptiveload.cost import CostModel
+from adaptiveload.demo import MIXES, demo_metadata
+from adaptiveload.metadata import Metadata, read_metadata
+from adaptiveload.report import balance_report, rescore
+from adaptiveload.sampler import AdaptiveBatchSampler, EqualTokenBatchSampler
+
+
+def _cost_model(spec: str) -> CostModel:
+    named = {"wan21-14b": ("14B",), "wan21-1.3b": ("1.3B",)}
+    if spec.lower() in named:
+        return CostModel.wan21_h200(*named[spec.lower()])
+    if spec.startswith("power:"):
+        try:
+            return CostModel.power(float(spec.split(":", 1)[1]))
+        except ValueError as e:
+            raise SystemExit(f"adaptiveload: bad --cost-model {spec!r}: {e}") from None
+    if os.path.exists(spec):
+        return CostModel.from_json(spec)
+    raise SystemExit(
+        f"adaptiveload: --cost-model must be wan21-14b, wan21-1.3b, power:P or a JSON file; got {spec!r}"
+    )
+
+
+def _bucket_table(meta: Metadata, ours, equal) -> list[dict]:
+    plan = ours.plan()
+    sizes = np.diff(plan.offsets)
+    first = plan.samples[plan.offsets[:-1]]
+    keys = meta.group_keys() if meta.shapes is not None else meta.seq_lens
+    rows = []
+    for key in np.unique(keys):
+        members = np.flatnonzero(keys == key)
+        i = members[0]
+        in_group = (keys[first] == key) & (plan.padding == 0)
+        seq = int(meta.seq_lens[i])
+        batch = int(sizes[in_group].max()) if in_group.any() else 0
+        rows.append(
+            {
+                "shape": "x".join(str(v) for v in meta.shapes[i]) if meta.shapes is not None else "-",
+                "seq_len": seq,
+                "samples": int(len(members)),
+                "batch": batch,
+                "cost": ours.cost_model.batch_cost([seq] * batch) if batch else 0.0,
+                "equal_token_batch": equal.max_tokens // seq,
+            }
+        )
+    return sorted(rows, key=lambda r: (r["seq_len"], r["shape"]))
+
+
+def _draw(reports: dict, path: str, steps: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(reports), 1, figsize=(11, 2.6 * len(reports)), sharey=True)
+    for ax, (name, (plan, rep)) in zip(np.atleast_1d(axes), reports.items(), strict=True):
+        loads = plan.rank_costs()[:steps]
+        for r in range(loads.shape[1]):
+            ax.plot(np.arange(len(loads)), loads[:, r], ".", ms=3, alpha=0.6)
+        ax.plot(np.arange(len(loads)), loads.max(axis=1), "-", color="k", lw=1, label="slowest rank")
+        ax.set_title(f"{name}: imbalance {rep.imbalance:.1%}, predicted epoch time {rep.epoch_time:.4g}")
+        ax.set_ylabel("rank load")
+        ax.legend(loc="upper right", fontsize=8)
+    np.atleast_1d(axes)[-1].set_xlabel("optimizer step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    if args.demo:
+        meta = demo_metadata(args.demo_samples, args.demo_mix, seed=args.seed)
+        source = f"demo mix '{args.demo_mix}' ({args.demo_samples} samples)"
+    elif args.metadata:
+        meta = read_metadata(args.metadata)
+        source = args.metadata
+    else:
+        print("adaptiveload plan: give --metadata PATH or --demo", file=sys.stderr)
+        return 2
+    cost = _cost_model(args.cost_model)
+    max_tokens = args.max_tokens or int(2 * meta.seq_lens.max())
+    common = dict(
+        group_keys=meta.group_keys(),
+        num_replicas=args.num_replicas,
+        rank=0,
+        micro_batches_per_step=args.micro_batches_per_step,
+        seed=args.seed,
+    )
+    ours = AdaptiveBatchSampler(
+        meta.seq_lens, max_tokens, max_cost=args.max_cost, cost_model=cost,
+        lookahead_steps=args.lookahead_steps, **common,
+    )
+    equal = EqualTokenBatchSampler(meta.seq_lens, max_tokens, cost_model=cost, **common)
+    paper = AdaptiveBatchSampler(
+        meta.seq_lens, max_tokens, cost_model=CostModel.power(1.5), balance=False, **common
+    )
+    for s in (ours, equal, paper):
+        s.set_epoch(args.epoch)
+    plans = {
+        "AdaptiveLoad": ours.plan(),
+        "equal-token buckets": equal.plan(),
+        "paper rule (S^1.5, no balancing)": rescore(paper.plan(), meta.seq_lens, cost),
+    }
+    reports = {name: (p, balance_report(p)) for name, p in plans.items()}
+
+    unit = f" [{cost.unit}]" if cost.unit else ""
+    print(f"data: {source}; {len(meta.seq_lens)} samples; cost model {cost!r}")
+    print(f"caps: max_tokens = {max_tokens} tokens, max_cost = {ours.max_cost:.6g}{unit}; "
+          f"{args.num_replicas} ranks x {args.micro_batches_per_step} micro-batch(es) per step\n")
+    rows = _bucket_table(meta, ours, equal)
+    print(f"{'shape (FxHxW)':>15} {'S':>7} {'samples':>8} {'batch':>6} {'cost/micro-batch':>17} {'equal-token batch':>18}")
+    for r in rows:
+        print(f"{r['shape']:>15} {r['seq_len']:>7} {r['samples']:>8} {r['batch']:>6} "
+              f"{r['cost']:>17.5g} {r['equal_token_batch']:>18}")
+    base = reports["equal-token buckets"][1].epoch_time
+    print(f"\n{'sampler':<34} {'steps':>6} {'imbalance':>10} {'spread':>8} {'epoch time':>12} {'speedup':>8} {'token use':>10}")
+    for name, (_, rep) in reports.items():
+        print(f"{name:<34} {rep.num_steps:>6} {rep.imbalance:>10.1%} {rep.spread:>8.1%} "
+              f"{rep.epoch_time:>12.5g} {base / rep.epoch_time:>7.2f}x {rep.token_utilization:>10.1%}")
+    rep = reports["AdaptiveLoad"][1]
+    print(f"\nAdaptiveLoad: perfect-balance bound {rep.ideal_time:.5g} ({rep.balance_efficiency:.1%} reached); "
+          f"{rep.num_split_micro_batches} micro-batches halved and {rep.num_padded_samples} samples repeated "
+          f"to fill the last step; {rep.over_token_cap + rep.over_cost_cap} micro-batches over a cap")
+    if args.figure != "none":
+        _draw(reports, args.figure, args.figure_steps)
+        print(f"figure: {args.figure}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"buckets": rows, "reports": {n: r.to_dict() for n, (_, r) in reports.items()}}, f, indent=2)
+        print(f"report: {args.json}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="adaptiveload", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plan", help="plan an epoch and compare it with equal-token buckets")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--metadata", help="CSV, JSONL or Parquet with seq_len or num_frames,height,width")
+    src.add_argument("--demo", action="store_true", help="use a built-in image+video mix")
+    p.add_argument("--demo-mix", default="wan-mix", choices=sorted(MIXES))
+    p.add_argument("--demo-samples", type=int, default=20_000)
+    p.add_argument("--max-tokens", type=int, default=None, help="memory cap (default: 2x the longest sample)")
+    p.add_argument("--max-cost", type=float, default=None, help="compute cap (default: see docs)")
+    p.add_argument("--cost-model", default="wan21-14b", help="wan21-14b, wan21-1.3b, power:P or a JSON file")
+    p.add_argument("--num-replicas", type=int, default=8)
+    p.add_argument("--micro-batches-per-step", type=int, default=1)
+    p.add_argument("--lookahead-steps", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--figure", default="adaptiveload_plan.png", help="PNG path, or 'none'")
+    p.add_argument("--figure-steps", type=int, default=60, help="steps drawn in the figure")
+    p.add_argument("--json", default=None, help="also write the report as JSON here")
+    p.set_defaults(func=cmd_plan)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        print(f"adaptiveload {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

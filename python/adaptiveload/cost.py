@@ -1,0 +1,123 @@
+"""Cost models: the predicted time of a micro-batch from its samples' token counts."""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import resources
+
+import numpy as np
+
+from adaptiveload import _sampler
+
+_BUILTIN = "wan21_h200.json"
+
+
+def _builtin_profiles() -> dict:
+    with resources.files("adaptiveload.data").joinpath(_BUILTIN).open() as f:
+        return json.load(f)
+
+
+class CostModel:
+    """Predicted cost of a micro-batch: ``cost(batch) = c0 + sum_i f(S_i)``.
+
+    - ``CostModel.power(p)``: ``f(S) = coef * S**p``, ``c0 = 0`` (the paper's ``B x S^p`` form).
+    - ``CostModel.polynomial(c0, c1, c2)``: ``f(S) = c1*S + c2*S**2`` (linear layers plus
+      quadratic attention); calibrated profiles are of this form, in milliseconds.
+
+    Only ratios between micro-batches matter for balancing; ``max_cost`` is in the same unit.
+    """
+
+    def __init__(self, core: _sampler.CostModel, *, unit: str = "", meta: dict | None = None):
+        self._core = core
+        self.unit = unit
+        self.meta = dict(meta or {})
+
+    # -- constructors -------------------------------------------------------------------
+    @classmethod
+    def power(cls, p: float = 1.5, coef: float = 1.0) -> CostModel:
+        return cls(_sampler.CostModel.power(float(p), float(coef)), unit=f"token^{p:g}")
+
+    @classmethod
+    def polynomial(cls, c0: float, c1: float, c2: float, *, unit: str = "ms") -> CostModel:
+        return cls(_sampler.CostModel.polynomial(float(c0), float(c1), float(c2)), unit=unit)
+
+    @classmethod
+    def wan21_h200(cls, size: str = "14B", layers: int | None = None) -> CostModel:
+        """Built-in profile: Wan 2.1 ``size`` ("1.3B" or "14B") forward+backward in ms on one
+        H200, ``layers`` blocks (default: the full model), fitted to block measurements."""
+        profiles = _builtin_profiles()["configs"]
+        if size not in profiles:
+            raise ValueError(f"CostModel.wan21_h200: size must be one of {sorted(profiles)}, got {size!r}")
+        cfg = profiles[size]
+        n = cfg["layers"] if layers is None else int(layers)
+        if n < 1:
+            raise ValueError(f"CostModel.wan21_h200: layers must be >= 1, got {layers}")
+        c = cfg["block_ms"]
+        model = cls.polynomial(n * c["c0"], n * c["c1"], n * c["c2"], unit="ms")
+        model.meta = {"source": f"wan21_h200:{size}", "layers": n}
+        return model
+
+    @classmethod
+    def default(cls) -> CostModel:
+        """The model used when none is given: Wan 2.1 14B on an H200 (see ``wan21_h200``).
+        Its attention share (the S^2 term) is typical of video DiTs; calibrate for your own."""
+        return cls.wan21_h200("14B")
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> CostModel:
+        with open(path) as f:
+            try:
+                d = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: not valid JSON ({e})") from None
+        return cls.from_dict(d, source=str(path))
+
+    @classmethod
+    def from_dict(cls, d: dict, *, source: str = "dict") -> CostModel:
+        kind = d.get("kind")
+        try:
+            if kind == "power":
+                model = cls.power(d["p"], d.get("coef", 1.0))
+            elif kind == "polynomial":
+                model = cls.polynomial(d["c0"], d["c1"], d["c2"], unit=d.get("unit", "ms"))
+            else:
+                raise ValueError(f"{source}: 'kind' must be 'power' or 'polynomial', got {kind!r}")
+        except KeyError as e:
+            raise ValueError(f"{source}: missing field {e.args[0]!r} for a {kind} cost model") from None
+        model.meta = dict(d.get("meta", {}))
+        return model
+
+    def to_dict(self) -> dict:
+        c = self._core
+        if c.is_power:
+            d = {"kind": "power", "p": c.p, "coef": c.coef}
+        else:
+            d = {"kind": "polynomial", "c0": c.c0, "c1": c.c1, "c2": c.c2, "unit": self.unit}
+        if self.meta:
+            d["meta"] = self.meta
+        return d
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=2)
+            f.write("\n")
+
+    # -- evaluation ---------------------------------------------------------------------
+    @property
+    def overhead(self) -> float:
+        """The fixed cost of a micro-batch (c0)."""
+        return 0.0 if self._core.is_power else self._core.c0
+
+    def sample_cost(self, seq_lens):
+        """f(S), vectorized."""
+        s = np.asarray(seq_lens, dtype=np.float64)
+        c = self._core
+        return c.coef * s**c.p if c.is_power else c.c1 * s + c.c2 * s * s
+
+    def batch_cost(self, seq_lens) -> float:
+        """cost(batch) = c0 + sum_i f(S_i) for one micro-batch."""
+        return float(self.overhead + np.sum(self.sample_cost(seq_lens)))
+
+    def __repr__(self) -> str:
+        return f"CostModel.{self._core!r}" + (f" [{self.unit}]" if self.unit else "")

@@ -1,0 +1,45 @@
+"""Built-in demo data: realistic image + video mixes for Wan 2.1 training.
+
+Shapes are (num_frames, height, width) in pixels; weights are shares of samples.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from adaptiveload.metadata import Metadata
+from adaptiveload.seqlen import wan_seq_len
+
+# name -> [(frames, height, width, share of samples)]
+MIXES: dict[str, list[tuple[int, int, int, float]]] = {
+    # Images and 480p/720p clips of 1-5 s, as in a Wan 2.1 fine-tuning set.
+    "wan-mix": [
+        (1, 480, 832, 0.30), (1, 720, 1280, 0.10),
+        (17, 480, 832, 0.05), (33, 480, 832, 0.05), (49, 480, 832, 0.05), (81, 480, 832, 0.20),
+        (33, 720, 1280, 0.05), (49, 720, 1280, 0.05), (81, 720, 1280, 0.15),
+    ],
+    # Mostly images with some long videos (pre-training on image-text pairs).
+    "image-heavy": [
+        (1, 480, 832, 0.55), (1, 720, 1280, 0.20), (1, 832, 480, 0.05),
+        (81, 480, 832, 0.10), (81, 720, 1280, 0.10),
+    ],
+    # Mostly videos of all lengths (video-focused stage).
+    "video-heavy": [
+        (1, 480, 832, 0.10),
+        (17, 480, 832, 0.10), (33, 480, 832, 0.10), (49, 480, 832, 0.10), (81, 480, 832, 0.25),
+        (33, 720, 1280, 0.05), (49, 720, 1280, 0.10), (81, 720, 1280, 0.20),
+    ],
+}
+
+
+def demo_metadata(num_samples: int = 20_000, mix: str = "wan-mix", seed: int = 0) -> Metadata:
+    """Draw ``num_samples`` shapes from ``MIXES[mix]`` (deterministic in ``seed``)."""
+    if mix not in MIXES:
+        raise ValueError(f"unknown demo mix {mix!r}; choose from {sorted(MIXES)}")
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    table = np.array([s[:3] for s in MIXES[mix]], dtype=np.int64)
+    share = np.array([s[3] for s in MIXES[mix]], dtype=np.float64)
+    pick = np.random.default_rng(seed).choice(len(table), size=num_samples, p=share / share.sum())
+    shapes = table[pick]
+    return Metadata(seq_lens=wan_seq_len(shapes[:, 0], shapes[:, 1], shapes[:, 2]), shapes=shapes)

@@ -1,0 +1,106 @@
+"""How well a plan balances the ranks, from its predicted costs."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from adaptiveload.sampler import Plan
+
+
+@dataclass
+class BalanceReport:
+    """Per optimizer step t with rank loads L_t,r (predicted cost of rank r's micro-batches):
+
+    - ``imbalance``: mean over steps of 1 - mean_r(L) / max_r(L), the share of GPU time
+      spent waiting at the gradient sync;
+    - ``spread``: mean over steps of (max_r(L) - min_r(L)) / max_r(L);
+    - ``epoch_time``: sum over steps of max_r(L), the predicted epoch time (cost units);
+    - ``ideal_time``: sum over steps of mean_r(L), the same work perfectly balanced
+      within each step (the plan's own perfect-balance bound);
+    - ``token_utilization``: mean over micro-batches of tokens / max_tokens.
+    """
+
+    num_steps: int
+    num_replicas: int
+    micro_batches_per_step: int
+    num_micro_batches: int
+    imbalance: float
+    spread: float
+    epoch_time: float
+    ideal_time: float
+    token_utilization: float
+    max_tokens: int
+    max_cost: float | None
+    over_token_cap: int
+    over_cost_cap: int
+    num_padded_samples: int
+    num_dropped_samples: int
+    num_split_micro_batches: int
+    num_skipped_samples: int
+
+    @property
+    def balance_efficiency(self) -> float:
+        """ideal_time / epoch_time: 1.0 means no rank ever waits."""
+        return self.ideal_time / self.epoch_time if self.epoch_time else 1.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["balance_efficiency"] = self.balance_efficiency
+        return d
+
+    def __str__(self) -> str:
+        return (
+            f"steps={self.num_steps} W={self.num_replicas} K={self.micro_batches_per_step} "
+            f"imbalance={self.imbalance:.1%} spread={self.spread:.1%} "
+            f"epoch_time={self.epoch_time:.4g} (ideal {self.ideal_time:.4g}) "
+            f"token_util={self.token_utilization:.1%}"
+        )
+
+
+def balance_report(plan: Plan) -> BalanceReport:
+    """Summarize ``plan`` (see ``BalanceReport`` for the definitions)."""
+    if plan.num_steps == 0:
+        loads = np.zeros((0, plan.num_replicas))
+    else:
+        loads = plan.rank_costs()
+    mx = loads.max(axis=1) if len(loads) else np.zeros(0)
+    mean = loads.mean(axis=1) if len(loads) else np.zeros(0)
+    mn = loads.min(axis=1) if len(loads) else np.zeros(0)
+    safe = np.where(mx > 0, mx, 1.0)
+    cap = plan.max_cost
+    return BalanceReport(
+        num_steps=plan.num_steps,
+        num_replicas=plan.num_replicas,
+        micro_batches_per_step=plan.micro_batches_per_step,
+        num_micro_batches=plan.num_micro_batches,
+        imbalance=float(np.mean(1 - mean / safe)) if len(mx) else 0.0,
+        spread=float(np.mean((mx - mn) / safe)) if len(mx) else 0.0,
+        epoch_time=float(mx.sum()),
+        ideal_time=float(mean.sum()),
+        token_utilization=float(np.mean(plan.tokens / plan.max_tokens)) if len(plan.tokens) else 0.0,
+        max_tokens=plan.max_tokens,
+        max_cost=cap,
+        over_token_cap=int(np.sum(plan.tokens > plan.max_tokens)),
+        over_cost_cap=int(np.sum(plan.costs > cap * (1 + 1e-12))) if cap is not None else 0,
+        num_padded_samples=plan.num_padded_samples,
+        num_dropped_samples=plan.num_dropped_samples,
+        num_split_micro_batches=plan.num_split_micro_batches,
+        num_skipped_samples=len(plan.skipped),
+    )
+
+
+def rescore(plan: Plan, seq_lens, cost_model, max_cost: float | None = None) -> Plan:
+    """The same plan with each micro-batch's cost predicted by another ``cost_model``
+    (to compare plans made with different models under one yardstick)."""
+    import dataclasses
+
+    per_sample = cost_model.sample_cost(np.asarray(seq_lens)[plan.samples])
+    sizes = np.diff(plan.offsets)
+    sums = np.zeros(plan.num_micro_batches)
+    nonempty = sizes > 0
+    if nonempty.any():
+        sums[nonempty] = np.add.reduceat(per_sample, plan.offsets[:-1][nonempty])
+    costs = cost_model.overhead + sums
+    return dataclasses.replace(plan, costs=costs, max_cost=max_cost)

@@ -1,0 +1,309 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "sampler/cost_model.h"
+#include "sampler/planner.h"
+
+namespace adaptiveload {
+namespace {
+
+// An image + video mix with Wan 2.1 token counts.
+std::vector<int64_t> wan_mix(int64_t n, uint32_t seed) {
+  const int64_t lens[] = {1560, 3600, 32760, 46800, 75600, 14040};
+  const double weights[] = {0.5, 0.1, 0.2, 0.05, 0.1, 0.05};
+  std::mt19937 gen(seed);
+  std::discrete_distribution<int> pick(std::begin(weights), std::end(weights));
+  std::vector<int64_t> out(n);
+  for (auto& s : out) s = lens[pick(gen)];
+  return out;
+}
+
+CostModel wan14b() { return CostModel::polynomial(1.0, 3.1e-3, 1.35e-7); }
+
+double mean_imbalance(const EpochPlan& p) {
+  double total = 0.0;
+  for (int64_t t = 0; t < p.num_steps; ++t) {
+    double mx = 0.0, sum = 0.0;
+    for (int64_t r = 0; r < p.num_replicas; ++r) {
+      double load = 0.0;
+      for (int64_t k = 0; k < p.micro_batches_per_step; ++k) load += p.costs[p.micro_batch_id(t, r, k)];
+      mx = std::max(mx, load);
+      sum += load;
+    }
+    total += 1.0 - sum / p.num_replicas / mx;
+  }
+  return p.num_steps ? total / p.num_steps : 0.0;
+}
+
+// Checks the invariants every plan must hold and returns how often each sample appears
+// outside padding micro-batches.
+std::vector<int> check_plan(const SampleTable& table, const PlanOptions& o, const EpochPlan& p,
+                            const std::vector<int64_t>* keys = nullptr) {
+  EXPECT_EQ(p.num_micro_batches(), p.num_steps * o.num_replicas * o.micro_batches_per_step);
+  std::vector<int> seen(table.size(), 0);
+  for (int64_t m = 0; m < p.num_micro_batches(); ++m) {
+    const int64_t b = p.offsets[m], e = p.offsets[m + 1];
+    EXPECT_GT(e, b) << "empty micro-batch " << m;
+    int64_t tokens = 0;
+    for (int64_t j = b; j < e; ++j) {
+      const int64_t i = p.samples[j];
+      tokens += table.seq_len(i);
+      EXPECT_EQ(table.group(i), table.group(p.samples[b])) << "micro-batch " << m << " mixes groups";
+      if (keys) {
+        EXPECT_EQ((*keys)[i], (*keys)[p.samples[b]]);
+      }
+      if (!p.padding[m]) ++seen[i];
+    }
+    EXPECT_EQ(tokens, p.tokens[m]);
+    EXPECT_LE(tokens, o.max_tokens) << "micro-batch " << m << " over the memory cap";
+    const double cost = table.batch_cost(p.samples.data() + b, e - b);
+    EXPECT_NEAR(cost, p.costs[m], 1e-9 * std::max(1.0, cost));
+    EXPECT_LE(cost, o.max_cost * (1 + 1e-12)) << "micro-batch " << m << " over the compute cap";
+  }
+  return seen;
+}
+
+TEST(CostModel, PowerAndPolynomialValues) {
+  const CostModel pw = CostModel::power(1.5, 2.0);
+  EXPECT_DOUBLE_EQ(pw.sample_cost(100), 2.0 * 1000.0);
+  EXPECT_DOUBLE_EQ(pw.batch_overhead(), 0.0);
+  const CostModel poly = CostModel::polynomial(3.0, 0.5, 0.25);
+  EXPECT_DOUBLE_EQ(poly.sample_cost(10), 5.0 + 25.0);
+  EXPECT_DOUBLE_EQ(poly.batch_overhead(), 3.0);
+}
+
+TEST(CostModel, RejectsBadCoefficients) {
+  EXPECT_THROW(CostModel::power(0.5), std::invalid_argument);
+  EXPECT_THROW(CostModel::power(1.5, 0.0), std::invalid_argument);
+  EXPECT_THROW(CostModel::polynomial(-1, 1, 1), std::invalid_argument);
+  EXPECT_THROW(CostModel::polynomial(0, 0, 0), std::invalid_argument);
+  EXPECT_THROW(CostModel::polynomial(0, NAN, 1), std::invalid_argument);
+  try {
+    CostModel::polynomial(0, -2, 1);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("c1"), std::string::npos);
+  }
+}
+
+TEST(SampleTable, RejectsNonPositiveLengthNamingTheIndex) {
+  const std::vector<int64_t> lens = {10, 20, 0, 5};
+  try {
+    SampleTable t(lens.data(), 4, nullptr, CostModel::power(1.5));
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("seq_lens[2]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SampleTable, DefaultMaxCostAdmitsHeaviestAndFullLightGroup) {
+  const std::vector<int64_t> lens = {100, 100, 1000};
+  SampleTable t(lens.data(), 3, nullptr, CostModel::power(2.0));
+  // heaviest alone: 1e6; full micro-batch of the 100-token group at 2000 tokens: 20 * 1e4.
+  EXPECT_DOUBLE_EQ(t.default_max_cost(2000), 1e6);
+  // Only short samples: the cap is a full micro-batch of them.
+  SampleTable short_only(lens.data(), 2, nullptr, CostModel::power(2.0));
+  EXPECT_DOUBLE_EQ(short_only.default_max_cost(2000), 20 * 1e4);
+}
+
+TEST(AssignToRanks, EachBinGetsExactlyPerBinItems) {
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<double> u(0.1, 10.0);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int64_t bins = 1 + trial % 7, per = 1 + trial % 4;
+    std::vector<double> c(bins * per);
+    for (auto& x : c) x = u(gen);
+    const auto bin_of = assign_to_ranks(c.data(), bins * per, bins, per);
+    std::vector<int64_t> count(bins, 0);
+    for (auto b : bin_of) ++count[b];
+    for (auto k : count) EXPECT_EQ(k, per);
+  }
+  std::vector<double> c = {1, 2};
+  EXPECT_THROW(assign_to_ranks(c.data(), 2, 3, 1), std::invalid_argument);
+}
+
+TEST(AssignToRanks, MatchesBruteForceOptimumClosely) {
+  // 3 bins x 2 items: LPT with cardinality is within 4/3 of optimal; on these small
+  // random cases check against exhaustive search.
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<double> u(1.0, 10.0);
+  for (int trial = 0; trial < 30; ++trial) {
+    std::vector<double> c(6);
+    for (auto& x : c) x = u(gen);
+    const auto bin_of = assign_to_ranks(c.data(), 6, 3, 2);
+    std::vector<double> load(3, 0.0);
+    for (int i = 0; i < 6; ++i) load[bin_of[i]] += c[i];
+    const double got = *std::max_element(load.begin(), load.end());
+    std::vector<int> perm = {0, 1, 2, 3, 4, 5};
+    double best = 1e300;
+    do {
+      double mx = 0;
+      for (int b = 0; b < 3; ++b) mx = std::max(mx, c[perm[2 * b]] + c[perm[2 * b + 1]]);
+      best = std::min(best, mx);
+    } while (std::next_permutation(perm.begin(), perm.end()));
+    EXPECT_LE(got, best * 4.0 / 3.0 + 1e-9);
+  }
+}
+
+class PlanEpoch : public ::testing::TestWithParam<std::tuple<int, int, bool>> {};
+
+TEST_P(PlanEpoch, CoversEverySampleOnceUnderBothCaps) {
+  const auto [W, K, drop_last] = GetParam();
+  const std::vector<int64_t> lens = wan_mix(3001, 1);
+  SampleTable table(lens.data(), static_cast<int64_t>(lens.size()), nullptr, wan14b());
+  PlanOptions o;
+  o.max_tokens = 151200;
+  o.max_cost = table.default_max_cost(o.max_tokens);
+  o.num_replicas = W;
+  o.micro_batches_per_step = K;
+  o.drop_last = drop_last;
+  o.seed = 3;
+  const EpochPlan p = plan_epoch(table, o);
+  const auto seen = check_plan(table, o, p);
+  int64_t covered = 0;
+  for (int s : seen) {
+    EXPECT_LE(s, 1);
+    covered += s;
+  }
+  EXPECT_EQ(covered + p.num_dropped_samples, table.size());
+  if (!drop_last) {
+    EXPECT_EQ(p.num_dropped_samples, 0);
+    EXPECT_EQ(p.num_padded_samples, 0) << "halving micro-batches should have filled the last step";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, PlanEpoch,
+                         ::testing::Combine(::testing::Values(1, 2, 8, 64), ::testing::Values(1, 4),
+                                            ::testing::Bool()));
+
+TEST(PlanEpochTest, DeterministicAndEpochDependent) {
+  const std::vector<int64_t> lens = wan_mix(2000, 2);
+  SampleTable table(lens.data(), 2000, nullptr, wan14b());
+  PlanOptions o;
+  o.max_tokens = 151200;
+  o.max_cost = table.default_max_cost(o.max_tokens);
+  o.num_replicas = 8;
+  const EpochPlan a = plan_epoch(table, o), b = plan_epoch(table, o);
+  EXPECT_EQ(a.samples, b.samples);
+  EXPECT_EQ(a.offsets, b.offsets);
+  o.epoch = 1;
+  EXPECT_NE(plan_epoch(table, o).samples, a.samples);
+  o.epoch = 0;
+  o.seed = 99;
+  EXPECT_NE(plan_epoch(table, o).samples, a.samples);
+}
+
+TEST(PlanEpochTest, BalancingBeatsRoundRobin) {
+  const std::vector<int64_t> lens = wan_mix(20000, 3);
+  SampleTable table(lens.data(), 20000, nullptr, wan14b());
+  PlanOptions o;
+  o.max_tokens = 151200;
+  o.max_cost = table.default_max_cost(o.max_tokens);
+  o.num_replicas = 8;
+  o.micro_batches_per_step = 4;
+  const double balanced = mean_imbalance(plan_epoch(table, o));
+  o.balance = false;
+  const double round_robin = mean_imbalance(plan_epoch(table, o));
+  EXPECT_LT(balanced, 0.03);
+  EXPECT_GT(round_robin, 2 * balanced);
+}
+
+TEST(PlanEpochTest, PadsWithRepeatsOnlyWhenNothingCanBeHalved) {
+  // Every sample fills the memory cap alone: no micro-batch can be split.
+  const std::vector<int64_t> lens(10, 1000);
+  SampleTable table(lens.data(), 10, nullptr, CostModel::power(1.0));
+  PlanOptions o;
+  o.max_tokens = 1000;
+  o.max_cost = 1e9;
+  o.num_replicas = 4;
+  const EpochPlan p = plan_epoch(table, o);
+  EXPECT_EQ(p.num_steps, 3);
+  EXPECT_EQ(p.num_padded_samples, 2);
+  const auto seen = check_plan(table, o, p);
+  for (int s : seen) EXPECT_EQ(s, 1);
+  o.drop_last = true;
+  const EpochPlan d = plan_epoch(table, o);
+  EXPECT_EQ(d.num_steps, 2);
+  EXPECT_EQ(d.num_dropped_samples, 2);
+}
+
+TEST(PlanEpochTest, ExcludedSamplesNeverAppear) {
+  const std::vector<int64_t> lens = wan_mix(500, 4);
+  SampleTable table(lens.data(), 500, nullptr, wan14b());
+  std::vector<uint8_t> exclude(500, 0);
+  for (int i = 0; i < 500; i += 3) exclude[i] = 1;
+  PlanOptions o;
+  o.max_tokens = 151200;
+  o.max_cost = table.default_max_cost(o.max_tokens);
+  o.num_replicas = 2;
+  const EpochPlan p = plan_epoch(table, o, exclude.data());
+  const auto seen = check_plan(table, o, p);
+  for (int i = 0; i < 500; ++i) EXPECT_EQ(seen[i], exclude[i] ? 0 : 1) << "sample " << i;
+}
+
+TEST(PlanEpochTest, OversizeSampleErrorsOrIsSkipped) {
+  const std::vector<int64_t> lens = {100, 5000, 100, 100};
+  SampleTable table(lens.data(), 4, nullptr, CostModel::power(1.0));
+  PlanOptions o;
+  o.max_tokens = 1000;
+  o.max_cost = 1e9;
+  try {
+    plan_epoch(table, o);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("sample 1 has 5000 tokens"), std::string::npos) << e.what();
+  }
+  o.oversize = OversizePolicy::kSkip;
+  const EpochPlan p = plan_epoch(table, o);
+  ASSERT_EQ(p.skipped.size(), 1u);
+  EXPECT_EQ(p.skipped[0], 1);
+  EXPECT_EQ(p.samples.size(), 3u);
+}
+
+TEST(PlanEpochTest, GroupKeysAreNeverMixed) {
+  const std::vector<int64_t> lens(400, 100);
+  std::vector<int64_t> keys(400);
+  for (int i = 0; i < 400; ++i) keys[i] = (i * 7919) % 5;
+  SampleTable table(lens.data(), 400, keys.data(), CostModel::power(1.0));
+  PlanOptions o;
+  o.max_tokens = 1000;
+  o.max_cost = 1e9;
+  o.num_replicas = 3;
+  const EpochPlan p = plan_epoch(table, o);
+  check_plan(table, o, p, &keys);
+}
+
+TEST(PlanEpochTest, RejectsBadOptions) {
+  const std::vector<int64_t> lens = {1, 2, 3};
+  SampleTable table(lens.data(), 3, nullptr, CostModel::power(1.0));
+  PlanOptions o;
+  o.max_tokens = 0;
+  o.max_cost = 1;
+  EXPECT_THROW(plan_epoch(table, o), std::invalid_argument);
+  o.max_tokens = 10;
+  o.max_cost = -1;
+  EXPECT_THROW(plan_epoch(table, o), std::invalid_argument);
+  o.max_cost = 100;
+  o.num_replicas = 0;
+  EXPECT_THROW(plan_epoch(table, o), std::invalid_argument);
+}
+
+TEST(PlanEpochTest, EmptyDatasetPlansNothing) {
+  SampleTable table(nullptr, 0, nullptr, CostModel::power(1.5));
+  PlanOptions o;
+  o.max_tokens = 10;
+  o.max_cost = 10;
+  const EpochPlan p = plan_epoch(table, o);
+  EXPECT_EQ(p.num_steps, 0);
+  EXPECT_EQ(p.num_micro_batches(), 0);
+}
+
+}  // namespace
+}  // namespace adaptiveload

@@ -1,0 +1,402 @@
+"""The sampler's Python API: caps, coverage, balance, determinism, resumption, errors."""
+
+import collections
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader, Dataset
+
+from adaptiveload import (
+    AdaptiveBatchSampler,
+    CostModel,
+    EqualTokenBatchSampler,
+    balance_report,
+    wan_seq_len,
+)
+from adaptiveload.demo import demo_metadata
+from adaptiveload.report import rescore
+
+WAN_LENS = np.array([1560, 3600, 7800, 14040, 20280, 32400, 32760, 46800, 75600])
+
+
+def random_mix(n, seed):
+    rng = np.random.default_rng(seed)
+    return rng.choice(WAN_LENS, size=n, p=[0.3, 0.1, 0.05, 0.05, 0.05, 0.05, 0.2, 0.05, 0.15])
+
+
+def check_plan(sampler, plan=None, expect_all=True):
+    """Every micro-batch obeys both caps and one group; every sample appears once."""
+    plan = plan or sampler.plan()
+    lens = sampler.seq_lens
+    keys = sampler.group_keys if sampler.group_keys is not None else lens
+    seen = collections.Counter()
+    for m in range(plan.num_micro_batches):
+        mb = plan.samples[plan.offsets[m] : plan.offsets[m + 1]]
+        assert len(mb) > 0
+        assert lens[mb].sum() <= sampler.max_tokens
+        assert plan.tokens[m] == lens[mb].sum()
+        cost = sampler.cost_model.batch_cost(lens[mb])
+        assert cost == pytest.approx(plan.costs[m], rel=1e-9)
+        if sampler.max_cost is not None:
+            assert cost <= sampler.max_cost * (1 + 1e-12)
+        assert len(set(keys[mb].tolist())) == 1, "micro-batch mixes group keys"
+        if not plan.padding[m]:
+            seen.update(mb.tolist())
+    assert all(c == 1 for c in seen.values()), "a sample appears twice"
+    if expect_all:
+        assert len(seen) + plan.num_dropped_samples + len(plan.skipped) == len(lens)
+    return seen
+
+
+# -- sequence lengths and cost models ------------------------------------------------------
+
+
+def test_wan_seq_len_matches_wan21_token_counts():
+    assert wan_seq_len(1, 480, 832) == 1560
+    assert wan_seq_len(81, 480, 832) == 32760
+    assert wan_seq_len(81, 720, 1280) == 75600
+    out = wan_seq_len(np.array([1, 81]), np.array([480, 720]), np.array([832, 1280]))
+    np.testing.assert_array_equal(out, [1560, 75600])
+    assert wan_seq_len(81, 480, 832, patch_size=(1, 1, 1)) == 21 * 60 * 104
+
+
+def test_wan_seq_len_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="frames"):
+        wan_seq_len(0, 480, 832)
+    with pytest.raises(ValueError, match="height"):
+        wan_seq_len(1, np.array([480.5]), 832)
+    with pytest.raises(ValueError, match="smaller than one patch"):
+        wan_seq_len(1, 8, 832)
+
+
+def test_cost_models_evaluate_and_round_trip(tmp_path):
+    p = CostModel.power(1.5, coef=2.0)
+    assert p.batch_cost([100, 400]) == pytest.approx(2 * (100**1.5 + 400**1.5))
+    q = CostModel.polynomial(1.0, 0.5, 0.25)
+    assert q.batch_cost([10, 20]) == pytest.approx(1 + 0.5 * 30 + 0.25 * 500)
+    for model in (p, q, CostModel.wan21_h200("1.3B", layers=6)):
+        path = tmp_path / "cost.json"
+        model.to_json(path)
+        back = CostModel.from_json(path)
+        assert back.to_dict() == model.to_dict()
+        assert back.batch_cost([1560, 75600]) == pytest.approx(model.batch_cost([1560, 75600]))
+
+
+def test_builtin_profile_reflects_quadratic_attention():
+    m = CostModel.wan21_h200("14B")
+    per_token_long = m.sample_cost(75600) / 75600
+    per_token_image = m.sample_cost(1560) / 1560
+    # The measured block costs 3.7x more per token at 75,600 tokens than at 1,560.
+    assert 3.0 < per_token_long / per_token_image < 4.5
+
+
+def test_cost_model_errors(tmp_path):
+    with pytest.raises(ValueError, match="p must be"):
+        CostModel.power(0.2)
+    with pytest.raises(ValueError, match="c1"):
+        CostModel.polynomial(0, -1, 1)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"kind": "polynomial", "c0": 1}))
+    with pytest.raises(ValueError, match="missing field 'c1'"):
+        CostModel.from_json(bad)
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        CostModel.from_json(bad)
+    with pytest.raises(ValueError, match="size"):
+        CostModel.wan21_h200("7B")
+
+
+# -- plans ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world,k", [(1, 1), (2, 1), (8, 1), (8, 4), (64, 2)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_plan_obeys_caps_and_covers_every_sample_once(world, k, drop_last):
+    lens = random_mix(3000, seed=world * 10 + k)
+    s = AdaptiveBatchSampler(lens, 151200, num_replicas=world, rank=0, micro_batches_per_step=k, drop_last=drop_last)
+    plan = s.plan()
+    seen = check_plan(s)
+    assert plan.num_micro_batches == plan.num_steps * world * k
+    if not drop_last:
+        assert len(seen) == len(lens)
+    assert balance_report(plan).over_cost_cap == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lens=st.lists(st.integers(1, 5000), min_size=1, max_size=300),
+    cap_factor=st.floats(1.0, 8.0),
+    world=st.integers(1, 9),
+    k=st.integers(1, 4),
+    drop_last=st.booleans(),
+    seed=st.integers(0, 2**32),
+    p=st.floats(1.0, 2.0),
+)
+def test_property_caps_and_exact_coverage(lens, cap_factor, world, k, drop_last, seed, p):
+    lens = np.array(lens)
+    max_tokens = int(lens.max() * cap_factor)
+    s = AdaptiveBatchSampler(
+        lens, max_tokens, cost_model=CostModel.power(p), num_replicas=world, rank=0,
+        micro_batches_per_step=k, seed=seed, drop_last=drop_last,
+    )
+    plan = s.plan()
+    seen = check_plan(s)
+    if not drop_last:
+        assert len(seen) == len(lens)
+        # Repeats only when every micro-batch is a single sample and still too few.
+        assert plan.num_padded_samples < world * k
+    # Every rank yields the same number of micro-batches, and together the plan.
+    per_rank = [list(AdaptiveBatchSampler(
+        lens, max_tokens, cost_model=CostModel.power(p), num_replicas=world, rank=r,
+        micro_batches_per_step=k, seed=seed, drop_last=drop_last)) for r in range(world)]
+    assert len({len(b) for b in per_rank}) == 1
+    assert len(per_rank[0]) == len(s)
+
+
+def test_batch_sizes_follow_both_caps():
+    lens = np.array([1560] * 500 + [75600] * 20 + [32760] * 40)
+    s = AdaptiveBatchSampler(lens, 151200, num_replicas=1, rank=0, shuffle=False)
+    sizes = collections.defaultdict(set)
+    plan = s.plan()
+    for m in range(plan.num_micro_batches):
+        mb = plan.samples[plan.offsets[m] : plan.offsets[m + 1]]
+        sizes[int(lens[mb[0]])].add(len(mb))
+    f = s.cost_model.sample_cost
+    for seq, got in sizes.items():
+        b_mem = 151200 // seq
+        b_comp = int((s.max_cost - s.cost_model.overhead) // f(seq))
+        assert max(got) == max(1, min(b_mem, b_comp)), seq
+
+
+def test_balanced_plan_beats_equal_token_buckets():
+    lens = random_mix(20000, seed=1)
+    ours = balance_report(AdaptiveBatchSampler(lens, 151200, num_replicas=8, rank=0).plan())
+    base = balance_report(EqualTokenBatchSampler(lens, 151200, num_replicas=8, rank=0).plan())
+    assert ours.imbalance < 0.03
+    assert base.imbalance > 0.2
+    assert base.epoch_time / ours.epoch_time > 1.3
+
+
+def test_equal_token_batch_size_is_floor_of_cap():
+    lens = np.array([1560] * 300 + [32760] * 30)
+    s = EqualTokenBatchSampler(lens, 151200, num_replicas=1, rank=0, shuffle=False)
+    plan = s.plan()
+    sizes = {int(lens[plan.samples[plan.offsets[m]]]): set() for m in range(plan.num_micro_batches)}
+    for m in range(plan.num_micro_batches):
+        mb = plan.samples[plan.offsets[m] : plan.offsets[m + 1]]
+        sizes[int(lens[mb[0]])].add(len(mb))
+    assert max(sizes[1560]) == 96 and max(sizes[32760]) == 4
+    check_plan(s)
+
+
+def test_group_keys_are_never_mixed():
+    meta = demo_metadata(3000, "wan-mix", seed=2)
+    s = AdaptiveBatchSampler(meta.seq_lens, 151200, group_keys=[tuple(x) for x in meta.shapes], num_replicas=4, rank=0)
+    check_plan(s)
+    s2 = AdaptiveBatchSampler(meta.seq_lens, 151200, group_keys=meta.group_keys(), num_replicas=4, rank=0)
+    check_plan(s2)
+
+
+def test_deterministic_per_epoch_without_global_rng():
+    lens = random_mix(2000, seed=3)
+    a = AdaptiveBatchSampler(lens, 151200, num_replicas=4, rank=1, seed=5)
+    first = list(a)
+    np.random.seed(123)
+    torch.manual_seed(123)
+    b = AdaptiveBatchSampler(lens, 151200, num_replicas=4, rank=1, seed=5)
+    assert list(b) == first
+    b.set_epoch(1)
+    assert list(b) != first
+    b.set_epoch(0)
+    assert list(b) == first
+    c = AdaptiveBatchSampler(lens, 151200, num_replicas=4, rank=1, seed=6)
+    assert list(c) != first
+
+
+def test_no_shuffle_is_still_complete():
+    lens = random_mix(500, seed=4)
+    s = AdaptiveBatchSampler(lens, 151200, num_replicas=2, rank=0, shuffle=False)
+    assert len(check_plan(s)) == 500
+
+
+class IndexDataset(Dataset):
+    def __init__(self, lens):
+        self.lens = lens
+
+    def __len__(self):
+        return len(self.lens)
+
+    def __getitem__(self, i):
+        return torch.tensor([i, self.lens[i]])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_dataloader_drop_in(num_workers):
+    lens = random_mix(600, seed=5)
+    ranks = []
+    for r in range(2):
+        s = AdaptiveBatchSampler(lens, 151200, num_replicas=2, rank=r, micro_batches_per_step=2)
+        loader = DataLoader(IndexDataset(lens), batch_sampler=s, num_workers=num_workers)
+        batches = [b[:, 0].tolist() for b in loader]
+        assert batches == list(s)
+        assert len(loader) == len(s)
+        ranks.append(batches)
+    flat = [i for rank in ranks for b in rank for i in b]
+    assert sorted(flat) == list(range(600))
+
+
+# -- resumption -------------------------------------------------------------------------------
+
+
+def consume(sampler, steps):
+    k = sampler.micro_batches_per_step
+    it = iter(sampler)
+    return [next(it) for _ in range(steps * k)]
+
+
+@pytest.mark.parametrize("new_world", [4, 3, 1, 7])
+def test_resume_mid_epoch_with_changed_world_size(new_world):
+    lens = random_mix(2500, seed=6)
+    old = [AdaptiveBatchSampler(lens, 151200, num_replicas=4, rank=r, micro_batches_per_step=2, seed=9) for r in range(4)]
+    for s in old:
+        s.set_epoch(3)
+    done = [i for s in old for b in consume(s, 7) for i in b]
+    state = old[0].state_dict(steps_done=7)
+    assert state == old[3].state_dict(steps_done=7) | {"sampler": state["sampler"]}
+    rest = []
+    lengths = set()
+    for r in range(new_world):
+        s = AdaptiveBatchSampler(lens, 151200, num_replicas=new_world, rank=r, micro_batches_per_step=2, seed=0)
+        s.load_state_dict(state)
+        s.set_epoch(3)  # the loop's usual call keeps the resumed position
+        batches = list(s)
+        lengths.add(len(batches))
+        rest += [i for b in batches for i in b]
+        plan = s.plan()
+    assert len(lengths) == 1
+    padded = plan.num_padded_samples
+    counts = collections.Counter(done + rest)
+    assert set(counts) == set(range(len(lens)))
+    assert sum(c - 1 for c in counts.values()) == padded
+    assert not set(done) & set(rest) or padded
+
+
+def test_resume_twice_and_next_epoch_is_whole():
+    lens = random_mix(1200, seed=7)
+    s = AdaptiveBatchSampler(lens, 151200, num_replicas=2, rank=0)
+    s.set_epoch(1)
+    consume(s, 5)
+    st1 = s.state_dict(steps_done=5)
+    s2 = AdaptiveBatchSampler(lens, 151200, num_replicas=3, rank=0)
+    s2.load_state_dict(st1)
+    consume(s2, 4)
+    st2 = s2.state_dict(steps_done=4)
+    assert st2["num_consumed"] > st1["num_consumed"]
+    s3 = AdaptiveBatchSampler(lens, 151200, num_replicas=2, rank=0)
+    s3.load_state_dict(st2)
+    remaining = s3.plan()
+    left = set(remaining.samples[np.repeat(remaining.padding == 0, np.diff(remaining.offsets))].tolist())
+    assert len(left) == len(lens) - st2["num_consumed"]
+    s3.set_epoch(2)
+    assert len(check_plan(s3)) == len(lens)
+
+
+def test_state_dict_defaults_to_iterated_steps_and_rejects_mismatch():
+    lens = random_mix(400, seed=8)
+    s = AdaptiveBatchSampler(lens, 151200, num_replicas=2, rank=0, micro_batches_per_step=2)
+    consume(s, 3)
+    assert s.state_dict() == s.state_dict(steps_done=3)
+    with pytest.raises(ValueError, match="steps_done"):
+        s.state_dict(steps_done=10**6)
+    other = AdaptiveBatchSampler(lens[:100], 151200, num_replicas=2, rank=0)
+    with pytest.raises(ValueError, match="400 samples"):
+        other.load_state_dict(s.state_dict())
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "lens,match",
+    [
+        ([10, -3, 5], r"seq_lens\[1\] = -3"),
+        ([10, 0, 5], r"seq_lens\[1\] = 0"),
+        ([10.0, float("nan")], r"seq_lens\[1\] = nan"),
+        ([10.0, 2.5], r"seq_lens\[1\] = 2.5"),
+        (["a", "b"], "integers"),
+        ([[1, 2]], "1-D"),
+    ],
+)
+def test_bad_seq_lens_name_the_problem(lens, match):
+    with pytest.raises(ValueError, match=match):
+        AdaptiveBatchSampler(lens, 100, num_replicas=1, rank=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(max_tokens=-5), "max_tokens"),
+        (dict(max_cost=0.0), "max_cost"),
+        (dict(max_cost=float("inf")), "max_cost"),
+        (dict(num_replicas=0, rank=0), "num_replicas"),
+        (dict(num_replicas=2, rank=2), "rank"),
+        (dict(micro_batches_per_step=0), "micro_batches_per_step"),
+        (dict(lookahead_steps=0), "lookahead_steps"),
+        (dict(group_keys=[1, 2]), "group_keys has 2 entries"),
+        (dict(on_oversize="ignore"), "on_oversize"),
+    ],
+)
+def test_bad_arguments_name_the_problem(kwargs, match):
+    args = dict(seq_lens=[10, 20, 30], max_tokens=100, num_replicas=1, rank=0) | kwargs
+    with pytest.raises(ValueError, match=match):
+        AdaptiveBatchSampler(**args)
+
+
+def test_oversize_sample_errors_or_is_skipped_with_warning():
+    lens = [100, 100, 5000, 100]
+    s = AdaptiveBatchSampler(lens, 1000, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match="sample 2 has 5000 tokens"):
+        s.plan()
+    s = AdaptiveBatchSampler(lens, 1000, num_replicas=1, rank=0, on_oversize="skip")
+    with pytest.warns(UserWarning, match="skipped 1 sample"):
+        plan = s.plan()
+    assert plan.skipped.tolist() == [2]
+    assert balance_report(plan).num_skipped_samples == 1
+    assert sorted(i for b in s for i in b) == [0, 1, 3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s.plan()  # warned once
+
+
+def test_distributed_defaults_without_process_group():
+    s = AdaptiveBatchSampler([10, 20], 100)
+    assert (s.num_replicas, s.rank) == (1, 0)
+
+
+# -- reports ----------------------------------------------------------------------------------
+
+
+def test_balance_report_definitions():
+    lens = random_mix(800, seed=9)
+    s = AdaptiveBatchSampler(lens, 151200, num_replicas=4, rank=0, micro_batches_per_step=2)
+    plan = s.plan()
+    rep = balance_report(plan)
+    loads = np.zeros((plan.num_steps, 4))
+    for t in range(plan.num_steps):
+        for r in range(4):
+            for k in range(2):
+                loads[t, r] += s.cost_model.batch_cost(lens[plan.micro_batch(t, r, k)])
+    mx, mean, mn = loads.max(1), loads.mean(1), loads.min(1)
+    assert rep.imbalance == pytest.approx(np.mean(1 - mean / mx))
+    assert rep.spread == pytest.approx(np.mean((mx - mn) / mx))
+    assert rep.epoch_time == pytest.approx(mx.sum())
+    assert rep.ideal_time == pytest.approx(mean.sum())
+    assert rep.token_utilization == pytest.approx(np.mean(plan.tokens / 151200))
+    again = rescore(plan, lens, s.cost_model, s.max_cost)
+    np.testing.assert_allclose(again.costs, plan.costs, rtol=1e-12)
