@@ -152,10 +152,9 @@ SampleTable::SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* grou
   cost_.validate();
   if (n < 0) invalid("number of samples must be >= 0");
   if (n > 0 && seq_lens == nullptr) invalid("seq_lens is null");
-  seq_lens_.assign(seq_lens, seq_lens + n);
   for (int64_t i = 0; i < n; ++i) {
-    if (seq_lens_[i] < 1)
-      invalid("seq_lens[" + std::to_string(i) + "] = " + std::to_string(seq_lens_[i]) +
+    if (seq_lens[i] < 1)
+      invalid("seq_lens[" + std::to_string(i) + "] = " + std::to_string(seq_lens[i]) +
               ": sequence lengths must be >= 1 token");
   }
 
@@ -183,17 +182,17 @@ SampleTable::SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* grou
   for (size_t r = 0; r < by_key.size(); ++r) renumber[by_key[r]] = static_cast<int32_t>(r);
   num_groups_ = static_cast<int64_t>(distinct.size());
   group_max_len_.assign(num_groups_, 0);
-  sample_cost_.resize(n);
+  samples_.resize(n);
   for (int64_t i = 0; i < n; ++i) {
     group_[i] = renumber[group_[i]];
-    group_max_len_[group_[i]] = std::max(group_max_len_[group_[i]], seq_lens_[i]);
-    sample_cost_[i] = cost_.sample_cost(seq_lens_[i]);
+    group_max_len_[group_[i]] = std::max(group_max_len_[group_[i]], seq_lens[i]);
+    samples_[i] = {seq_lens[i], cost_.sample_cost(seq_lens[i])};
   }
 }
 
 double SampleTable::batch_cost(const int64_t* indices, int64_t count) const {
   double c = cost_.batch_overhead();
-  for (int64_t j = 0; j < count; ++j) c += sample_cost_[indices[j]];
+  for (int64_t j = 0; j < count; ++j) c += samples_[indices[j]].cost;
   return c;
 }
 
@@ -201,8 +200,8 @@ double SampleTable::default_max_cost(int64_t max_tokens) const {
   if (max_tokens <= 0) invalid("max_tokens must be > 0, got " + std::to_string(max_tokens));
   const double overhead = cost_.batch_overhead();
   double heaviest = 0.0;
-  for (int64_t i = 0; i < size(); ++i)
-    if (seq_lens_[i] <= max_tokens) heaviest = std::max(heaviest, overhead + sample_cost_[i]);
+  for (const Sample& s : samples_)
+    if (s.seq_len <= max_tokens) heaviest = std::max(heaviest, overhead + s.cost);
   double lightest_full = std::numeric_limits<double>::infinity();
   for (int64_t g = 0; g < num_groups_; ++g) {
     const int64_t len = group_max_len_[g];
@@ -244,9 +243,12 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
   plan.num_replicas = W;
   plan.micro_batches_per_step = K;
 
-  // 1. The samples of this epoch, in (shuffled) order.
-  std::vector<int64_t> order;
-  order.reserve(n);
+  // 1. The samples of this epoch, grouped (a stable counting sort by group id), each
+  //    group then shuffled: the same as a full shuffle followed by a stable sort by
+  //    group, but every pass over the dataset reads it in order.
+  const int64_t G = table.num_groups();
+  std::vector<int64_t> group_begin(G + 1, 0);
+  std::vector<uint8_t> take(n, 0);
   for (int64_t i = 0; i < n; ++i) {
     if (exclude && exclude[i]) continue;
     const int64_t s = table.seq_len(i);
@@ -265,24 +267,22 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
               std::to_string(o.max_cost) +
               " (raise max_cost, or skip such samples with on_oversize='skip')");
     }
-    order.push_back(i);
+    take[i] = 1;
+    ++group_begin[table.group(i) + 1];
   }
-  if (o.shuffle) {
-    Rng rng(o.seed, 2 * static_cast<uint64_t>(o.epoch));
-    shuffle_in_place(order, rng);
-  }
-
-  // 2. Stable counting sort by group: each group keeps the shuffled order.
-  const int64_t G = table.num_groups();
-  std::vector<int64_t> group_begin(G + 1, 0);
-  for (int64_t i : order) ++group_begin[table.group(i) + 1];
   for (int64_t g = 0; g < G; ++g) group_begin[g + 1] += group_begin[g];
-  std::vector<int64_t> bucketed(order.size());
+  std::vector<int64_t> bucketed(group_begin[G]);
   {
     std::vector<int64_t> cursor(group_begin.begin(), group_begin.end() - 1);
-    for (int64_t i : order) bucketed[cursor[table.group(i)]++] = i;
+    for (int64_t i = 0; i < n; ++i)
+      if (take[i]) bucketed[cursor[table.group(i)]++] = i;
   }
-  std::vector<int64_t>().swap(order);
+  std::vector<uint8_t>().swap(take);
+  if (o.shuffle) {
+    Rng rng(o.seed, 2 * static_cast<uint64_t>(o.epoch));
+    for (int64_t g = 0; g < G; ++g)
+      shuffle_range(bucketed.data() + group_begin[g], group_begin[g + 1] - group_begin[g], rng);
+  }
 
   // 3. Micro-batches under both caps, then in random order.
   std::vector<MicroBatch> mbs = pack_groups(table, o, bucketed, group_begin);
@@ -297,26 +297,34 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
   std::vector<int64_t> slot_item(m);
   if (o.balance) {
     const int64_t L = o.lookahead_steps;
-    std::vector<int64_t> items, chunk_order;
+    std::vector<std::pair<double, int64_t>> items;  // (cost, micro-batch), sorted by cost
+    std::vector<int64_t> chunk_order, rank_of(per_step), fill(W);
     std::vector<double> chunk_costs(per_step);
     for (int64_t t0 = 0; t0 < plan.num_steps; t0 += L) {
       const int64_t steps = std::min(L, plan.num_steps - t0);
       items.resize(steps * per_step);
-      std::iota(items.begin(), items.end(), t0 * per_step);
-      std::stable_sort(items.begin(), items.end(),
-                       [&](int64_t a, int64_t b) { return mbs[a].cost > mbs[b].cost; });
+      for (int64_t j = 0; j < steps * per_step; ++j) items[j] = {mbs[t0 * per_step + j].cost, t0 * per_step + j};
+      // Decreasing cost; equal costs keep their order.
+      std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+      });
       chunk_order.resize(steps);
       std::iota(chunk_order.begin(), chunk_order.end(), 0);
       if (o.shuffle) shuffle_in_place(chunk_order, order_rng);
       for (int64_t c = 0; c < steps; ++c) {
-        const int64_t* chunk = items.data() + c * per_step;
-        for (int64_t j = 0; j < per_step; ++j) chunk_costs[j] = mbs[chunk[j]].cost;
-        const std::vector<int64_t> rank_of = assign_to_ranks(chunk_costs.data(), per_step, W, K);
+        const auto* chunk = items.data() + c * per_step;
+        if (K == 1) {
+          // One micro-batch per rank: any assignment is as good as another.
+          std::iota(rank_of.begin(), rank_of.end(), 0);
+        } else {
+          for (int64_t j = 0; j < per_step; ++j) chunk_costs[j] = chunk[j].first;
+          rank_of = assign_to_ranks(chunk_costs.data(), per_step, W, K);
+        }
         const int64_t t = t0 + chunk_order[c];
-        std::vector<int64_t> fill(W, 0);
+        std::fill(fill.begin(), fill.end(), 0);
         for (int64_t j = 0; j < per_step; ++j) {
           const int64_t r = rank_of[j];
-          slot_item[(t * W + r) * K + fill[r]++] = chunk[j];
+          slot_item[(t * W + r) * K + fill[r]++] = chunk[j].second;
         }
       }
     }

@@ -34,11 +34,11 @@ class SampleTable {
   ///                   nullptr means the key is the sequence length itself.
   SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* group_keys, CostModel cost);
 
-  int64_t size() const { return static_cast<int64_t>(seq_lens_.size()); }
+  int64_t size() const { return static_cast<int64_t>(samples_.size()); }
   int64_t num_groups() const { return num_groups_; }
-  int64_t seq_len(int64_t i) const { return seq_lens_[i]; }
+  int64_t seq_len(int64_t i) const { return samples_[i].seq_len; }
   int32_t group(int64_t i) const { return group_[i]; }
-  double sample_cost(int64_t i) const { return sample_cost_[i]; }
+  double sample_cost(int64_t i) const { return samples_[i].cost; }
   const CostModel& cost_model() const { return cost_; }
 
   /// cost(batch) for an arbitrary list of indices.
@@ -54,10 +54,15 @@ class SampleTable {
   double default_max_cost(int64_t max_tokens) const;
 
  private:
-  std::vector<int64_t> seq_lens_;
-  std::vector<int32_t> group_;      // dense group id per sample, ordered by key
+  // Length and f(S) side by side: planning reads both for samples in random order,
+  // so one cache line serves both.
+  struct Sample {
+    int64_t seq_len;
+    double cost;
+  };
+  std::vector<Sample> samples_;
+  std::vector<int32_t> group_;  // dense group id per sample, ordered by key
   std::vector<int64_t> group_max_len_;
-  std::vector<double> sample_cost_;  // f(S_i)
   int64_t num_groups_ = 0;
   CostModel cost_;
 };

@@ -42,13 +42,18 @@ class Rng {
   uint64_t state_;
 };
 
-/// Fisher-Yates.
+/// Fisher-Yates on data[0, n).
+template <typename T>
+void shuffle_range(T* data, int64_t n, Rng& rng) {
+  for (int64_t i = n; i > 1; --i) {
+    const int64_t j = static_cast<int64_t>(rng.below(static_cast<uint64_t>(i)));
+    std::swap(data[i - 1], data[j]);
+  }
+}
+
 template <typename T>
 void shuffle_in_place(std::vector<T>& v, Rng& rng) {
-  for (size_t i = v.size(); i > 1; --i) {
-    const size_t j = static_cast<size_t>(rng.below(i));
-    std::swap(v[i - 1], v[j]);
-  }
+  shuffle_range(v.data(), static_cast<int64_t>(v.size()), rng);
 }
 
 }  // namespace adaptiveload

@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--metadata", help="CSV, JSONL or Parquet with seq_len or num_frames,height,width")
     src.add_argument("--demo", action="store_true", help="use a built-in image+video mix")
-    p.add_argument("--demo-mix", default="wan-mix", choices=sorted(MIXES))
+    p.add_argument("--demo-mix", default="joint-pretrain", choices=sorted(MIXES))
     p.add_argument("--demo-samples", type=int, default=20_000)
     p.add_argument("--max-tokens", type=int, default=None, help="memory cap (default: 2x the longest sample)")
     p.add_argument("--max-cost", type=float, default=None, help="compute cap (default: see docs)")

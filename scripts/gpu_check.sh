@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# On a CUDA machine with torch preinstalled and no network: build the extensions in
+# place, run the GPU tests and the benchmarks, and print a short table last.
+#
+#   bash scripts/gpu_check.sh [build] [test] [bench] [sampler]   (default: build test bench)
+#
+# Logs and result tables go to $OUT (or ./out). TORCH_CUDA_ARCH_LIST defaults to 9.0
+# (H100/H200) here to keep the build short.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+steps=${*:-build test bench}
+status=0
+summary=()
+
+run_step() {  # name, command...
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "=== $name: $*"
+  if "$@" > "$OUT/$name.log" 2>&1; then
+    summary+=("$(printf '%-10s ok     %4ds' "$name" $((SECONDS - t0)))")
+  else
+    summary+=("$(printf '%-10s FAILED %4ds  (see %s.log)' "$name" $((SECONDS - t0)) "$name")")
+    status=1
+  fi
+  tail -n 25 "$OUT/$name.log"
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+$PY -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
+
+for step in $steps; do
+  case $step in
+    build)
+      run_step build $PY setup.py build_ext --inplace
+      run_step smoke $PY - <<'PY'
+import torch, adaptiveload
+from adaptiveload import layer_norm_modulate
+print("adaptiveload", adaptiveload.__version__, "torch", torch.__version__, torch.cuda.get_device_name())
+x = torch.randn(4, 256, 1536, device="cuda", dtype=torch.bfloat16)
+shift, scale = (torch.randn(4, 1, 1536, device="cuda") for _ in range(2))
+y = layer_norm_modulate(x, shift, scale)
+ref = torch.nn.functional.layer_norm(x.float(), (1536,), eps=1e-6) * (1 + scale) + shift
+print("layer_norm_modulate on", y.device, "max abs err vs fp32 reference:", (y.float() - ref).abs().max().item())
+PY
+      ;;
+    test)
+      run_step test $PY -m pytest tests/python -x -q -rs -p no:cacheprovider
+      ;;
+    bench)
+      run_step bench $PY benchmarks/bench_layer_norm_modulate.py --out "$OUT/ops_results.md"
+      ;;
+    sampler)
+      run_step sampler $PY benchmarks/bench_sampler.py --table benchmarks/data/wan_block_cost_h200.json
+      ;;
+    *) echo "unknown step $step"; status=2 ;;
+  esac
+done
+
+echo
+echo "=== summary ($(date -u +%F' '%H:%M) UTC, $(head -n1 "$OUT/gpu.txt"))"
+printf '%s\n' "${summary[@]}"
+[ -f "$OUT/ops_results.md" ] && tail -n 40 "$OUT/ops_results.md"
+exit $status
