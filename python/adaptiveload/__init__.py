@@ -4,7 +4,9 @@ Importing the package never touches a GPU.
 """
 
 from adaptiveload._version import __version__
+from adaptiveload import nn
 from adaptiveload.cost import CostModel
+from adaptiveload.ops import gated_residual_layer_norm_modulate, layer_norm_modulate
 from adaptiveload.report import BalanceReport, balance_report
 from adaptiveload.sampler import AdaptiveBatchSampler, EqualTokenBatchSampler, Plan
 from adaptiveload.seqlen import wan_seq_len
@@ -17,5 +19,8 @@ __all__ = [
     "EqualTokenBatchSampler",
     "Plan",
     "balance_report",
+    "gated_residual_layer_norm_modulate",
+    "layer_norm_modulate",
+    "nn",
     "wan_seq_len",
 ]

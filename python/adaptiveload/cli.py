@@ -147,6 +147,53 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shapes(spec: str | None):
+    from adaptiveload.calibrate import WAN_SHAPES
+
+    if not spec:
+        return WAN_SHAPES
+    try:
+        shapes = [tuple(int(v) for v in item.lower().split("x")) for item in spec.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(s) != 3 or min(s) < 1 for s in shapes):
+        raise ValueError(f"--shapes must be FxHxW[,FxHxW...] in pixels, got {spec!r}")
+    return shapes
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    import torch
+
+    from adaptiveload.calibrate import calibrate_wan
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("adaptiveload calibrate: no CUDA GPU here (use --device cpu for a dry run)", file=sys.stderr)
+        return 2
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    cal = calibrate_wan(
+        args.config, layers=args.layers, device=args.device, dtype=dtype, fused=args.fused,
+        max_tokens=args.max_tokens, shapes=_shapes(args.shapes), text_len=args.text_len, warmup=args.warmup, repeat=args.repeat,
+        activation_checkpointing=args.activation_checkpointing, progress=not args.no_progress,
+    )
+    print(f"\n{'shape':>12} {'B':>4} {'S':>7} {'measured ms':>12} {'predicted':>10} {'error':>7} {'peak GiB':>9}")
+    for p in cal.points:
+        shape = "x".join(map(str, p.shape)) if p.shape else "-"
+        print(f"{shape:>12} {p.batch:>4} {p.seq_len:>7} {p.ms:>12.2f} {p.predicted_ms:>10.2f} "
+              f"{p.rel_error:>+7.1%} {p.peak_bytes / 2**30:>9.2f}")
+    summary = cal.summary()
+    print(f"\ncost model: {cal.cost_model!r}")
+    print(f"fit error: median {summary['median_abs_rel_error']:.1%}, 90th percentile "
+          f"{summary['p90_abs_rel_error']:.1%}, max {summary['max_abs_rel_error']:.1%}")
+    print(f"memory model: peak = {cal.memory_m0 / 2**30:.2f} GiB + {cal.memory_m1 / 2**10:.1f} KiB x tokens")
+    if args.memory_budget and cal.memory_m1 > 0 and args.device != "cpu":
+        tokens = cal.suggest_max_tokens(args.memory_budget * 2**30)
+        cal.meta["suggested_max_tokens"] = tokens
+        print(f"suggested max_tokens for a {args.memory_budget:g} GiB budget: {tokens}")
+    cal.to_json(args.out)
+    print(f"wrote {args.out} (load it with CostModel.from_json or --cost-model)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="adaptiveload", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -168,6 +215,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--figure-steps", type=int, default=60, help="steps drawn in the figure")
     p.add_argument("--json", default=None, help="also write the report as JSON here")
     p.set_defaults(func=cmd_plan)
+
+    c = sub.add_parser("calibrate", help="profile a Wan model on this GPU and fit the cost and memory models")
+    c.add_argument("--config", default="wan2.1-1.3B", help="tiny, wan2.1-1.3B or wan2.1-14B")
+    c.add_argument("--layers", type=int, default=None, help="blocks to build (default: the full model)")
+    c.add_argument("--device", default="cuda")
+    c.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    c.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True, help="use the fused adaLN ops")
+    c.add_argument("--activation-checkpointing", action="store_true")
+    c.add_argument("--max-tokens", type=int, default=151_200, help="largest micro-batch profiled, in tokens")
+    c.add_argument("--shapes", default=None, help="FxHxW[,...] pixel shapes to profile (default: Wan 480p/720p set)")
+    c.add_argument("--text-len", type=int, default=512)
+    c.add_argument("--memory-budget", type=float, default=None, help="GiB; prints the max_tokens that fits")
+    c.add_argument("--warmup", type=int, default=2)
+    c.add_argument("--repeat", type=int, default=5)
+    c.add_argument("--out", default="cost_model.json")
+    c.add_argument("--no-progress", action="store_true")
+    c.set_defaults(func=cmd_calibrate)
     return parser
 
 

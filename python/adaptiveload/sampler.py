@@ -180,7 +180,8 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         self.on_oversize = on_oversize
         self._max_cost = max_cost
         self.epoch = 0
-        self._consumed: np.ndarray | None = None  # samples of this epoch done before a resume
+        self._consumed: np.ndarray | None = None  # samples of this epoch left out of the plan
+        self._start_step = 0  # steps of the plan done before a resume
         self._plan: Plan | None = None
         self._yielded = 0
         self._warned_skips = False
@@ -227,16 +228,23 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         return self._effective_max_cost()
 
     # -- Sampler protocol ---------------------------------------------------------------
+    @property
+    def start_step(self) -> int:
+        """Steps of the current plan done before a resume; iteration starts here."""
+        return self._start_step
+
     def __iter__(self) -> Iterator[list[int]]:
         plan = self.plan()
         self._yielded = 0
-        for batch in plan.rank_micro_batches(self.rank):
-            self._yielded += 1
-            yield batch.tolist()
+        k = self.micro_batches_per_step
+        for i, batch in enumerate(plan.rank_micro_batches(self.rank)):
+            if i >= self._start_step * k:
+                self._yielded += 1
+                yield batch.tolist()
 
     def __len__(self) -> int:
         plan = self.plan()
-        return plan.num_steps * plan.micro_batches_per_step
+        return (plan.num_steps - self._start_step) * plan.micro_batches_per_step
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle deterministically from (seed, epoch). Setting the epoch a resumed
@@ -246,25 +254,28 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         if int(epoch) != self.epoch:
             self.epoch = int(epoch)
             self._consumed = None
+            self._start_step = 0
             self._plan = None
             self._yielded = 0
 
     # -- resumption ---------------------------------------------------------------------
     def state_dict(self, steps_done: int | None = None) -> dict:
-        """The position in the epoch, as the set of samples already consumed.
+        """The position in the epoch: the samples already consumed, and the step of the
+        current plan reached (so that a resume on the same ranks replays the plan).
 
-        ``steps_done``: optimizer steps of the current plan completed. Pass the training
-        loop's own count: a DataLoader with workers draws batches ahead of training, so
-        the sampler's own count (the default) can run ahead. Identical on every rank.
+        ``steps_done``: optimizer steps of the current plan completed, counted from the
+        plan's first step (``start_step`` after a resume). Pass the training loop's own
+        count: a DataLoader with workers draws batches ahead of training, so the
+        sampler's own count (the default) can run ahead. Identical on every rank.
         """
         plan = self.plan()
         if steps_done is None:
-            steps_done = self._yielded // self.micro_batches_per_step
+            steps_done = self._start_step + self._yielded // self.micro_batches_per_step
         if not 0 <= steps_done <= plan.num_steps:
             raise ValueError(f"steps_done must be in [0, {plan.num_steps}], got {steps_done}")
-        consumed = (
-            np.zeros(len(self.seq_lens), dtype=bool) if self._consumed is None else self._consumed.copy()
-        )
+        n = len(self.seq_lens)
+        before = np.zeros(n, dtype=bool) if self._consumed is None else self._consumed
+        consumed = before.copy()
         end = steps_done * self.num_replicas * self.micro_batches_per_step
         real = np.repeat(plan.padding[:end] == 0, np.diff(plan.offsets[: end + 1]))
         consumed[plan.samples[: plan.offsets[end]][real]] = True
@@ -273,25 +284,38 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             "sampler": type(self).__name__,
             "epoch": self.epoch,
             "seed": self.seed,
-            "num_samples": len(self.seq_lens),
+            "num_samples": n,
             "consumed": np.packbits(consumed).tobytes(),
             "num_consumed": int(consumed.sum()),
+            # To replay the same plan on the same ranks:
+            "num_replicas": self.num_replicas,
+            "micro_batches_per_step": self.micro_batches_per_step,
+            "plan_excluded": np.packbits(before).tobytes(),
+            "steps_done": int(steps_done),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue the epoch of ``state``: the samples it consumed are left out and the
-        rest is planned for this sampler's ``num_replicas`` (which may differ)."""
+        """Continue the epoch of ``state``. On the same number of ranks and micro-batches
+        per step, the interrupted plan continues exactly; otherwise the samples it
+        consumed are left out and the rest is planned for this sampler's ranks."""
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"unsupported sampler state version {state.get('version')!r}")
-        if state["num_samples"] != len(self.seq_lens):
-            raise ValueError(
-                f"sampler state is for {state['num_samples']} samples, this dataset has {len(self.seq_lens)}"
-            )
-        bits = np.frombuffer(state["consumed"], dtype=np.uint8)
-        consumed = np.unpackbits(bits, count=len(self.seq_lens)).astype(bool)
+        n = len(self.seq_lens)
+        if state["num_samples"] != n:
+            raise ValueError(f"sampler state is for {state['num_samples']} samples, this dataset has {n}")
+
+        def unpack(key):
+            return np.unpackbits(np.frombuffer(state[key], dtype=np.uint8), count=n).astype(bool)
+
         self.epoch = int(state["epoch"])
         self.seed = int(state["seed"])
+        same_layout = (state["num_replicas"], state["micro_batches_per_step"]) == (
+            self.num_replicas,
+            self.micro_batches_per_step,
+        )
+        consumed = unpack("plan_excluded" if same_layout else "consumed")
         self._consumed = consumed if consumed.any() else None
+        self._start_step = int(state["steps_done"]) if same_layout else 0
         self._plan = None
         self._yielded = 0
 

@@ -286,6 +286,27 @@ def test_resume_mid_epoch_with_changed_world_size(new_world):
     assert not set(done) & set(rest) or padded
 
 
+def test_resume_on_same_ranks_replays_the_plan():
+    lens = random_mix(1500, seed=10)
+    kw = dict(num_replicas=3, micro_batches_per_step=2, seed=4)
+    for r in range(3):
+        whole = AdaptiveBatchSampler(lens, 151200, rank=r, **kw)
+        whole.set_epoch(2)
+        expected = list(whole)
+        first = AdaptiveBatchSampler(lens, 151200, rank=r, **kw)
+        first.set_epoch(2)
+        got = consume(first, 5)
+        resumed = AdaptiveBatchSampler(lens, 151200, rank=r, **kw)
+        resumed.load_state_dict(first.state_dict(steps_done=5))
+        resumed.set_epoch(2)
+        assert resumed.start_step == 5
+        assert len(resumed) == len(expected) - 10
+        got += list(resumed)
+        assert got == expected
+        # Saving again after the resume counts steps from the plan's start.
+        assert resumed.state_dict()["steps_done"] == len(expected) // 2
+
+
 def test_resume_twice_and_next_epoch_is_whole():
     lens = random_mix(1200, seed=7)
     s = AdaptiveBatchSampler(lens, 151200, num_replicas=2, rank=0)

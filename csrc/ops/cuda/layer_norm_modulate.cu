@@ -1,0 +1,1114 @@
+// CUDA kernels of adaptiveload::layer_norm_modulate and gated_residual_layer_norm_modulate
+// (forward and backward). See docs/ops.md for the design.
+//
+// Vector path (D a multiple of the 16-byte vector width VEC, D / VEC <= 8192 forward and
+// <= 2048 backward, aligned pointers): the row lives in registers as VPT 16-byte vectors per
+// thread, a block covers one row, statistics are reduced with cub::WarpReduce plus a small
+// shared-memory step. Other shapes take the loop path (scalar loads, the row re-read from cache).
+// Backward never uses float atomics: blocks own row chunks, write fp32 partials, and a second
+// kernel sums them in a fixed order, so results are bitwise reproducible.
+#include "../layer_norm_modulate.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <torch/library.h>
+
+#include <cub/cub.cuh>
+
+#include <functional>
+
+namespace adaptiveload {
+namespace {
+
+// Dtype codes for tensors whose dtype is only known at run time (modulation, weight, y, dy).
+// The branch on them is uniform across the block.
+enum Kind : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+int kind_of(at::ScalarType st) {
+  switch (st) {
+    case at::kFloat: return kF32;
+    case at::kBFloat16: return kBF16;
+    case at::kHalf: return kF16;
+    default: TORCH_CHECK(false, "layer_norm_modulate: unsupported dtype ", st, " on CUDA");
+  }
+}
+
+template <typename T>
+struct KindOf;
+template <>
+struct KindOf<float> { static constexpr int value = kF32; };
+template <>
+struct KindOf<at::BFloat16> { static constexpr int value = kBF16; };
+template <>
+struct KindOf<at::Half> { static constexpr int value = kF16; };
+
+__device__ __forceinline__ float bits_to_float(uint32_t bits, int kind) {
+  return kind == kBF16 ? __uint_as_float(bits << 16) : __half2float(__ushort_as_half(bits));
+}
+
+__device__ __forceinline__ uint32_t pack2(float a, float b, int kind) {
+  if (kind == kBF16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  __half2 v = __floats2half2_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// N elements of any kind, as raw bits: N fp32 need N/4 uint4, N 16-bit values half of that.
+template <int N, int BYTES>
+struct Raw {
+  static constexpr int kWords = N * BYTES / 4;
+  uint32_t w[kWords];
+};
+
+// True when the raw storage is 4 bytes per element and holds fp32; a constant false for 16-bit
+// storage, so the fp32 branches (which would index past its words) compile away.
+template <int BYTES>
+__device__ __forceinline__ bool bytes_is_f32(int kind) {
+  if constexpr (BYTES == 4) return kind == kF32;
+  return false;
+}
+
+template <int N, int BYTES>
+__device__ __forceinline__ void load_raw(Raw<N, BYTES>& r, const void* base, int kind,
+                                         int64_t idx) {
+  if (bytes_is_f32<BYTES>(kind)) {
+    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const float*>(base) + idx);
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const uint4 v = p[i];
+      r.w[4 * i] = v.x, r.w[4 * i + 1] = v.y, r.w[4 * i + 2] = v.z, r.w[4 * i + 3] = v.w;
+    }
+  } else {
+    const uint16_t* p = static_cast<const uint16_t*>(base) + idx;
+    if constexpr (N >= 8) {
+#pragma unroll
+      for (int i = 0; i < N / 8; ++i) {
+        const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+        r.w[4 * i] = v.x, r.w[4 * i + 1] = v.y, r.w[4 * i + 2] = v.z, r.w[4 * i + 3] = v.w;
+      }
+    } else {
+      const uint2 v = *reinterpret_cast<const uint2*>(p);
+      r.w[0] = v.x, r.w[1] = v.y;
+    }
+  }
+}
+
+template <int N, int BYTES>
+__device__ __forceinline__ void unpack(const Raw<N, BYTES>& r, int kind, float (&out)[N]) {
+  if (bytes_is_f32<BYTES>(kind)) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = __uint_as_float(r.w[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = bits_to_float((r.w[i / 2] >> (16 * (i % 2))) & 0xffffu, kind);
+  }
+}
+
+// Rounds v to 16-bit `kind` (or keeps fp32) into raw bits.
+template <int N, int BYTES>
+__device__ __forceinline__ void pack(Raw<N, BYTES>& r, int kind, const float (&v)[N]) {
+  if (bytes_is_f32<BYTES>(kind)) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) r.w[i] = __float_as_uint(v[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) r.w[i] = pack2(v[2 * i], v[2 * i + 1], kind);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void load_vec(float (&out)[N], const void* base, int kind,
+                                         int64_t idx) {
+  Raw<N, 4> r;
+  load_raw(r, base, kind, idx);
+  unpack(r, kind, out);
+}
+
+template <int N>
+__device__ __forceinline__ void store_vec(void* base, int kind, int64_t idx,
+                                          const float (&v)[N]) {
+  if (kind == kF32) {
+    float4* p = reinterpret_cast<float4*>(static_cast<float*>(base) + idx);
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) p[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+  } else {
+    uint16_t* p = static_cast<uint16_t*>(base) + idx;
+    if constexpr (N >= 8) {
+#pragma unroll
+      for (int i = 0; i < N / 8; ++i) {
+        reinterpret_cast<uint4*>(p)[i] =
+            make_uint4(pack2(v[8 * i], v[8 * i + 1], kind), pack2(v[8 * i + 2], v[8 * i + 3], kind),
+                       pack2(v[8 * i + 4], v[8 * i + 5], kind), pack2(v[8 * i + 6], v[8 * i + 7], kind));
+      }
+    } else {
+      *reinterpret_cast<uint2*>(p) = make_uint2(pack2(v[0], v[1], kind), pack2(v[2], v[3], kind));
+    }
+  }
+}
+
+__device__ __forceinline__ float load1(const void* base, int kind, int64_t idx) {
+  if (kind == kF32) return static_cast<const float*>(base)[idx];
+  return bits_to_float(static_cast<const uint16_t*>(base)[idx], kind);
+}
+
+__device__ __forceinline__ void store1(void* base, int kind, int64_t idx, float v) {
+  if (kind == kF32) {
+    static_cast<float*>(base)[idx] = v;
+  } else if (kind == kBF16) {
+    static_cast<__nv_bfloat16*>(base)[idx] = __float2bfloat16_rn(v);
+  } else {
+    static_cast<__half*>(base)[idx] = __float2half_rn(v);
+  }
+}
+
+__device__ __forceinline__ float round_to_kind(float v, int kind) {
+  if (kind == kBF16) return __bfloat162float(__float2bfloat16_rn(v));
+  if (kind == kF16) return __half2float(__float2half_rn(v));
+  return v;
+}
+
+struct DeviceRowMap {
+  int64_t inner, outer_stride, inner_stride;
+  __device__ __forceinline__ int64_t operator()(int64_t r) const {
+    return (r / inner) * outer_stride + (r % inner) * inner_stride;
+  }
+};
+
+DeviceRowMap to_device(const RowMap& m) { return {m.inner, m.outer_stride, m.inner_stride}; }
+
+struct ModArg {
+  const void* ptr = nullptr;
+  int kind = kF32;
+  DeviceRowMap map{1, 0, 0};
+};
+
+// Sums (a, b) over the block in a fixed order. blockDim.x is a multiple of 32; every thread of
+// the block must call it.
+__device__ __forceinline__ void block_sum2(float& a, float& b) {
+  using WarpReduce = cub::WarpReduce<float>;
+  __shared__ typename WarpReduce::TempStorage temp[32];
+  __shared__ float2 per_warp[32];
+  __shared__ float2 total;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float wa = WarpReduce(temp[warp]).Sum(a);
+  const float wb = WarpReduce(temp[warp]).Sum(b);
+  if (lane == 0) per_warp[warp] = make_float2(wa, wb);
+  __syncthreads();
+  if (warp == 0) {
+    const int nwarps = blockDim.x / 32;
+    const float2 v = lane < nwarps ? per_warp[lane] : make_float2(0.f, 0.f);
+    const float ta = WarpReduce(temp[0]).Sum(v.x);
+    const float tb = WarpReduce(temp[0]).Sum(v.y);
+    if (lane == 0) total = make_float2(ta, tb);
+  }
+  __syncthreads();
+  a = total.x;
+  b = total.y;
+}
+
+__device__ __forceinline__ float block_sum(float a) {
+  float b = 0.f;
+  block_sum2(a, b);
+  return a;
+}
+
+// ------------------------------------------------------------------------------------------
+// Forward
+// ------------------------------------------------------------------------------------------
+
+struct FwdParams {
+  const void* x;  // T: x, or residual for the fused op
+  const void* h;  // T, fused only
+  void* r;        // T, fused only
+  void* y;
+  int y_kind;
+  ModArg shift, scale, gate;
+  const void* weight;  // may be null
+  const void* bias;    // may be null
+  int weight_kind, bias_kind;
+  float* mean;
+  float* rstd;
+  int64_t rows, D;
+  float eps;
+};
+
+// One block per row (grid-stride), the row held in registers as packed x values (half the
+// registers of fp32 for 16-bit x): thread t owns vectors t, t + blockDim.x, ..., at most VPT.
+// Note: the register cap (64 for VPT <= 2, 85 for VPT 4) keeps 4+ blocks, i.e. rows in flight, per SM; left
+// alone the compiler spends registers on hoisting every modulation load.
+template <typename T, int VPT, bool FUSED>
+__global__ void __launch_bounds__(VPT <= 4 ? 256 : 512, VPT <= 2 ? 4 : VPT == 4 ? 3 : 1)
+    layer_norm_modulate_fwd_kernel(const FwdParams p) {
+  constexpr int VEC = 16 / sizeof(T);
+  constexpr int XK = KindOf<T>::value;
+  const int64_t nvec = p.D / VEC;
+  const float inv_d = 1.f / static_cast<float>(p.D);
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const int64_t base = row * p.D;
+    Raw<VEC, sizeof(T)> xr[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+#pragma unroll
+      for (int k = 0; k < Raw<VEC, sizeof(T)>::kWords; ++k) xr[i].w[k] = 0u;
+      if (c < nvec) load_raw(xr[i], p.x, XK, base + c * VEC);
+    }
+    if constexpr (FUSED) {
+      // r = residual + gate * h, rounded to T: the rounded r is what gets normalized, returned
+      // and saved for backward.
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+        if (c < nvec) {
+          float v[VEC], hv[VEC], g[VEC];
+          unpack(xr[i], XK, v);
+          load_vec(hv, p.h, XK, base + c * VEC);
+          load_vec(g, p.gate.ptr, p.gate.kind, p.gate.map(row) + c * VEC);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) v[k] = fmaf(g[k], hv[k], v[k]);
+          store_vec(p.r, XK, base + c * VEC, v);
+          pack(xr[i], XK, v);
+        }
+      }
+    }
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      float v[VEC];
+      unpack(xr[i], XK, v);  // padding vectors are zero
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) sum += v[k];
+    }
+    const float mean = block_sum(sum) * inv_d;
+    float sq = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      if (c < nvec) {
+        float v[VEC];
+        unpack(xr[i], XK, v);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float d = v[k] - mean;
+          sq = fmaf(d, d, sq);
+        }
+      }
+    }
+    const float rstd = rsqrtf(block_sum(sq) * inv_d + p.eps);
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      if (c < nvec) {
+        float v[VEC], sh[VEC], sc[VEC];
+        unpack(xr[i], XK, v);
+        load_vec(sh, p.shift.ptr, p.shift.kind, p.shift.map(row) + c * VEC);
+        load_vec(sc, p.scale.ptr, p.scale.kind, p.scale.map(row) + c * VEC);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v[k] = (v[k] - mean) * rstd;
+        if (p.weight != nullptr) {
+          float w[VEC];
+          load_vec(w, p.weight, p.weight_kind, c * VEC);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) v[k] *= w[k];
+        }
+        if (p.bias != nullptr) {
+          float b[VEC];
+          load_vec(b, p.bias, p.bias_kind, c * VEC);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) v[k] += b[k];
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v[k] = fmaf(v[k], 1.f + sc[k], sh[k]);
+        store_vec(p.y, p.y_kind, base + c * VEC, v);
+      }
+    }
+    if (threadIdx.x == 0) {
+      p.mean[row] = mean;
+      p.rstd[row] = rstd;
+    }
+  }
+}
+
+// Any D, any alignment: scalar loads, the row re-read from L1/L2 for each pass.
+template <typename T>
+__global__ void __launch_bounds__(256) layer_norm_modulate_fwd_loop_kernel(const FwdParams p) {
+  constexpr int XK = KindOf<T>::value;
+  const bool fused = p.h != nullptr;
+  const float inv_d = 1.f / static_cast<float>(p.D);
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const int64_t base = row * p.D;
+    const void* src = fused ? p.r : p.x;
+    float sum = 0.f;
+    for (int64_t d = threadIdx.x; d < p.D; d += blockDim.x) {
+      float v = load1(p.x, XK, base + d);
+      if (fused) {
+        v = round_to_kind(
+            fmaf(load1(p.gate.ptr, p.gate.kind, p.gate.map(row) + d), load1(p.h, XK, base + d), v),
+            XK);
+        store1(p.r, XK, base + d, v);  // re-read below by this same thread
+      }
+      sum += v;
+    }
+    const float mean = block_sum(sum) * inv_d;
+    float sq = 0.f;
+    for (int64_t d = threadIdx.x; d < p.D; d += blockDim.x) {
+      const float dv = load1(src, XK, base + d) - mean;
+      sq = fmaf(dv, dv, sq);
+    }
+    const float rstd = rsqrtf(block_sum(sq) * inv_d + p.eps);
+    for (int64_t d = threadIdx.x; d < p.D; d += blockDim.x) {
+      const float w = p.weight != nullptr ? load1(p.weight, p.weight_kind, d) : 1.f;
+      const float b = p.bias != nullptr ? load1(p.bias, p.bias_kind, d) : 0.f;
+      const float xn = fmaf((load1(src, XK, base + d) - mean) * rstd, w, b);
+      const float sc = load1(p.scale.ptr, p.scale.kind, p.scale.map(row) + d);
+      const float sh = load1(p.shift.ptr, p.shift.kind, p.shift.map(row) + d);
+      store1(p.y, p.y_kind, base + d, fmaf(xn, 1.f + sc, sh));
+    }
+    if (threadIdx.x == 0) {
+      p.mean[row] = mean;
+      p.rstd[row] = rstd;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Backward
+// ------------------------------------------------------------------------------------------
+
+// Gradient slots, in partial-buffer order.
+enum Slot : int { kShift = 0, kScale = 1, kGate = 2, kWeight = 3, kBias = 4, kNumSlots = 5 };
+
+struct GradArg {
+  int mode = 0;     // GradMode
+  int slot = -1;    // kGrouped: index into a block's partials
+  void* buf = nullptr;  // kElementwise: per-element output
+  int kind = kF32;
+};
+
+struct BwdParams {
+  const void* dy;
+  int dy_kind;
+  const void* x;   // T: x, or r for the fused op
+  const void* dr;  // T, fused only, may be null
+  const void* h;   // T, fused only
+  void* dx;        // T: dx, or dresidual for the fused op; may be null
+  void* dh;        // T, fused only, may be null
+  ModArg scale, gate;
+  const void* weight;
+  const void* bias;
+  int weight_kind, bias_kind;
+  const float* mean;
+  const float* rstd;
+  GradArg grad[kNumSlots];
+  float* partials;  // [gridDim.x][num_slots][D]
+  int num_slots;
+  int64_t rows, D;
+  int64_t group;        // rows per chunk group; chunks never straddle a group
+  int64_t per_group;    // chunks (= blocks) per group
+  int64_t chunk_rows;
+};
+
+__device__ __forceinline__ void chunk_range(const BwdParams& p, int64_t& first, int64_t& last) {
+  const int64_t g = blockIdx.x / p.per_group;
+  const int64_t group_end = (g + 1) * p.group;
+  first = min(g * p.group + (blockIdx.x % p.per_group) * p.chunk_rows, group_end);
+  last = min(first + p.chunk_rows, group_end);
+}
+
+// One block per chunk of rows. Each thread owns the same VPT vectors of every row, so the
+// gradients of broadcast operands accumulate in its registers. x and dy stay packed in
+// registers (unpacked again for each use), and the next row's are loaded while the current row
+// is reduced. DYB: bytes per dy element held in registers.
+// Note: 96 registers let two 320-thread blocks (D = 5120, bf16) share an SM; the fused and
+// affine variants need more to avoid spilling.
+template <typename T, int VPT, int DYB, bool FUSED, bool AFFINE>
+__global__ void __maxnreg__(VPT <= 2 && !FUSED && !AFFINE ? 96 : 128)
+    layer_norm_modulate_bwd_kernel(const BwdParams p) {
+  constexpr int VEC = 16 / sizeof(T);
+  constexpr int XK = KindOf<T>::value;
+  using XRaw = Raw<VEC, sizeof(T)>;
+  using DyRaw = Raw<VEC, DYB>;
+  const int64_t nvec = p.D / VEC;
+  const float inv_d = 1.f / static_cast<float>(p.D);
+  int64_t first, last;
+  chunk_range(p, first, last);
+
+  float acc[kNumSlots][VPT][VEC];
+#pragma unroll
+  for (int q = 0; q < kNumSlots; ++q)
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc[q][i][k] = 0.f;
+  const bool grouped[kNumSlots] = {p.grad[0].mode == 1, p.grad[1].mode == 1,
+                                   FUSED && p.grad[2].mode == 1, AFFINE && p.grad[3].mode == 1,
+                                   AFFINE && p.grad[4].mode == 1};
+
+  XRaw x_next[VPT];
+  DyRaw dy_next[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    // Padding vectors stay zero, which keeps them out of the row sums.
+#pragma unroll
+    for (int k = 0; k < XRaw::kWords; ++k) x_next[i].w[k] = 0u;
+#pragma unroll
+    for (int k = 0; k < DyRaw::kWords; ++k) dy_next[i].w[k] = 0u;
+  }
+  auto prefetch = [&](int64_t row) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      if (c < nvec) {
+        load_raw(x_next[i], p.x, XK, row * p.D + c * VEC);
+        load_raw(dy_next[i], p.dy, p.dy_kind, row * p.D + c * VEC);
+      }
+    }
+  };
+  if (first < last) prefetch(first);
+
+  for (int64_t row = first; row < last; ++row) {
+    const int64_t base = row * p.D;
+    XRaw x_cur[VPT];
+    DyRaw dy_cur[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) x_cur[i] = x_next[i], dy_cur[i] = dy_next[i];
+    if (row + 1 < last) prefetch(row + 1);
+    const float mean = p.mean[row], rstd = p.rstd[row];
+    const int64_t scale_row = p.scale.map(row);
+
+    // g = dy * (1 + scale) * weight is the gradient with respect to xhat.
+    auto load_g = [&](int i, int64_t c, float (&xh)[VEC], float (&dy)[VEC], float (&s1)[VEC],
+                      float (&w)[VEC]) {
+      unpack(x_cur[i], XK, xh);
+      unpack(dy_cur[i], p.dy_kind, dy);
+      load_vec(s1, p.scale.ptr, p.scale.kind, scale_row + c * VEC);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) w[k] = 1.f;
+      if (AFFINE && p.weight != nullptr) load_vec(w, p.weight, p.weight_kind, c * VEC);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        s1[k] += 1.f;
+        xh[k] = (xh[k] - mean) * rstd;
+      }
+    };
+    float sg = 0.f, sgx = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      if (c < nvec) {
+        float xh[VEC], dy[VEC], s1[VEC], w[VEC];
+        load_g(i, c, xh, dy, s1, w);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float g = dy[k] * s1[k] * w[k];
+          sg += g;
+          sgx = fmaf(g, xh[k], sgx);
+        }
+      }
+    }
+    block_sum2(sg, sgx);
+    sg *= inv_d;
+    sgx *= inv_d;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      if (c >= nvec) continue;
+      const int64_t idx = base + c * VEC;
+      float xh[VEC], dy[VEC], s1[VEC], w[VEC], dx[VEC];
+      load_g(i, c, xh, dy, s1, w);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) dx[k] = rstd * (dy[k] * s1[k] * w[k] - sg - xh[k] * sgx);
+      if constexpr (FUSED) {
+        if (p.dr != nullptr) {
+          float dr[VEC];
+          load_vec(dr, p.dr, XK, idx);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) dx[k] += dr[k];
+        }
+        if (p.grad[kGate].mode != 0) {
+          float hv[VEC];
+          load_vec(hv, p.h, XK, idx);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) hv[k] *= dx[k];
+          if (grouped[kGate]) {
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) acc[kGate][i][k] += hv[k];
+          } else {
+            store_vec(p.grad[kGate].buf, p.grad[kGate].kind, idx, hv);
+          }
+        }
+        if (p.dh != nullptr) {
+          float g[VEC];
+          load_vec(g, p.gate.ptr, p.gate.kind, p.gate.map(row) + c * VEC);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) g[k] *= dx[k];
+          store_vec(p.dh, XK, idx, g);
+        }
+      }
+      if (p.dx != nullptr) store_vec(p.dx, XK, idx, dx);
+
+      float b[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) b[k] = 0.f;
+      if (AFFINE && p.bias != nullptr) load_vec(b, p.bias, p.bias_kind, c * VEC);
+#pragma unroll
+      for (int q = 0; q < kNumSlots; ++q) {
+        if (q == kGate || ((q == kWeight || q == kBias) && !AFFINE)) continue;
+        if (p.grad[q].mode == 0) continue;
+        float e[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          e[k] = q == kShift    ? dy[k]
+                 : q == kScale  ? dy[k] * fmaf(xh[k], w[k], b[k])
+                 : q == kWeight ? dy[k] * s1[k] * xh[k]
+                                : dy[k] * s1[k];
+        }
+        if (grouped[q]) {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) acc[q][i][k] += e[k];
+        } else {
+          store_vec(p.grad[q].buf, p.grad[q].kind, idx, e);
+        }
+      }
+    }
+  }
+
+  // Every block writes all its slots, zeros for an empty chunk, so stage two reads no garbage.
+#pragma unroll
+  for (int q = 0; q < kNumSlots; ++q) {
+    if (!grouped[q]) continue;
+    float* out = p.partials + (static_cast<int64_t>(blockIdx.x) * p.num_slots + p.grad[q].slot) * p.D;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      if (c < nvec) store_vec(out, kF32, c * VEC, acc[q][i]);
+    }
+  }
+}
+
+// Any D, any alignment. Partials are accumulated in place in this block's slice of the partial
+// buffer; each column belongs to one thread, so no atomics are needed.
+template <typename T>
+__global__ void __launch_bounds__(256) layer_norm_modulate_bwd_loop_kernel(const BwdParams p) {
+  constexpr int XK = KindOf<T>::value;
+  const float inv_d = 1.f / static_cast<float>(p.D);
+  int64_t first, last;
+  chunk_range(p, first, last);
+  float* part = p.partials + static_cast<int64_t>(blockIdx.x) * p.num_slots * p.D;
+  for (int64_t d = threadIdx.x; d < p.num_slots * p.D; d += blockDim.x) part[d] = 0.f;
+  auto weight = [&](int64_t d) { return p.weight != nullptr ? load1(p.weight, p.weight_kind, d) : 1.f; };
+  for (int64_t row = first; row < last; ++row) {
+    const int64_t base = row * p.D;
+    const float mean = p.mean[row], rstd = p.rstd[row];
+    const int64_t srow = p.scale.map(row);
+    float sg = 0.f, sgx = 0.f;
+    for (int64_t d = threadIdx.x; d < p.D; d += blockDim.x) {
+      const float xh = (load1(p.x, XK, base + d) - mean) * rstd;
+      const float g = load1(p.dy, p.dy_kind, base + d) *
+                      (1.f + load1(p.scale.ptr, p.scale.kind, srow + d)) * weight(d);
+      sg += g;
+      sgx = fmaf(g, xh, sgx);
+    }
+    block_sum2(sg, sgx);
+    sg *= inv_d;
+    sgx *= inv_d;
+    for (int64_t d = threadIdx.x; d < p.D; d += blockDim.x) {
+      const int64_t idx = base + d;
+      const float xh = (load1(p.x, XK, idx) - mean) * rstd;
+      const float dy = load1(p.dy, p.dy_kind, idx);
+      const float s1 = 1.f + load1(p.scale.ptr, p.scale.kind, srow + d);
+      const float w = weight(d);
+      const float b = p.bias != nullptr ? load1(p.bias, p.bias_kind, d) : 0.f;
+      float dx = rstd * (dy * s1 * w - sg - xh * sgx);
+      float e[kNumSlots] = {dy, dy * fmaf(xh, w, b), 0.f, dy * s1 * xh, dy * s1};
+      if (p.h != nullptr) {
+        if (p.dr != nullptr) dx += load1(p.dr, XK, idx);
+        e[kGate] = dx * load1(p.h, XK, idx);
+        if (p.dh != nullptr) {
+          store1(p.dh, XK, idx, dx * load1(p.gate.ptr, p.gate.kind, p.gate.map(row) + d));
+        }
+      }
+      if (p.dx != nullptr) store1(p.dx, XK, idx, dx);
+      for (int q = 0; q < kNumSlots; ++q) {
+        if (p.grad[q].mode == 1) {
+          part[p.grad[q].slot * p.D + d] += e[q];
+        } else if (p.grad[q].mode == 2) {
+          store1(p.grad[q].buf, p.grad[q].kind, idx, e[q]);
+        }
+      }
+    }
+  }
+}
+
+struct ReduceParams {
+  const float* partials;
+  int num_slots;
+  int64_t D;
+  int num_outputs;         // grouped gradients
+  int slot[kNumSlots];     // their partial slots
+  void* out[kNumSlots];
+  int kind[kNumSlots];
+  int64_t blocks_per_out[kNumSlots];  // partial blocks summed into one output row
+  int64_t out_rows[kNumSlots];
+};
+
+// Stage two: out[j, d] = sum of the partials of blocks j*n .. (j+1)*n-1, in a fixed order.
+// Block (32, 8): 32 columns, the block range split across 8 rows of threads and combined in
+// order through shared memory.
+__global__ void __launch_bounds__(256) reduce_partials_kernel(const ReduceParams p) {
+  __shared__ float part[8][33];
+  const int64_t d = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  int64_t total_rows = 0;
+  for (int o = 0; o < p.num_outputs; ++o) total_rows += p.out_rows[o];
+  for (int64_t y = blockIdx.y; y < total_rows; y += gridDim.y) {
+    int o = 0;
+    int64_t j = y;
+    while (j >= p.out_rows[o]) j -= p.out_rows[o++];
+    float s = 0.f;
+    if (d < p.D) {
+      const int64_t n = p.blocks_per_out[o];
+      for (int64_t b = j * n + threadIdx.y; b < (j + 1) * n; b += 8) {
+        s += p.partials[(b * p.num_slots + p.slot[o]) * p.D + d];
+      }
+    }
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && d < p.D) {
+      float t = 0.f;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) t += part[k][threadIdx.x];
+      store1(p.out[o], p.kind[o], j * p.D + d, t);
+    }
+    __syncthreads();
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Host side
+// ------------------------------------------------------------------------------------------
+
+constexpr int64_t kMaxFwdVectors = 4096;  // 8 vectors per thread x 512 threads
+constexpr int64_t kMaxBwdVectors = 2048;  // 4 vectors per thread x 512 threads
+
+bool aligned(const void* p, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
+}
+
+// Whether every access of the vector path is a whole aligned vector of `vec` elements.
+bool vector_ok(int64_t vec, std::initializer_list<const at::Tensor*> streams,
+               std::initializer_list<const Operand*> operands) {
+  for (const auto* t : streams) {
+    if (t->defined() && t->numel() > 0 && !aligned(t->data_ptr(), vec * t->element_size())) {
+      return false;
+    }
+  }
+  for (const auto* o : operands) {
+    if (!aligned(o->tensor.data_ptr(), vec * o->tensor.element_size()) ||
+        o->map.outer_stride % vec != 0 || o->map.inner_stride % vec != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+ModArg mod_arg(const Operand& o) {
+  return {o.tensor.data_ptr(), kind_of(o.tensor.scalar_type()), to_device(o.map)};
+}
+
+// Calls f with a value of x's element type (float, at::BFloat16 or at::Half).
+template <typename F>
+void dispatch_x(at::ScalarType st, F&& f) {
+  switch (st) {
+    case at::kFloat: f(float{}); break;
+    case at::kBFloat16: f(at::BFloat16{}); break;
+    case at::kHalf: f(at::Half{}); break;
+    default: TORCH_CHECK(false, "layer_norm_modulate: unsupported dtype ", st, " on CUDA");
+  }
+}
+
+int64_t vec_width(const at::Tensor& x) { return 16 / x.element_size(); }
+
+int64_t grid_for_rows(int64_t rows) { return std::min<int64_t>(rows, int64_t{1} << 30); }
+
+int64_t threads_for(int64_t nvec, int vpt) {
+  return std::max<int64_t>(32, ((nvec + vpt - 1) / vpt + 31) / 32 * 32);
+}
+
+template <typename T, bool FUSED>
+void launch_fwd_vector(const FwdParams& p, int64_t nvec, cudaStream_t stream) {
+  const dim3 grid(grid_for_rows(p.rows));
+  // Smallest VPT that keeps the row at <= 256 threads, so a block stays small and an SM holds
+  // many rows in flight.
+  auto go = [&](auto kernel, int vpt) {
+    kernel<<<grid, threads_for(nvec, vpt), 0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  if (nvec <= 256) {
+    go(layer_norm_modulate_fwd_kernel<T, 1, FUSED>, 1);
+  } else if (nvec <= 512) {
+    go(layer_norm_modulate_fwd_kernel<T, 2, FUSED>, 2);
+  } else if (nvec <= 1024) {
+    go(layer_norm_modulate_fwd_kernel<T, 4, FUSED>, 4);
+  } else {
+    go(layer_norm_modulate_fwd_kernel<T, 8, FUSED>, 8);
+  }
+}
+
+template <typename T>
+void dispatch_fwd(const FwdParams& p, bool vector_path, cudaStream_t stream) {
+  const int64_t nvec = p.D / (16 / sizeof(T));
+  if (!vector_path) {
+    layer_norm_modulate_fwd_loop_kernel<T><<<grid_for_rows(p.rows), 256, 0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  } else if (p.h != nullptr) {
+    launch_fwd_vector<T, true>(p, nvec, stream);
+  } else {
+    launch_fwd_vector<T, false>(p, nvec, stream);
+  }
+}
+
+// x is what gets normalized (residual for the fused op, with h and gate set).
+void fwd_cuda(const at::Tensor& x, const at::Tensor* h, const Operand* gate, at::Tensor* r,
+              const Operand& shift, const Operand& scale, const std::optional<at::Tensor>& weight,
+              const std::optional<at::Tensor>& bias, double eps, at::Tensor& y, at::Tensor& mean,
+              at::Tensor& rstd) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t D = x.size(-1);
+  FwdParams p{};
+  p.x = x.data_ptr();
+  p.y = y.data_ptr();
+  p.y_kind = kind_of(y.scalar_type());
+  p.shift = mod_arg(shift);
+  p.scale = mod_arg(scale);
+  const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
+  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+  p.weight = w.defined() ? w.data_ptr() : nullptr;
+  p.bias = b.defined() ? b.data_ptr() : nullptr;
+  p.weight_kind = w.defined() ? kind_of(w.scalar_type()) : kF32;
+  p.bias_kind = b.defined() ? kind_of(b.scalar_type()) : kF32;
+  p.mean = mean.data_ptr<float>();
+  p.rstd = rstd.data_ptr<float>();
+  p.rows = x.numel() / D;
+  p.D = D;
+  p.eps = static_cast<float>(eps);
+  const at::Tensor none;
+  if (h != nullptr) {
+    p.h = h->data_ptr();
+    p.r = r->data_ptr();
+    p.gate = mod_arg(*gate);
+  }
+  const int64_t vec = vec_width(x);
+  const Operand* ops3[3] = {&shift, &scale, gate != nullptr ? gate : &shift};
+  const bool vector_path =
+      D % vec == 0 && D / vec <= kMaxFwdVectors &&
+      vector_ok(vec, {&x, &y, h != nullptr ? h : &none, r != nullptr ? r : &none, &w, &b},
+                {ops3[0], ops3[1], ops3[2]});
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  dispatch_x(x.scalar_type(), [&](auto tag) {
+    dispatch_fwd<decltype(tag)>(p, vector_path, stream);
+  });
+}
+
+template <typename T, int VPT, int DYB>
+void launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec,
+                       cudaStream_t stream, int64_t& blocks_out,
+                       std::function<void(int64_t)> set_grid) {
+  auto kernel = fused ? (affine ? layer_norm_modulate_bwd_kernel<T, VPT, DYB, true, true>
+                                : layer_norm_modulate_bwd_kernel<T, VPT, DYB, true, false>)
+                      : (affine ? layer_norm_modulate_bwd_kernel<T, VPT, DYB, false, true>
+                                : layer_norm_modulate_bwd_kernel<T, VPT, DYB, false, false>);
+  const int threads = static_cast<int>(threads_for(nvec, VPT));
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  set_grid(static_cast<int64_t>(std::max(per_sm, 1)) * sms);
+  kernel<<<blocks_out, threads, 0, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+struct BwdTargets {
+  GradTarget* t[kNumSlots];
+};
+
+// Chooses the chunking for `target_blocks` blocks, allocates the partials and fills p.
+at::Tensor plan_chunks(BwdParams& p, const BwdTargets& tg, int64_t target_blocks,
+                       const at::Tensor& x, int64_t& blocks) {
+  const int64_t rows = p.rows;
+  const int64_t gmin = min_group({tg.t[0], tg.t[1], tg.t[2], tg.t[3], tg.t[4]}, rows);
+  const int64_t groups = rows / gmin;
+  int64_t per_group = std::max<int64_t>(1, (target_blocks + groups - 1) / groups);
+  per_group = std::min(per_group, gmin);
+  const int64_t chunk = (gmin + per_group - 1) / per_group;
+  per_group = (gmin + chunk - 1) / chunk;  // no empty chunks
+  blocks = groups * per_group;
+  TORCH_CHECK(blocks < (int64_t{1} << 31), "layer_norm_modulate backward: too many row groups (",
+              groups, ")");
+  p.group = gmin;
+  p.per_group = per_group;
+  p.chunk_rows = chunk;
+  return at::empty({p.num_slots > 0 ? blocks * p.num_slots * p.D : 0}, x.options().dtype(at::kFloat));
+}
+
+void reduce_partials(const BwdParams& p, const BwdTargets& tg, cudaStream_t stream) {
+  ReduceParams r{};
+  r.partials = p.partials;
+  r.num_slots = p.num_slots;
+  r.D = p.D;
+  for (int q = 0; q < kNumSlots; ++q) {
+    const GradTarget& t = *tg.t[q];
+    if (t.mode != GradMode::kGrouped) continue;
+    const int o = r.num_outputs++;
+    r.slot[o] = p.grad[q].slot;
+    r.out[o] = t.out.data_ptr();
+    r.kind[o] = kind_of(t.out.scalar_type());
+    r.blocks_per_out[o] = (t.group / p.group) * p.per_group;
+    r.out_rows[o] = p.rows / t.group;
+  }
+  if (r.num_outputs == 0) return;
+  int64_t total = 0;
+  for (int o = 0; o < r.num_outputs; ++o) total += r.out_rows[o];
+  const dim3 grid((p.D + 31) / 32, std::min<int64_t>(total, 65535));
+  reduce_partials_kernel<<<grid, dim3(32, 8), 0, stream>>>(r);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void bwd_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor* dr, const at::Tensor* h,
+              const Operand* gate, const Operand& scale, const std::optional<at::Tensor>& weight,
+              const std::optional<at::Tensor>& bias, const at::Tensor& mean,
+              const at::Tensor& rstd, at::Tensor& dx, at::Tensor* dh, BwdTargets tg) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t D = x.size(-1);
+  const bool fused = h != nullptr;
+  BwdParams p{};
+  p.dy = dy.data_ptr();
+  p.dy_kind = kind_of(dy.scalar_type());
+  p.x = x.data_ptr();
+  p.dx = dx.numel() > 0 ? dx.data_ptr() : nullptr;
+  p.scale = mod_arg(scale);
+  const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
+  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+  p.weight = w.defined() ? w.data_ptr() : nullptr;
+  p.bias = b.defined() ? b.data_ptr() : nullptr;
+  p.weight_kind = w.defined() ? kind_of(w.scalar_type()) : kF32;
+  p.bias_kind = b.defined() ? kind_of(b.scalar_type()) : kF32;
+  p.mean = mean.data_ptr<float>();
+  p.rstd = rstd.data_ptr<float>();
+  p.rows = x.numel() / D;
+  p.D = D;
+  const at::Tensor none;
+  if (fused) {
+    p.h = h->data_ptr();
+    p.dr = dr->defined() ? dr->data_ptr() : nullptr;
+    p.dh = dh->numel() > 0 ? dh->data_ptr() : nullptr;
+    p.gate = mod_arg(*gate);
+  }
+  for (int q = 0; q < kNumSlots; ++q) {
+    const GradTarget& t = *tg.t[q];
+    p.grad[q].mode = static_cast<int>(t.mode);
+    if (t.mode == GradMode::kGrouped) p.grad[q].slot = p.num_slots++;
+    if (t.mode == GradMode::kElementwise) {
+      p.grad[q].buf = t.buf.data_ptr();
+      p.grad[q].kind = kind_of(t.buf.scalar_type());
+    }
+  }
+  const bool affine = w.defined() || b.defined();
+  const int64_t vec = vec_width(x);
+  const int64_t nvec = D / vec;
+  const at::Tensor* bufs[kNumSlots];
+  for (int q = 0; q < kNumSlots; ++q) bufs[q] = tg.t[q]->mode == GradMode::kElementwise ? &tg.t[q]->buf : &none;
+  const Operand& g = gate != nullptr ? *gate : scale;
+  const bool vector_path =
+      D % vec == 0 && nvec <= kMaxBwdVectors &&
+      vector_ok(vec, {&x, &dy, &dx, &w, &b, fused ? h : &none, fused ? dr : &none,
+                      fused ? dh : &none, bufs[0], bufs[1], bufs[2], bufs[3], bufs[4]},
+                {&scale, &g});
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  at::Tensor partials;
+  int64_t blocks = 0;
+  auto set_grid = [&](int64_t target) {
+    partials = plan_chunks(p, tg, target, x, blocks);
+    p.partials = partials.data_ptr<float>();
+  };
+  const bool wide_dy = dy.element_size() > x.element_size();
+  dispatch_x(x.scalar_type(), [&](auto tag) {
+    {
+      using T = decltype(tag);
+      constexpr int TB = sizeof(T);
+      if (!vector_path) {
+        const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+        set_grid(static_cast<int64_t>(sms) * 4);
+        layer_norm_modulate_bwd_loop_kernel<T><<<blocks, 256, 0, stream>>>(p);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        return;
+      }
+      // Smallest VPT that keeps the row at <= 512 threads.
+      const int vpt = nvec <= 512 ? 1 : nvec <= 1024 ? 2 : 4;
+      auto go = [&](auto vpt_c, auto dyb_c) {
+        launch_bwd_vector<T, decltype(vpt_c)::value, decltype(dyb_c)::value>(
+            p, fused, affine, nvec, stream, blocks, set_grid);
+      };
+      using I1 = std::integral_constant<int, 1>;
+      using I2 = std::integral_constant<int, 2>;
+      using I4 = std::integral_constant<int, 4>;
+      using DNarrow = std::integral_constant<int, TB>;
+      if (wide_dy) {
+        if constexpr (TB == 2) {
+          if (vpt == 1) go(I1{}, I4{}); else if (vpt == 2) go(I2{}, I4{}); else go(I4{}, I4{});
+        }
+      } else {
+        if (vpt == 1) go(I1{}, DNarrow{}); else if (vpt == 2) go(I2{}, DNarrow{}); else go(I4{}, DNarrow{});
+      }
+    }
+  });
+  reduce_partials(p, tg, stream);
+}
+
+void check_cuda_stats(const char* op, const at::Tensor& mean, const at::Tensor& rstd,
+                      const at::Tensor& x) {
+  const int64_t rows = x.numel() / x.size(-1);
+  TORCH_CHECK(mean.scalar_type() == at::kFloat && rstd.scalar_type() == at::kFloat &&
+                  mean.numel() == rows && rstd.numel() == rows,
+              op, ": mean and rstd must be float32 with ", rows, " elements (one per row)");
+  TORCH_CHECK(mean.device() == x.device() && rstd.device() == x.device(), op,
+              ": mean and rstd must be on ", x.device());
+}
+
+// ---- op entry points ----
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_modulate_cuda(
+    const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps,
+    std::optional<at::ScalarType> out_dtype) {
+  constexpr const char* op = "layer_norm_modulate";
+  check_inputs(op, "x", x, {{"shift", shift}, {"scale", scale}}, weight, bias);
+  auto y = at::empty(x.sizes(), x.options().dtype(resolve_out_dtype(op, x, out_dtype)));
+  auto mean = at::empty(leading(x), x.options().dtype(at::kFloat));
+  auto rstd = at::empty_like(mean);
+  if (x.numel() == 0) return {y, mean, rstd};
+  const Operand sh = prepare_operand(shift, x), sc = prepare_operand(scale, x);
+  fwd_cuda(x, nullptr, nullptr, nullptr, sh, sc, weight, bias, eps, y, mean, rstd);
+  return {y, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+layer_norm_modulate_backward_cuda(const at::Tensor& dy_in, const at::Tensor& x,
+                                  const at::Tensor& shift, const at::Tensor& scale,
+                                  const std::optional<at::Tensor>& weight,
+                                  const std::optional<at::Tensor>& bias, const at::Tensor& mean,
+                                  const at::Tensor& rstd, std::array<bool, 5> mask) {
+  constexpr const char* op = "_layer_norm_modulate_backward";
+  check_inputs(op, "x", x, {{"shift", shift}, {"scale", scale}}, weight, bias);
+  TORCH_CHECK(dy_in.sizes() == x.sizes() && dy_in.device() == x.device(), op,
+              ": dy must have x's shape ", x.sizes(), " and device ", x.device(), ", got ",
+              dy_in.sizes(), " on ", dy_in.device());
+  check_cuda_stats(op, mean, rstd, x);
+  const at::Tensor dy = dy_in.contiguous();
+  at::Tensor dx = mask[0] ? at::empty_like(x, at::MemoryFormat::Contiguous)
+                          : at::empty({0}, x.options());
+  GradTarget none_gate;
+  GradTarget dshift = make_grad_target(shift, x, mask[1], at::kFloat);
+  GradTarget dscale = make_grad_target(scale, x, mask[2], at::kFloat);
+  GradTarget dweight = make_grad_target(weight.value_or(x), x, mask[3] && weight.has_value(), at::kFloat);
+  GradTarget dbias = make_grad_target(bias.value_or(x), x, mask[4] && bias.has_value(), at::kFloat);
+  BwdTargets tg{{&dshift, &dscale, &none_gate, &dweight, &dbias}};
+  if (x.numel() > 0) {
+    const Operand sc = prepare_operand(scale, x);
+    bwd_cuda(dy, x, nullptr, nullptr, nullptr, sc, weight, bias, mean.contiguous(),
+             rstd.contiguous(), dx, nullptr, tg);
+    for (auto* t : tg.t) finish_grad(*t);
+  } else {
+    for (auto* t : tg.t) t->out.zero_();
+  }
+  return {dx, dshift.out, dscale.out, dweight.out, dbias.out};
+}
+
+void check_residual_pair(const char* op, const at::Tensor& residual, const at::Tensor& h) {
+  TORCH_CHECK(h.device() == residual.device(), op, ": h is on ", h.device(), " but residual is on ",
+              residual.device());
+  TORCH_CHECK(h.sizes() == residual.sizes(), op, ": h must have residual's shape ",
+              residual.sizes(), ", got ", h.sizes());
+  TORCH_CHECK(h.scalar_type() == residual.scalar_type(), op, ": h must have residual's dtype ",
+              residual.scalar_type(), ", got ", h.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_residual_layer_norm_modulate_cuda(
+    const at::Tensor& residual, const at::Tensor& h_in, const at::Tensor& gate,
+    const at::Tensor& shift, const at::Tensor& scale, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, std::optional<at::ScalarType> out_dtype) {
+  constexpr const char* op = "gated_residual_layer_norm_modulate";
+  check_inputs(op, "residual", residual, {{"gate", gate}, {"shift", shift}, {"scale", scale}},
+               weight, bias);
+  check_residual_pair(op, residual, h_in);
+  const at::Tensor h = h_in.contiguous();
+  auto r = at::empty_like(residual, at::MemoryFormat::Contiguous);
+  auto y = at::empty(residual.sizes(),
+                     residual.options().dtype(resolve_out_dtype(op, residual, out_dtype)));
+  auto mean = at::empty(leading(residual), residual.options().dtype(at::kFloat));
+  auto rstd = at::empty_like(mean);
+  if (residual.numel() == 0) return {r, y, mean, rstd};
+  const Operand g = prepare_operand(gate, residual);
+  const Operand sh = prepare_operand(shift, residual), sc = prepare_operand(scale, residual);
+  fwd_cuda(residual, &h, &g, &r, sh, sc, weight, bias, eps, y, mean, rstd);
+  return {r, y, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+gated_residual_layer_norm_modulate_backward_cuda(
+    const std::optional<at::Tensor>& dr_in, const at::Tensor& dy_in, const at::Tensor& r,
+    const at::Tensor& h_in, const at::Tensor& gate, const at::Tensor& shift,
+    const at::Tensor& scale, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& rstd,
+    std::array<bool, 7> mask) {
+  constexpr const char* op = "_gated_residual_layer_norm_modulate_backward";
+  check_inputs(op, "r", r, {{"gate", gate}, {"shift", shift}, {"scale", scale}}, weight, bias);
+  check_residual_pair(op, r, h_in);
+  TORCH_CHECK(dy_in.sizes() == r.sizes() && dy_in.device() == r.device(), op,
+              ": dy must have r's shape ", r.sizes(), " and device ", r.device(), ", got ",
+              dy_in.sizes(), " on ", dy_in.device());
+  check_cuda_stats(op, mean, rstd, r);
+  const at::Tensor h = h_in.contiguous();
+  const at::Tensor dy = dy_in.contiguous();
+  at::Tensor dr;
+  if (dr_in.has_value() && dr_in->defined()) {
+    TORCH_CHECK(dr_in->sizes() == r.sizes() && dr_in->device() == r.device(), op,
+                ": dr must have r's shape ", r.sizes(), " and device ", r.device());
+    // The kernel reads dr in r's dtype.
+    dr = dr_in->to(r.scalar_type()).contiguous();
+  }
+  const auto contiguous = at::MemoryFormat::Contiguous;
+  // dresidual is computed whenever dh or dgate needs it; it is only stored when asked for.
+  at::Tensor dres = mask[0] ? at::empty_like(r, contiguous) : at::empty({0}, r.options());
+  at::Tensor dh = mask[1] ? at::empty_like(h, contiguous) : at::empty({0}, h.options());
+  GradTarget dgate = make_grad_target(gate, r, mask[2], at::kFloat);
+  GradTarget dshift = make_grad_target(shift, r, mask[3], at::kFloat);
+  GradTarget dscale = make_grad_target(scale, r, mask[4], at::kFloat);
+  GradTarget dweight = make_grad_target(weight.value_or(r), r, mask[5] && weight.has_value(), at::kFloat);
+  GradTarget dbias = make_grad_target(bias.value_or(r), r, mask[6] && bias.has_value(), at::kFloat);
+  BwdTargets tg{{&dshift, &dscale, &dgate, &dweight, &dbias}};
+  if (r.numel() > 0) {
+    const Operand g = prepare_operand(gate, r), sc = prepare_operand(scale, r);
+    bwd_cuda(dy, r, &dr, &h, &g, sc, weight, bias, mean.contiguous(), rstd.contiguous(), dres,
+             &dh, tg);
+    for (auto* t : tg.t) finish_grad(*t);
+  } else {
+    for (auto* t : tg.t) t->out.zero_();
+  }
+  return {dres, dh, dgate.out, dshift.out, dscale.out, dweight.out, dbias.out};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(adaptiveload, CUDA, m) {
+  m.impl("layer_norm_modulate", &layer_norm_modulate_cuda);
+  m.impl("_layer_norm_modulate_backward", &layer_norm_modulate_backward_cuda);
+  m.impl("gated_residual_layer_norm_modulate", &gated_residual_layer_norm_modulate_cuda);
+  m.impl("_gated_residual_layer_norm_modulate_backward",
+         &gated_residual_layer_norm_modulate_backward_cuda);
+}
+
+}  // namespace adaptiveload

@@ -1,0 +1,291 @@
+// adaptiveload::layer_norm_modulate: schema, CPU kernels, and the CPU implementation that the
+// fused gated-residual op (gated_residual_layer_norm_modulate.cpp) shares.
+#include "layer_norm_modulate.h"
+
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <vector>
+
+namespace adaptiveload {
+namespace {
+
+// Rows are converted to the accumulation type one at a time; the dtype switch runs once per row.
+template <typename acc_t>
+void load_row(const at::Tensor& t, int64_t offset, int64_t n, acc_t* dst) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, t.scalar_type(), "load_row", [&] {
+    const scalar_t* src = t.const_data_ptr<scalar_t>() + offset;
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<acc_t>(src[i]);
+  });
+}
+
+template <typename acc_t>
+void store_row(at::Tensor& t, int64_t offset, int64_t n, const acc_t* src) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, t.scalar_type(), "store_row", [&] {
+    scalar_t* dst = t.mutable_data_ptr<scalar_t>() + offset;
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<scalar_t>(src[i]);
+  });
+}
+
+template <typename acc_t>
+void load_affine(const std::optional<at::Tensor>& t, int64_t D, acc_t fill, std::vector<acc_t>& v) {
+  v.assign(D, fill);
+  if (t.has_value()) load_row(t->contiguous(), 0, D, v.data());
+}
+
+template <typename acc_t>
+void fwd_cpu(const at::Tensor& x, const FusedResidual* fused, const Operand& shift,
+             const Operand& scale, const std::optional<at::Tensor>& weight,
+             const std::optional<at::Tensor>& bias, double eps, at::Tensor& y, at::Tensor& mean,
+             at::Tensor& rstd) {
+  const int64_t D = x.size(-1);
+  const int64_t rows = x.numel() / D;
+  std::vector<acc_t> w, b;
+  load_affine(weight, D, acc_t(1), w);
+  load_affine(bias, D, acc_t(0), b);
+  acc_t* mean_p = mean.mutable_data_ptr<acc_t>();
+  acc_t* rstd_p = rstd.mutable_data_ptr<acc_t>();
+  const int64_t grain = std::max<int64_t>(1, 32768 / D);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> v(D), a(D), c(D);
+    for (int64_t r = begin; r < end; ++r) {
+      if (fused != nullptr) {
+        load_row(fused->residual, r * D, D, v.data());
+        load_row(fused->h, r * D, D, a.data());
+        load_row(fused->gate.tensor, row_offset(fused->gate.map, r), D, c.data());
+        for (int64_t i = 0; i < D; ++i) v[i] += c[i] * a[i];
+        // Normalize the rounded r that is returned and saved, so backward sees the same input.
+        store_row(fused->r, r * D, D, v.data());
+        load_row(fused->r, r * D, D, v.data());
+      } else {
+        load_row(x, r * D, D, v.data());
+      }
+      acc_t sum = 0;
+      for (int64_t i = 0; i < D; ++i) sum += v[i];
+      const acc_t mu = sum / D;
+      acc_t sq = 0;
+      for (int64_t i = 0; i < D; ++i) sq += (v[i] - mu) * (v[i] - mu);
+      const acc_t rs = acc_t(1) / std::sqrt(sq / D + static_cast<acc_t>(eps));
+      load_row(shift.tensor, row_offset(shift.map, r), D, a.data());
+      load_row(scale.tensor, row_offset(scale.map, r), D, c.data());
+      for (int64_t i = 0; i < D; ++i) {
+        v[i] = (((v[i] - mu) * rs) * w[i] + b[i]) * (acc_t(1) + c[i]) + a[i];
+      }
+      store_row(y, r * D, D, v.data());
+      mean_p[r] = mu;
+      rstd_p[r] = rs;
+    }
+  });
+}
+
+template <typename acc_t>
+void bwd_cpu(const at::Tensor& dy, const at::Tensor& x, const FusedResidualGrad* fused,
+             const Operand& scale, const std::optional<at::Tensor>& weight,
+             const std::optional<at::Tensor>& bias, const at::Tensor& mean,
+             const at::Tensor& rstd, at::Tensor& dx, GradTarget& dshift, GradTarget& dscale,
+             GradTarget& dweight, GradTarget& dbias) {
+  const int64_t D = x.size(-1);
+  const int64_t rows = x.numel() / D;
+  GradTarget none;
+  GradTarget& dgate = fused != nullptr ? fused->dgate : none;
+  GradTarget* targets[5] = {&dshift, &dscale, &dgate, &dweight, &dbias};
+  const int64_t gmin = min_group({&dshift, &dscale, &dgate, &dweight, &dbias}, rows);
+  // Fixed chunking (independent of the thread count) keeps the reduction order, and so the
+  // result, the same on every run and machine.
+  const int64_t chunk = std::min(gmin, std::max<int64_t>(1, 65536 / D));
+  const int64_t per_group = (gmin + chunk - 1) / chunk;
+  const int64_t nchunks = (rows / gmin) * per_group;
+  int slot[5];
+  int nslots = 0;
+  for (int q = 0; q < 5; ++q) slot[q] = targets[q]->mode == GradMode::kGrouped ? nslots++ : -1;
+  std::vector<acc_t> partials(static_cast<size_t>(nchunks) * nslots * D, acc_t(0));
+  std::vector<acc_t> w, b;
+  load_affine(weight, D, acc_t(1), w);
+  load_affine(bias, D, acc_t(0), b);
+  const acc_t* mean_p = mean.const_data_ptr<acc_t>();
+  const acc_t* rstd_p = rstd.const_data_ptr<acc_t>();
+  const bool want_dx = dx.numel() > 0;
+  const bool want_dh = fused != nullptr && fused->dh.numel() > 0;
+
+  at::parallel_for(0, nchunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> xv(D), g(D), dyv(D), s1(D), t(D), e(D);
+    for (int64_t ch = begin; ch < end; ++ch) {
+      const int64_t first = (ch / per_group) * gmin + (ch % per_group) * chunk;
+      const int64_t last = std::min(first + chunk, (ch / per_group + 1) * gmin);
+      acc_t* part = partials.data() + ch * nslots * D;
+      for (int64_t r = first; r < last; ++r) {
+        load_row(x, r * D, D, xv.data());
+        load_row(dy, r * D, D, dyv.data());
+        load_row(scale.tensor, row_offset(scale.map, r), D, s1.data());
+        const acc_t mu = mean_p[r], rs = rstd_p[r];
+        acc_t sg = 0, sgx = 0;
+        for (int64_t i = 0; i < D; ++i) {
+          s1[i] += acc_t(1);
+          xv[i] = (xv[i] - mu) * rs;  // xhat
+          g[i] = dyv[i] * s1[i] * w[i];
+          sg += g[i];
+          sgx += g[i] * xv[i];
+        }
+        sg /= D;
+        sgx /= D;
+        for (int64_t i = 0; i < D; ++i) g[i] = rs * (g[i] - sg - xv[i] * sgx);  // dx
+        if (fused != nullptr) {
+          if (fused->dr != nullptr && fused->dr->defined()) {
+            load_row(*fused->dr, r * D, D, t.data());
+            for (int64_t i = 0; i < D; ++i) g[i] += t[i];
+          }
+          if (dgate.mode != GradMode::kNone) {
+            load_row(fused->h, r * D, D, t.data());
+            for (int64_t i = 0; i < D; ++i) t[i] *= g[i];  // dgate contribution
+            if (dgate.mode == GradMode::kGrouped) {
+              acc_t* p = part + slot[2] * D;
+              for (int64_t i = 0; i < D; ++i) p[i] += t[i];
+            } else {
+              store_row(dgate.buf, r * D, D, t.data());
+            }
+          }
+          if (want_dh) {
+            load_row(fused->gate.tensor, row_offset(fused->gate.map, r), D, t.data());
+            for (int64_t i = 0; i < D; ++i) t[i] *= g[i];
+            store_row(fused->dh, r * D, D, t.data());
+          }
+        }
+        if (want_dx) store_row(dx, r * D, D, g.data());
+        for (int q : {0, 1, 3, 4}) {
+          GradTarget& tg = *targets[q];
+          if (tg.mode == GradMode::kNone) continue;
+          for (int64_t i = 0; i < D; ++i) {
+            switch (q) {
+              case 0: e[i] = dyv[i]; break;
+              case 1: e[i] = dyv[i] * (xv[i] * w[i] + b[i]); break;
+              case 3: e[i] = dyv[i] * s1[i] * xv[i]; break;
+              default: e[i] = dyv[i] * s1[i]; break;
+            }
+          }
+          if (tg.mode == GradMode::kGrouped) {
+            acc_t* p = part + slot[q] * D;
+            for (int64_t i = 0; i < D; ++i) p[i] += e[i];
+          } else {
+            store_row(tg.buf, r * D, D, e.data());
+          }
+        }
+      }
+    }
+  });
+
+  // Second stage: sum each group's chunk partials in chunk order.
+  for (int q = 0; q < 5; ++q) {
+    GradTarget& tg = *targets[q];
+    if (tg.mode != GradMode::kGrouped) continue;
+    const int64_t chunks_per_out = (tg.group / gmin) * per_group;
+    const int64_t nout = rows / tg.group;
+    at::parallel_for(0, nout, 1, [&](int64_t begin, int64_t end) {
+      std::vector<acc_t> acc(D);
+      for (int64_t j = begin; j < end; ++j) {
+        std::fill(acc.begin(), acc.end(), acc_t(0));
+        for (int64_t ch = j * chunks_per_out; ch < (j + 1) * chunks_per_out; ++ch) {
+          const acc_t* p = partials.data() + (ch * nslots + slot[q]) * D;
+          for (int64_t i = 0; i < D; ++i) acc[i] += p[i];
+        }
+        store_row(tg.out, j * D, D, acc.data());
+      }
+    });
+  }
+  for (auto* tg : targets) finish_grad(*tg);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_modulate_cpu(
+    const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps,
+    std::optional<at::ScalarType> out_dtype) {
+  constexpr const char* op = "layer_norm_modulate";
+  check_inputs(op, "x", x, {{"shift", shift}, {"scale", scale}}, weight, bias);
+  auto y = at::empty(x.sizes(), x.options().dtype(resolve_out_dtype(op, x, out_dtype)));
+  auto mean = at::empty(leading(x), x.options().dtype(stats_dtype(x)));
+  auto rstd = at::empty_like(mean);
+  if (x.numel() == 0) return {y, mean, rstd};
+  const Operand sh = prepare_operand(shift, x), sc = prepare_operand(scale, x);
+  layer_norm_modulate_fwd_cpu_impl(x, nullptr, sh, sc, weight, bias, eps, y, mean, rstd);
+  return {y, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+layer_norm_modulate_backward_cpu(const at::Tensor& dy_in, const at::Tensor& x,
+                                 const at::Tensor& shift, const at::Tensor& scale,
+                                 const std::optional<at::Tensor>& weight,
+                                 const std::optional<at::Tensor>& bias, const at::Tensor& mean,
+                                 const at::Tensor& rstd, std::array<bool, 5> mask) {
+  constexpr const char* op = "_layer_norm_modulate_backward";
+  check_inputs(op, "x", x, {{"shift", shift}, {"scale", scale}}, weight, bias);
+  TORCH_CHECK(dy_in.sizes() == x.sizes(), op, ": dy must have x's shape ", x.sizes(), ", got ",
+              dy_in.sizes());
+  const at::Tensor dy = dy_in.contiguous();
+  const auto acc = stats_dtype(x);
+  at::Tensor dx = mask[0] ? at::empty_like(x, at::MemoryFormat::Contiguous)
+                          : at::empty({0}, x.options());
+  GradTarget dshift = make_grad_target(shift, x, mask[1], acc);
+  GradTarget dscale = make_grad_target(scale, x, mask[2], acc);
+  GradTarget dweight = make_grad_target(weight.value_or(x), x, mask[3] && weight.has_value(), acc);
+  GradTarget dbias = make_grad_target(bias.value_or(x), x, mask[4] && bias.has_value(), acc);
+  if (x.numel() > 0) {
+    const Operand sc = prepare_operand(scale, x);
+    layer_norm_modulate_bwd_cpu_impl(dy, x, nullptr, sc, weight, bias, mean.contiguous(),
+                                     rstd.contiguous(), dx, dshift, dscale, dweight, dbias);
+  } else {
+    for (auto* g : {&dshift, &dscale, &dweight, &dbias}) g->out.zero_();
+  }
+  return {dx, dshift.out, dscale.out, dweight.out, dbias.out};
+}
+
+}  // namespace
+
+void layer_norm_modulate_fwd_cpu_impl(const at::Tensor& x, const FusedResidual* fused,
+                                      const Operand& shift, const Operand& scale,
+                                      const std::optional<at::Tensor>& weight,
+                                      const std::optional<at::Tensor>& bias, double eps,
+                                      at::Tensor& y, at::Tensor& mean, at::Tensor& rstd) {
+  if (x.scalar_type() == at::kDouble) {
+    fwd_cpu<double>(x, fused, shift, scale, weight, bias, eps, y, mean, rstd);
+  } else {
+    fwd_cpu<float>(x, fused, shift, scale, weight, bias, eps, y, mean, rstd);
+  }
+}
+
+void layer_norm_modulate_bwd_cpu_impl(const at::Tensor& dy, const at::Tensor& x,
+                                      const FusedResidualGrad* fused, const Operand& scale,
+                                      const std::optional<at::Tensor>& weight,
+                                      const std::optional<at::Tensor>& bias,
+                                      const at::Tensor& mean, const at::Tensor& rstd,
+                                      at::Tensor& dx, GradTarget& dshift, GradTarget& dscale,
+                                      GradTarget& dweight, GradTarget& dbias) {
+  if (x.scalar_type() == at::kDouble) {
+    bwd_cpu<double>(dy, x, fused, scale, weight, bias, mean, rstd, dx, dshift, dscale, dweight,
+                    dbias);
+  } else {
+    bwd_cpu<float>(dy, x, fused, scale, weight, bias, mean, rstd, dx, dshift, dscale, dweight,
+                   dbias);
+  }
+}
+
+// The only TORCH_LIBRARY block of the namespace; other ops add theirs with TORCH_LIBRARY_FRAGMENT.
+TORCH_LIBRARY(adaptiveload, m) {
+  // y = ((x - mean) * rstd * weight + bias) * (1 + scale) + shift over the last dim D; returns
+  // y (out_dtype, default x's dtype) and the per-row mean and rstd (fp32; fp64 for fp64 x).
+  m.def(
+      "layer_norm_modulate(Tensor x, Tensor shift, Tensor scale, Tensor? weight, Tensor? bias, "
+      "float eps, ScalarType? out_dtype) -> (Tensor y, Tensor mean, Tensor rstd)");
+  // Gradients (dx, dshift, dscale, dweight, dbias); shift is read for its shape and dtype only.
+  // An output whose output_mask entry is false comes back as an empty tensor.
+  m.def(
+      "_layer_norm_modulate_backward(Tensor dy, Tensor x, Tensor shift, Tensor scale, "
+      "Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, bool[5] output_mask) -> "
+      "(Tensor dx, Tensor dshift, Tensor dscale, Tensor dweight, Tensor dbias)");
+}
+
+TORCH_LIBRARY_IMPL(adaptiveload, CPU, m) {
+  m.impl("layer_norm_modulate", &layer_norm_modulate_cpu);
+  m.impl("_layer_norm_modulate_backward", &layer_norm_modulate_backward_cpu);
+}
+
+}  // namespace adaptiveload

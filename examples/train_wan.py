@@ -1,0 +1,344 @@
+"""Flow-matching training of the Wan 2.1 transformer with AdaptiveLoad.
+
+    torchrun --nproc_per_node 2 examples/train_wan.py --data /tmp/wan_data --config wan2.1-1.3B --layers 6
+
+Reads precomputed latents (one safetensors file per sample, see
+make_synthetic_latents.py), batches them with AdaptiveBatchSampler (or the equal-token
+baseline, --sampler equal), runs diffusers' WanTransformer3DModel with AdaptiveLoad's
+fused adaLN ops (or without, --no-fused), under DDP or FSDP2 (--parallel), and logs per
+step and per rank: compute time, imbalance, peak memory and throughput (--log-file FILE,
+JSON lines). Checkpoints hold model, optimizer and sampler state; --resume continues
+mid-epoch, on any number of ranks.
+
+Loss weighting: micro-batches differ in size across ranks, so each rank's loss is its
+sum of squared errors divided by the number of latent elements of the WHOLE optimizer
+step (all ranks, all micro-batches; known from the plan without communication), and
+gradients are summed across ranks: the step's gradient is that of the global mean.
+
+Timing: with DDP, each rank runs its micro-batches without gradient sync, records its
+compute time, then gradients are all-reduced in buckets; the wait for the slowest rank
+shows up in the all-reduce, not in the compute time. With FSDP2, parameter gathers and
+gradient reduce-scatters run inside forward and backward, so per-rank compute time
+includes communication.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader, Dataset
+
+from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler, wan_seq_len
+from adaptiveload.models.wan import CONFIGS, PATCH, build_wan
+
+
+
+class LatentDataset(Dataset):
+    """Samples of metadata.csv: ``{"latent", "text", "index"}``."""
+
+    def __init__(self, root: str):
+        self.root = root
+        with open(os.path.join(root, "metadata.csv"), newline="") as f:
+            self.rows = list(csv.DictReader(f))
+        shape = [(int(r["num_frames"]), int(r["height"]), int(r["width"])) for r in self.rows]
+        self.shapes = shape
+        self.seq_lens = wan_seq_len(*(torch.tensor(c).numpy() for c in zip(*shape, strict=True)))
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        t = load_file(os.path.join(self.root, self.rows[i]["path"]))
+        return {"latent": t["latent"], "text": t["text"], "index": i}
+
+
+def collate(samples):
+    return {
+        "latent": torch.stack([s["latent"] for s in samples]),
+        "text": torch.stack([s["text"] for s in samples]),
+        "index": torch.tensor([s["index"] for s in samples]),
+    }
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--config", default="wan2.1-1.3B", choices=sorted(CONFIGS))
+    ap.add_argument("--layers", type=int, default=None, help="override the number of blocks")
+    ap.add_argument("--sampler", default="adaptive", choices=["adaptive", "equal"])
+    ap.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--parallel", default="ddp", choices=["ddp", "fsdp"])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None, choices=["bf16", "fp32"], help="default: bf16 on CUDA, fp32 on CPU")
+    ap.add_argument("--activation-checkpointing", action="store_true")
+    ap.add_argument("--max-tokens", type=int, default=None, help="default: 2x the longest sample")
+    ap.add_argument("--max-cost", type=float, default=None)
+    ap.add_argument("--cost-model", default=None, help="calibrated JSON (default: built-in Wan 2.1 fit)")
+    ap.add_argument("--micro-batches-per-step", type=int, default=1)
+    ap.add_argument("--lookahead-steps", type=int, default=16)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps in all")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--num-workers", type=int, default=2)
+    ap.add_argument("--checkpoint-dir", default=None)
+    ap.add_argument("--checkpoint-every", type=int, default=0, help="optimizer steps; 0: only at the end")
+    ap.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir/last.pt")
+    ap.add_argument("--log-file", default=None, help="JSON lines, one per optimizer step (rank 0)")
+    ap.add_argument("--warmup-steps", type=int, default=0, help="steps left out of the summary")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap.parse_args(argv)
+
+
+def build_model(args, device, dtype):
+    model = build_wan(args.config, layers=args.layers, device=device, dtype=dtype, fused=args.fused, seed=args.seed)
+    if args.activation_checkpointing:
+        model.enable_gradient_checkpointing()
+    return model
+
+
+def wrap(model, args, device):
+    if dist.get_world_size() == 1 and args.parallel == "ddp":
+        return model
+    if args.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def allreduce_gradients(params, bucket_bytes=64 << 20):
+    """Sum gradients over ranks in flat buckets (the loss is already globally normalized)."""
+    bucket, size = [], 0
+    for p in params:
+        if p.grad is None:
+            continue
+        bucket.append(p.grad)
+        size += p.grad.numel() * p.grad.element_size()
+        if size >= bucket_bytes:
+            _reduce(bucket)
+            bucket, size = [], 0
+    if bucket:
+        _reduce(bucket)
+
+
+def _reduce(grads):
+    by_dtype = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for same in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in same])
+        dist.all_reduce(flat)
+        offset = 0
+        for g in same:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+def flow_matching_loss(model, batch, epoch, seed, device, dtype, normalizer):
+    """Sum of squared velocity errors over the micro-batch, divided by ``normalizer``."""
+    latent = batch["latent"].to(device=device, dtype=torch.float32, non_blocking=True)
+    text = batch["text"].to(device=device, dtype=dtype, non_blocking=True)
+    b = latent.shape[0]
+    noise = torch.empty_like(latent)
+    u = torch.empty(b, device=device)
+    for j, index in enumerate(batch["index"].tolist()):
+        # Noise and timestep depend on (seed, epoch, sample) only: resuming reproduces them.
+        g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + epoch * 7_919 + index)
+        noise[j] = torch.randn(latent.shape[1:], generator=g, device=device)
+        u[j] = torch.randn((), generator=g, device=device)
+    t = torch.sigmoid(u)  # logit-normal timesteps
+    tb = t.view(b, 1, 1, 1, 1)
+    x_t = ((1 - tb) * latent + tb * noise).to(dtype)
+    target = noise - latent
+    pred = model(hidden_states=x_t, timestep=t * 1000, encoder_hidden_states=text, return_dict=False)[0]
+    return ((pred.float() - target) ** 2).sum() / normalizer
+
+
+def checkpoint_state(model, optimizer):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_state_dict(model, optimizer, options=opts)
+
+
+def load_checkpoint_state(model, optimizer, model_sd, optim_sd):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False)
+    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=opts)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if "RANK" in os.environ:  # started by torchrun
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend)
+    else:  # a one-process group keeps one code path
+        store = dist.HashStore()
+        dist.init_process_group(backend, store=store, rank=0, world_size=1)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
+
+    data = LatentDataset(args.data)
+    seq_lens = data.seq_lens
+    max_tokens = args.max_tokens or int(2 * seq_lens.max())
+    cost = CostModel.from_json(args.cost_model) if args.cost_model else None
+    common = dict(group_keys=data.shapes, num_replicas=world, rank=rank,
+                  micro_batches_per_step=args.micro_batches_per_step, seed=args.seed)
+    if args.sampler == "adaptive":
+        sampler = AdaptiveBatchSampler(seq_lens, max_tokens, max_cost=args.max_cost, cost_model=cost,
+                                       lookahead_steps=args.lookahead_steps, **common)
+    else:
+        sampler = EqualTokenBatchSampler(seq_lens, max_tokens, cost_model=cost, **common)
+
+    model = build_model(args, device, dtype)
+    model = wrap(model, args, device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+
+    start_epoch, global_step = 0, 0
+    ckpt_path = os.path.join(args.checkpoint_dir, "last.pt") if args.checkpoint_dir else None
+    if args.resume:
+        if not ckpt_path or not os.path.exists(ckpt_path):
+            raise SystemExit(f"--resume: no checkpoint at {ckpt_path}")
+        ckpt = torch.load(ckpt_path, weights_only=False, map_location="cpu")
+        load_checkpoint_state(model, optimizer, ckpt["model"], ckpt["optimizer"])
+        sampler.load_state_dict(ckpt["sampler"])
+        start_epoch, global_step = ckpt["epoch"], ckpt["global_step"]
+
+    def save(epoch, steps_in_epoch):
+        if not ckpt_path:
+            return
+        model_sd, optim_sd = checkpoint_state(model, optimizer)
+        state = {"model": model_sd, "optimizer": optim_sd, "sampler": sampler.state_dict(steps_done=steps_in_epoch),
+                 "epoch": epoch, "global_step": global_step}
+        if rank == 0:
+            os.makedirs(args.checkpoint_dir, exist_ok=True)
+            torch.save(state, ckpt_path + ".tmp")
+            os.replace(ckpt_path + ".tmp", ckpt_path)
+        dist.barrier()
+
+    log = open(args.log_file, "a") if (args.log_file and rank == 0) else None
+    elements_per_token = CONFIGS[args.config]["in_channels"] * math.prod(PATCH)
+    ddp_manual = args.parallel == "ddp"
+    K, W = args.micro_batches_per_step, world
+    on_cuda = device.type == "cuda"
+    progress = None
+    stop = False
+    epoch, step = start_epoch, -1
+    for epoch in range(start_epoch, args.epochs):
+        sampler.set_epoch(epoch)
+        plan = sampler.plan()
+        step_tokens = plan.tokens.reshape(plan.num_steps, W * K).sum(axis=1)
+        loader = DataLoader(data, batch_sampler=sampler, num_workers=args.num_workers, collate_fn=collate,
+                            pin_memory=on_cuda, persistent_workers=False)
+        if rank == 0 and not args.no_progress:
+            try:
+                from tqdm import tqdm
+
+                progress = tqdm(total=plan.num_steps, initial=sampler.start_step, desc=f"epoch {epoch}", unit="step")
+            except ImportError:
+                progress = None
+        it = iter(loader)
+        for step in range(sampler.start_step, plan.num_steps):
+            normalizer = float(step_tokens[step]) * elements_per_token
+            if on_cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+                torch.cuda.synchronize(device)
+            t_start = time.perf_counter()
+            loss_sum = torch.zeros((), device=device)
+            samples = tokens = 0
+            batches = []
+            data_wait = 0.0
+            for k in range(K):
+                t_data = time.perf_counter()
+                batch = next(it)
+                data_wait += time.perf_counter() - t_data
+                batches.append(batch["index"].tolist())
+                samples += len(batch["index"])
+                tokens += int(seq_lens[batch["index"].numpy()].sum())
+                sync = nullcontext()
+                if ddp_manual and hasattr(model, "no_sync"):
+                    sync = model.no_sync()
+                elif hasattr(model, "set_requires_gradient_sync"):
+                    model.set_requires_gradient_sync(k == K - 1)
+                with sync:
+                    scale = W if args.parallel == "fsdp" else 1  # FSDP averages gradients over ranks
+                    loss = flow_matching_loss(model, batch, epoch, args.seed, device, dtype, normalizer) * scale
+                    loss.backward()
+                loss_sum += loss.detach() / scale
+            if on_cuda:
+                torch.cuda.synchronize(device)
+            compute_s = time.perf_counter() - t_start - data_wait
+            if ddp_manual and world > 1:
+                allreduce_gradients(params)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if on_cuda:
+                torch.cuda.synchronize(device)
+            step_s = time.perf_counter() - t_start
+            peak = torch.cuda.max_memory_allocated(device) if on_cuda else 0
+            stats = torch.tensor([compute_s, step_s, float(peak), float(samples), float(tokens), float(loss_sum)],
+                                 dtype=torch.float64, device=device)
+            gathered = [torch.zeros_like(stats) for _ in range(world)]
+            dist.all_gather(gathered, stats)
+            all_batches = [None] * world
+            dist.all_gather_object(all_batches, batches)
+            global_step += 1
+            if rank == 0:
+                g = torch.stack(gathered).cpu()
+                compute = g[:, 0]
+                record = {
+                    "epoch": epoch, "step": step, "global_step": global_step,
+                    "loss": float(g[:, 5].sum()),
+                    "compute_ms": (compute * 1000).tolist(),
+                    "step_ms": float(g[:, 1].max() * 1000),
+                    "imbalance": float(1 - compute.mean() / compute.max()) if compute.max() > 0 else 0.0,
+                    "peak_bytes": g[:, 2].tolist(),
+                    "samples": int(g[:, 3].sum()), "tokens": int(g[:, 4].sum()),
+                    "batches": all_batches,
+                }
+                if log:
+                    log.write(json.dumps(record) + "\n")
+                    log.flush()
+                if progress is not None:
+                    progress.set_postfix(loss=f"{record['loss']:.4f}", imb=f"{record['imbalance']:.1%}")
+                    progress.update(1)
+            if args.checkpoint_every and global_step % args.checkpoint_every == 0:
+                save(epoch, step + 1)
+            if args.max_steps and global_step >= args.max_steps:
+                stop = True
+                break
+        if progress is not None:
+            progress.close()
+        del it, loader
+        if stop:
+            break
+    if ckpt_path and not args.checkpoint_every:
+        save(epoch, step + 1)
+    if log:
+        log.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Adapters that plug AdaptiveLoad into other libraries' models (optional extras)."""

@@ -1,0 +1,1 @@
+"""Model configurations AdaptiveLoad knows how to build and calibrate."""

@@ -1,0 +1,97 @@
+"""diffusers' Wan transformer with AdaptiveLoad's fused ops: same outputs and gradients."""
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+
+from adaptiveload.integrations.diffusers import apply_fused_ops, is_fused, remove_fused_ops  # noqa: E402
+from adaptiveload.models.wan import build_wan, random_batch  # noqa: E402
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+# (stream dtype, output rtol relative to the output's norm, gradient rtol)
+TOLERANCE = {torch.float32: (2e-5, 1e-4), torch.bfloat16: (2e-2, 5e-2)}
+
+
+def rel_err(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
+
+
+def run(model, inputs, params=None):
+    params = params or model
+    params.zero_grad(set_to_none=True)
+    out = model(**inputs, return_dict=False)[0]
+    # A fixed random projection makes every output element matter to the gradients.
+    g = torch.Generator(device=out.device).manual_seed(1)
+    weight = torch.randn(out.shape, generator=g, device=out.device)
+    (out.float() * weight).sum().backward()
+    return out.detach(), {n: p.grad.detach().clone() for n, p in params.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_model_matches_diffusers(device, dtype):
+    ref = build_wan("tiny", layers=3, device=device, dtype=dtype, seed=3)
+    fused = apply_fused_ops(copy.deepcopy(ref))
+    assert is_fused(fused) and not is_fused(ref)
+    g = torch.Generator(device=device).manual_seed(torch.randint(0, 2**31, ()).item())
+    inputs = random_batch(ref, 2, 5, 32, 48, text_len=8, generator=g)
+    out_ref, grads_ref = run(ref, inputs)
+    out, grads = run(fused, inputs)
+    out_tol, grad_tol = TOLERANCE[dtype]
+    assert out.dtype == out_ref.dtype and out.shape == out_ref.shape
+    assert torch.isfinite(out).all()
+    assert rel_err(out, out_ref) < out_tol
+    assert grads.keys() == grads_ref.keys()
+    for name in grads_ref:
+        assert rel_err(grads[name], grads_ref[name]) < grad_tol, name
+
+
+def test_per_token_modulation_block_matches():
+    # Wan 2.2 TI2V passes temb of shape (B, S, 6, D): per-token modulation.
+    model = build_wan("tiny", layers=1, seed=4)
+    block = model.blocks[0]
+    fused_block = copy.deepcopy(block)
+    apply_fused_ops(torch.nn.Sequential(fused_block))
+    b, s, d = 2, 12, block.scale_shift_table.shape[-1]
+    x = torch.randn(b, s, d, requires_grad=True)
+    text = torch.randn(b, 8, d)
+    temb = torch.randn(b, s, 6, d)
+    rope = model.rope(torch.randn(b, 4, 1, 8, 6))
+    ref = block(x, text, temb, rope)
+    out = fused_block(x, text, temb, rope)
+    assert rel_err(out, ref) < 2e-5
+    (gr,) = torch.autograd.grad(ref.sum(), x)
+    (go,) = torch.autograd.grad(out.sum(), x)
+    assert rel_err(go, gr) < 1e-4
+
+
+def test_remove_restores_diffusers_forward_and_rejects_other_models():
+    model = build_wan("tiny", layers=1)
+    before = type(model.blocks[0]).forward
+    apply_fused_ops(model)
+    apply_fused_ops(model)  # twice is a no-op
+    assert model.blocks[0].forward.__func__ is not before
+    remove_fused_ops(model)
+    assert not is_fused(model)
+    assert "forward" not in vars(model.blocks[0])
+    with pytest.raises(ValueError, match="no WanTransformerBlock"):
+        apply_fused_ops(torch.nn.Linear(2, 2))
+    # Weights and state dict are untouched by patching.
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    apply_fused_ops(model)
+    assert all(torch.equal(sd[k], v) for k, v in model.state_dict().items())
+
+
+def test_fused_model_under_torch_compile():
+    ref = build_wan("tiny", layers=2, seed=5)
+    fused = apply_fused_ops(copy.deepcopy(ref))
+    compiled = torch.compile(fused)
+    inputs = random_batch(ref, 1, 5, 32, 48, text_len=8)
+    out_ref, grads_ref = run(ref, inputs)
+    out, grads = run(compiled, inputs, params=fused)
+    assert rel_err(out, out_ref) < 1e-4
+    for name in grads_ref:
+        assert rel_err(grads[name], grads_ref[name]) < 1e-3, name
