@@ -5,7 +5,8 @@
 #   bash scripts/gpu_check.sh [build] [test] [bench] [sampler]   (default: build test bench)
 #
 # Logs and result tables go to $OUT (or ./out). TORCH_CUDA_ARCH_LIST defaults to 9.0
-# (H100/H200) here to keep the build short.
+# (H100/H200) here to keep the build short. Python wheels carried in .whl/ (packages the
+# machine lacks, such as diffusers) are installed to /tmp/site first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -32,6 +33,11 @@ run_step() {  # name, command...
   tail -n 25 "$OUT/$name.log"
 }
 
+if compgen -G ".whl/*.whl" > /dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 $PY -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
 
@@ -51,10 +57,13 @@ print("layer_norm_modulate on", y.device, "max abs err vs fp32 reference:", (y.f
 PY
       ;;
     test)
-      run_step test $PY -m pytest tests/python -x -q -rs -p no:cacheprovider
+      # The CPU-only suites run in CI; here the ones with CUDA cases.
+      run_step test timeout "${TEST_TIMEOUT:-400}" $PY -m pytest tests/python/test_ops.py tests/python/test_wan_integration.py \
+        -q -rs -p no:cacheprovider ${TEST_ARGS:-}
       ;;
     bench)
-      run_step bench $PY benchmarks/bench_layer_norm_modulate.py --out "$OUT/ops_results.md"
+      run_step bench timeout "${BENCH_TIMEOUT:-400}" $PY benchmarks/bench_layer_norm_modulate.py \
+        --out "$OUT/ops_results.md" ${BENCH_ARGS:-}
       ;;
     sampler)
       run_step sampler $PY benchmarks/bench_sampler.py --table benchmarks/data/wan_block_cost_h200.json

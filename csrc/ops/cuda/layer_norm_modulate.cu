@@ -151,6 +151,15 @@ __device__ __forceinline__ void store_vec(void* base, int kind, int64_t idx,
   }
 }
 
+// Stores packed raw bits of N elements (as held in registers) at element idx.
+template <int N, int BYTES>
+__device__ __forceinline__ void store_raw_vec(void* base, const Raw<N, BYTES>& r, int64_t idx) {
+  uint4* p = reinterpret_cast<uint4*>(static_cast<char*>(base) + idx * BYTES);
+#pragma unroll
+  for (int i = 0; i < Raw<N, BYTES>::kWords / 4; ++i)
+    p[i] = make_uint4(r.w[4 * i], r.w[4 * i + 1], r.w[4 * i + 2], r.w[4 * i + 3]);
+}
+
 __device__ __forceinline__ float load1(const void* base, int kind, int64_t idx) {
   if (kind == kF32) return static_cast<const float*>(base)[idx];
   return bits_to_float(static_cast<const uint16_t*>(base)[idx], kind);
@@ -334,6 +343,152 @@ __global__ void __launch_bounds__(VPT <= 4 ? 256 : 512, VPT <= 2 ? 4 : VPT == 4 
   }
 }
 
+// Rows of one block for the warp kernel: contiguous, and inside one stretch of `group` rows
+// over which every modulation operand is constant (so it can be staged once per block).
+struct RowChunks {
+  int64_t group;      // rows per group
+  int64_t per_group;  // blocks per group
+  int64_t chunk_rows;
+};
+
+__device__ __forceinline__ void block_rows(const RowChunks& c, int64_t rows, int64_t& first,
+                                           int64_t& last) {
+  const int64_t g = blockIdx.x / c.per_group;
+  const int64_t group_end = min((g + 1) * c.group, rows);
+  first = min(g * c.group + (blockIdx.x % c.per_group) * c.chunk_rows, group_end);
+  last = min(first + c.chunk_rows, group_end);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  using WarpReduce = cub::WarpReduce<float>;
+  __shared__ typename WarpReduce::TempStorage temp[8];
+  const float total = WarpReduce(temp[threadIdx.x / 32]).Sum(v);  // valid in lane 0
+  return __shfl_sync(0xffffffffu, total, 0);
+}
+
+// One warp per row, 8 rows of a block in flight at once, the row in registers (VPW 16-byte
+// vectors per lane). The block's rows share one modulation row (shared or per-sample
+// modulation), which the kernel folds, once per block, into shared memory as
+//   a = weight * (1 + scale),  b = bias * (1 + scale) + shift   (and the gate, FUSED)
+// so that y = xhat * a + b costs no modulation traffic per row.
+// Note: reading per-sample modulation from L2 for every row moved 2-3x more bytes through L2
+// than x itself and held the block-per-row kernel near half the copy bandwidth.
+template <typename T, int VPW, bool FUSED>
+__global__ void __launch_bounds__(256, VPW <= 4 ? 4 : VPW <= 8 ? 3 : 2)
+    layer_norm_modulate_fwd_warp_kernel(const FwdParams p, const RowChunks chunks) {
+  constexpr int VEC = 16 / sizeof(T);
+  constexpr int XK = KindOf<T>::value;
+  using XRaw = Raw<VEC, sizeof(T)>;
+  extern __shared__ float4 smem4[];
+  float* sa = reinterpret_cast<float*>(smem4);
+  float* sb = sa + p.D;
+  float* sg = sb + p.D;  // FUSED only
+  const int64_t nvec = p.D / VEC;
+  const float inv_d = 1.f / static_cast<float>(p.D);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+  int64_t first, last;
+  block_rows(chunks, p.rows, first, last);
+  if (first >= last) return;  // uniform over the block
+
+  {
+    const int64_t sh_row = p.shift.map(first), sc_row = p.scale.map(first);
+    const int64_t g_row = FUSED ? p.gate.map(first) : 0;
+    for (int64_t c = threadIdx.x; c < nvec; c += blockDim.x) {
+      float sc[VEC], sh[VEC], w[VEC], b[VEC];
+      load_vec(sc, p.scale.ptr, p.scale.kind, sc_row + c * VEC);
+      load_vec(sh, p.shift.ptr, p.shift.kind, sh_row + c * VEC);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) w[k] = 1.f, b[k] = 0.f;
+      if (p.weight != nullptr) load_vec(w, p.weight, p.weight_kind, c * VEC);
+      if (p.bias != nullptr) load_vec(b, p.bias, p.bias_kind, c * VEC);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        sa[c * VEC + k] = w[k] * (1.f + sc[k]);
+        sb[c * VEC + k] = fmaf(b[k], 1.f + sc[k], sh[k]);
+      }
+      if constexpr (FUSED) {
+        float g[VEC];
+        load_vec(g, p.gate.ptr, p.gate.kind, g_row + c * VEC);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) sg[c * VEC + k] = g[k];
+      }
+    }
+    __syncthreads();
+  }
+
+  for (int64_t row = first + warp; row < last; row += nwarps) {
+    const int64_t base = row * p.D;
+    XRaw xr[VPW];
+#pragma unroll
+    for (int i = 0; i < VPW; ++i) {
+      const int64_t c = lane + 32 * i;
+#pragma unroll
+      for (int k = 0; k < XRaw::kWords; ++k) xr[i].w[k] = 0u;
+      if (c < nvec) load_raw(xr[i], p.x, XK, base + c * VEC);
+    }
+    if constexpr (FUSED) {
+#pragma unroll
+      for (int i = 0; i < VPW; ++i) {
+        const int64_t c = lane + 32 * i;
+        if (c < nvec) {
+          float v[VEC], hv[VEC];
+          unpack(xr[i], XK, v);
+          load_vec(hv, p.h, XK, base + c * VEC);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) v[k] = fmaf(sg[c * VEC + k], hv[k], v[k]);
+          pack(xr[i], XK, v);  // r rounded to T is what is normalized and saved
+          store_raw_vec(p.r, xr[i], base + c * VEC);
+        }
+      }
+    }
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPW; ++i) {
+      float v[VEC];
+      unpack(xr[i], XK, v);  // padding vectors are zero
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) sum += v[k];
+    }
+    const float mean = warp_sum(sum) * inv_d;
+    float sq = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPW; ++i) {
+      if (lane + 32 * i < nvec) {
+        float v[VEC];
+        unpack(xr[i], XK, v);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float d = v[k] - mean;
+          sq = fmaf(d, d, sq);
+        }
+      }
+    }
+    const float rstd = rsqrtf(warp_sum(sq) * inv_d + p.eps);
+#pragma unroll
+    for (int i = 0; i < VPW; ++i) {
+      const int64_t c = lane + 32 * i;
+      if (c < nvec) {
+        float v[VEC];
+        unpack(xr[i], XK, v);
+#pragma unroll
+        for (int k = 0; k < VEC; k += 4) {
+          const float4 a4 = *reinterpret_cast<const float4*>(sa + c * VEC + k);
+          const float4 b4 = *reinterpret_cast<const float4*>(sb + c * VEC + k);
+          v[k] = fmaf((v[k] - mean) * rstd, a4.x, b4.x);
+          v[k + 1] = fmaf((v[k + 1] - mean) * rstd, a4.y, b4.y);
+          v[k + 2] = fmaf((v[k + 2] - mean) * rstd, a4.z, b4.z);
+          v[k + 3] = fmaf((v[k + 3] - mean) * rstd, a4.w, b4.w);
+        }
+        store_vec(p.y, p.y_kind, base + c * VEC, v);
+      }
+    }
+    if (lane == 0) {
+      p.mean[row] = mean;
+      p.rstd[row] = rstd;
+    }
+  }
+}
+
 // Any D, any alignment: scalar loads, the row re-read from L1/L2 for each pass.
 template <typename T>
 __global__ void __launch_bounds__(256) layer_norm_modulate_fwd_loop_kernel(const FwdParams p) {
@@ -411,6 +566,7 @@ struct BwdParams {
   int64_t group;        // rows per chunk group; chunks never straddle a group
   int64_t per_group;    // chunks (= blocks) per group
   int64_t chunk_rows;
+  bool stage;  // dynamic shared memory holds (1 + scale) [and weight] for the chunk
 };
 
 __device__ __forceinline__ void chunk_range(const BwdParams& p, int64_t& first, int64_t& last) {
@@ -438,9 +594,12 @@ __global__ void __maxnreg__(VPT <= 2 && !FUSED && !AFFINE ? 96 : 128)
   int64_t first, last;
   chunk_range(p, first, last);
 
-  float acc[kNumSlots][VPT][VEC];
+  // Only the slots this variant can use: shift and scale, plus gate (FUSED), weight and bias
+  // (AFFINE). Unused slots would still cost registers, as their use is decided at run time.
+  constexpr int NS = AFFINE ? kNumSlots : FUSED ? 3 : 2;
+  float acc[NS][VPT][VEC];
 #pragma unroll
-  for (int q = 0; q < kNumSlots; ++q)
+  for (int q = 0; q < NS; ++q)
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
 #pragma unroll
@@ -448,6 +607,32 @@ __global__ void __maxnreg__(VPT <= 2 && !FUSED && !AFFINE ? 96 : 128)
   const bool grouped[kNumSlots] = {p.grad[0].mode == 1, p.grad[1].mode == 1,
                                    FUSED && p.grad[2].mode == 1, AFFINE && p.grad[3].mode == 1,
                                    AFFINE && p.grad[4].mode == 1};
+
+  // The chunk's rows usually share one scale row (per-sample modulation): fold 1 + scale, and
+  // the weight, into shared memory once instead of reading them from L2 for every row.
+  extern __shared__ float4 bwd_smem4[];
+  float* s1s = reinterpret_cast<float*>(bwd_smem4);
+  float* ws = s1s + p.D;  // AFFINE only
+  const bool staged = p.stage && first < last && p.scale.map.inner_stride == 0 &&
+                      p.scale.map(first) == p.scale.map(last - 1);
+  if (staged) {
+    const int64_t sc_row = p.scale.map(first);
+    for (int64_t c = threadIdx.x; c < nvec; c += blockDim.x) {
+      float sc[VEC];
+      load_vec(sc, p.scale.ptr, p.scale.kind, sc_row + c * VEC);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) s1s[c * VEC + k] = 1.f + sc[k];
+      if (AFFINE) {
+        float w[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) w[k] = 1.f;
+        if (p.weight != nullptr) load_vec(w, p.weight, p.weight_kind, c * VEC);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) ws[c * VEC + k] = w[k];
+      }
+    }
+  }
+  __syncthreads();
 
   XRaw x_next[VPT];
   DyRaw dy_next[VPT];
@@ -486,15 +671,24 @@ __global__ void __maxnreg__(VPT <= 2 && !FUSED && !AFFINE ? 96 : 128)
                       float (&w)[VEC]) {
       unpack(x_cur[i], XK, xh);
       unpack(dy_cur[i], p.dy_kind, dy);
-      load_vec(s1, p.scale.ptr, p.scale.kind, scale_row + c * VEC);
+      if (staged) {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) w[k] = 1.f;
-      if (AFFINE && p.weight != nullptr) load_vec(w, p.weight, p.weight_kind, c * VEC);
+        for (int k = 0; k < VEC; k += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(s1s + c * VEC + k);
+          s1[k] = v.x, s1[k + 1] = v.y, s1[k + 2] = v.z, s1[k + 3] = v.w;
+        }
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        s1[k] += 1.f;
-        xh[k] = (xh[k] - mean) * rstd;
+        for (int k = 0; k < VEC; ++k) w[k] = AFFINE ? ws[c * VEC + k] : 1.f;
+      } else {
+        load_vec(s1, p.scale.ptr, p.scale.kind, scale_row + c * VEC);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) s1[k] += 1.f;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) w[k] = 1.f;
+        if (AFFINE && p.weight != nullptr) load_vec(w, p.weight, p.weight_kind, c * VEC);
       }
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) xh[k] = (xh[k] - mean) * rstd;
     };
     float sg = 0.f, sgx = 0.f;
 #pragma unroll
@@ -557,8 +751,8 @@ __global__ void __maxnreg__(VPT <= 2 && !FUSED && !AFFINE ? 96 : 128)
       for (int k = 0; k < VEC; ++k) b[k] = 0.f;
       if (AFFINE && p.bias != nullptr) load_vec(b, p.bias, p.bias_kind, c * VEC);
 #pragma unroll
-      for (int q = 0; q < kNumSlots; ++q) {
-        if (q == kGate || ((q == kWeight || q == kBias) && !AFFINE)) continue;
+      for (int q = 0; q < NS; ++q) {
+        if (q == kGate) continue;
         if (p.grad[q].mode == 0) continue;
         float e[VEC];
 #pragma unroll
@@ -580,7 +774,7 @@ __global__ void __maxnreg__(VPT <= 2 && !FUSED && !AFFINE ? 96 : 128)
 
   // Every block writes all its slots, zeros for an empty chunk, so stage two reads no garbage.
 #pragma unroll
-  for (int q = 0; q < kNumSlots; ++q) {
+  for (int q = 0; q < NS; ++q) {
     if (!grouped[q]) continue;
     float* out = p.partials + (static_cast<int64_t>(blockIdx.x) * p.num_slots + p.grad[q].slot) * p.D;
 #pragma unroll
@@ -759,12 +953,75 @@ void launch_fwd_vector(const FwdParams& p, int64_t nvec, cudaStream_t stream) {
   }
 }
 
+// Largest row the warp kernel keeps in registers: 20 vectors per lane (bf16 D = 5120).
+constexpr int64_t kMaxWarpVectors = 32 * 20;
+
+// How many rows every operand stays constant over: 0 if some operand changes from row to row.
+int64_t staging_group(std::initializer_list<const Operand*> operands, int64_t rows) {
+  int64_t group = rows;
+  for (const Operand* o : operands) {
+    if (o->map.inner_stride != 0) return 0;
+    if (o->map.outer_stride != 0) group = std::min(group, o->map.inner);
+  }
+  for (const Operand* o : operands) {
+    if (o->map.outer_stride != 0 && o->map.inner % group != 0) return 0;
+  }
+  return group;
+}
+
+// group: rows over which every modulation operand is constant (> 0).
+template <typename T, int VPW, bool FUSED>
+void launch_fwd_warp(const FwdParams& p, int64_t group, cudaStream_t stream) {
+  auto kernel = layer_norm_modulate_fwd_warp_kernel<T, VPW, FUSED>;
+  constexpr int kThreads = 256;
+  const int smem = static_cast<int>((FUSED ? 3 : 2) * p.D * sizeof(float));
+  if (smem > 48 * 1024) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  }
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t target = std::max(per_sm, 1) * sms;
+  RowChunks c{};
+  c.group = group;
+  const int64_t groups = (p.rows + c.group - 1) / c.group;
+  // At least one row per warp and block; enough blocks to fill every SM once.
+  c.per_group = std::max<int64_t>(1, std::min((target + groups - 1) / groups, (c.group + 7) / 8));
+  c.chunk_rows = (c.group + c.per_group - 1) / c.per_group;
+  c.per_group = (c.group + c.chunk_rows - 1) / c.chunk_rows;
+  const int64_t blocks = groups * c.per_group;
+  TORCH_CHECK(blocks < (int64_t{1} << 31), "layer_norm_modulate: too many rows for one launch");
+  kernel<<<blocks, kThreads, smem, stream>>>(p, c);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, bool FUSED>
+void launch_fwd_warp_any(const FwdParams& p, int64_t nvec, int64_t group, cudaStream_t stream) {
+  const int64_t vpw = (nvec + 31) / 32;
+  if (vpw <= 4) {
+    launch_fwd_warp<T, 4, FUSED>(p, group, stream);
+  } else if (vpw <= 8) {
+    launch_fwd_warp<T, 8, FUSED>(p, group, stream);
+  } else if (vpw <= 12) {
+    launch_fwd_warp<T, 12, FUSED>(p, group, stream);
+  } else {
+    launch_fwd_warp<T, 20, FUSED>(p, group, stream);
+  }
+}
+
+// group: rows over which every modulation operand is constant (0: not constant).
 template <typename T>
-void dispatch_fwd(const FwdParams& p, bool vector_path, cudaStream_t stream) {
+void dispatch_fwd(const FwdParams& p, bool vector_path, int64_t group, cudaStream_t stream) {
   const int64_t nvec = p.D / (16 / sizeof(T));
   if (!vector_path) {
     layer_norm_modulate_fwd_loop_kernel<T><<<grid_for_rows(p.rows), 256, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+  } else if (nvec <= kMaxWarpVectors && group > 0) {
+    if (p.h != nullptr) {
+      launch_fwd_warp_any<T, true>(p, nvec, group, stream);
+    } else {
+      launch_fwd_warp_any<T, false>(p, nvec, group, stream);
+    }
   } else if (p.h != nullptr) {
     launch_fwd_vector<T, true>(p, nvec, stream);
   } else {
@@ -809,8 +1066,10 @@ void fwd_cuda(const at::Tensor& x, const at::Tensor* h, const Operand* gate, at:
       vector_ok(vec, {&x, &y, h != nullptr ? h : &none, r != nullptr ? r : &none, &w, &b},
                 {ops3[0], ops3[1], ops3[2]});
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t group = gate != nullptr ? staging_group({&shift, &scale, gate}, p.rows)
+                                         : staging_group({&shift, &scale}, p.rows);
   dispatch_x(x.scalar_type(), [&](auto tag) {
-    dispatch_fwd<decltype(tag)>(p, vector_path, stream);
+    dispatch_fwd<decltype(tag)>(p, vector_path, group, stream);
   });
 }
 
@@ -823,11 +1082,16 @@ void launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec,
                       : (affine ? layer_norm_modulate_bwd_kernel<T, VPT, DYB, false, true>
                                 : layer_norm_modulate_bwd_kernel<T, VPT, DYB, false, false>);
   const int threads = static_cast<int>(threads_for(nvec, VPT));
+  p.stage = p.scale.map.inner_stride == 0;
+  const int smem = p.stage ? static_cast<int>((affine ? 2 : 1) * p.D * sizeof(float)) : 0;
+  if (smem > 48 * 1024) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  }
   int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   set_grid(static_cast<int64_t>(std::max(per_sm, 1)) * sms);
-  kernel<<<blocks_out, threads, 0, stream>>>(p);
+  kernel<<<blocks_out, threads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
