@@ -209,8 +209,9 @@ def main():
                 continue
             err = (f"{r['pred_median_err']:.1%} / {r['pred_p90_err']:.1%}"
                    if r.get("pred_median_err") is not None else "-")
+            speedup = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
             lines.append(f"| {name} | {r['imbalance']:.1%} | {r['samples_per_s']:.2f} | {r['tokens_per_s']:.0f} | "
-                         f"{r['samples_per_s'] / base:.2f}x | {r['epoch_s']:.1f} | {r['peak_gib']:.1f} | "
+                         f"{speedup} | {r['epoch_s']:.1f} | {r['peak_gib']:.1f} | "
                          f"{r['peak_over_budget']:.0%} | {'yes' if r['oom'] else 'no'} | {err} |")
     text = "\n".join(lines)
     print(text)

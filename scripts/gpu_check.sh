@@ -2,7 +2,7 @@
 # On a CUDA machine with torch preinstalled and no network: build the extensions in
 # place, run the GPU tests and the benchmarks, and print a short table last.
 #
-#   bash scripts/gpu_check.sh [build] [test] [bench] [sampler]   (default: build test bench)
+#   bash scripts/gpu_check.sh [build] [test] [bench] [e2e]   (default: build test bench)
 #
 # Logs and result tables go to $OUT (or ./out). TORCH_CUDA_ARCH_LIST defaults to 9.0
 # (H100/H200) here to keep the build short. Python wheels carried in .whl/ (packages the
@@ -12,6 +12,10 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+# Build with the system compiler, whose libstdc++ is the one the process loads: on the GPU
+# machine CC/CXX point to a newer GCC, and an extension built with it crashed inside
+# std::ostream while formatting an error message (TORCH_CHECK).
+if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
@@ -58,15 +62,19 @@ PY
       ;;
     test)
       # The CPU-only suites run in CI; here the ones with CUDA cases.
+      # TEST_ARGS is split like a shell line, so quoted -k expressions work.
+      eval "extra=(${TEST_ARGS:-})"
       run_step test timeout "${TEST_TIMEOUT:-400}" $PY -m pytest tests/python/test_ops.py tests/python/test_wan_integration.py \
-        -q -rs -p no:cacheprovider ${TEST_ARGS:-}
+        -q -rs -p no:cacheprovider "${extra[@]}"
       ;;
     bench)
+      eval "extra=(${BENCH_ARGS:-})"
       run_step bench timeout "${BENCH_TIMEOUT:-400}" $PY benchmarks/bench_layer_norm_modulate.py \
-        --out "$OUT/ops_results.md" ${BENCH_ARGS:-}
+        --out "$OUT/ops_results.md" "${extra[@]}"
       ;;
-    sampler)
-      run_step sampler $PY benchmarks/bench_sampler.py --table benchmarks/data/wan_block_cost_h200.json
+    e2e)
+      eval "extra=(${E2E_ARGS:-})"
+      run_step e2e timeout "${E2E_TIMEOUT:-420}" $PY benchmarks/e2e_wan.py --out "$OUT/e2e" "${extra[@]}"
       ;;
     *) echo "unknown step $step"; status=2 ;;
   esac

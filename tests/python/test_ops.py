@@ -416,23 +416,25 @@ def test_cuda_matches_cpu_bitwise_stats_close():
 @cuda_only
 def test_cuda_graph_capture():
     gen = torch.Generator().manual_seed(6)
-    x = rand((2, 256, 3072), torch.bfloat16, "cuda", gen).requires_grad_()
-    shift, scale = (make_mod("per_sample", x.shape, torch.float32, "cuda", gen).requires_grad_()
-                    for _ in range(2))
-    dy = torch.randn_like(x)
+    # Inputs, warm-up and capture all on one side stream: autograd syncs with the stream a
+    # leaf was made on, and the legacy default stream may not be touched during capture.
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        x = rand((2, 256, 3072), torch.bfloat16, "cuda", gen).requires_grad_()
+        shift, scale = (make_mod("per_sample", x.shape, torch.float32, "cuda", gen).requires_grad_()
+                        for _ in range(2))
+        dy = torch.randn_like(x)
 
     def step():
         y = ops.layer_norm_modulate(x, shift, scale)
         return (y, *torch.autograd.grad(y, [x, shift, scale], dy))
 
-    eager = step()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        step()  # warm up on the side stream
-    torch.cuda.current_stream().wait_stream(s)
+        eager = step()
+        step()  # warm up
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=s):
         captured = step()
     graph.replay()
     torch.cuda.synchronize()
@@ -486,7 +488,7 @@ def test_cuda_more_than_2_31_elements():
     x = torch.empty(1, rows, d, device="cuda", dtype=torch.bfloat16)
     x.normal_()
     assert x.numel() > 2**31
-    shift = torch.randn(1, 1, d, device="cuda")
+    shift = torch.randn(1, 1, d, device="cuda", requires_grad=True)
     scale = torch.randn(1, 1, d, device="cuda")
     x.requires_grad_()
     y = ops.layer_norm_modulate(x, shift, scale)

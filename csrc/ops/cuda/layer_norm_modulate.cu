@@ -366,15 +366,23 @@ __device__ __forceinline__ float warp_sum(float v) {
   return __shfl_sync(0xffffffffu, total, 0);
 }
 
-// One warp per row, 8 rows of a block in flight at once, the row in registers (VPW 16-byte
-// vectors per lane). The block's rows share one modulation row (shared or per-sample
+// One warp per row, 4 or 8 rows of a block in flight at once, the row in registers (VPW
+// 16-byte vectors per lane). The block's rows share one modulation row (shared or per-sample
 // modulation), which the kernel folds, once per block, into shared memory as
 //   a = weight * (1 + scale),  b = bias * (1 + scale) + shift   (and the gate, FUSED)
 // so that y = xhat * a + b costs no modulation traffic per row.
 // Note: reading per-sample modulation from L2 for every row moved 2-3x more bytes through L2
 // than x itself and held the block-per-row kernel near half the copy bandwidth.
+// Note: a lane holds VPW x 16 bytes of the row, 80 registers at VPW 20. Blocks of 4 warps with
+// a 170-register cap keep 12 rows in flight per SM there without spilling; 8-warp blocks capped
+// at 128 registers spilled 216 bytes per lane and ran at 57% of copy bandwidth (D = 5120).
+template <int VPW>
+constexpr int fwd_warp_threads() {
+  return VPW > 12 ? 128 : 256;
+}
+
 template <typename T, int VPW, bool FUSED>
-__global__ void __launch_bounds__(256, VPW <= 4 ? 4 : VPW <= 8 ? 3 : 2)
+__global__ void __launch_bounds__(fwd_warp_threads<VPW>(), VPW <= 4 ? 4 : VPW <= 8 ? 3 : VPW <= 12 ? 2 : 3)
     layer_norm_modulate_fwd_warp_kernel(const FwdParams p, const RowChunks chunks) {
   constexpr int VEC = 16 / sizeof(T);
   constexpr int XK = KindOf<T>::value;
@@ -973,7 +981,7 @@ int64_t staging_group(std::initializer_list<const Operand*> operands, int64_t ro
 template <typename T, int VPW, bool FUSED>
 void launch_fwd_warp(const FwdParams& p, int64_t group, cudaStream_t stream) {
   auto kernel = layer_norm_modulate_fwd_warp_kernel<T, VPW, FUSED>;
-  constexpr int kThreads = 256;
+  constexpr int kThreads = fwd_warp_threads<VPW>();
   const int smem = static_cast<int>((FUSED ? 3 : 2) * p.D * sizeof(float));
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -986,7 +994,8 @@ void launch_fwd_warp(const FwdParams& p, int64_t group, cudaStream_t stream) {
   c.group = group;
   const int64_t groups = (p.rows + c.group - 1) / c.group;
   // At least one row per warp and block; enough blocks to fill every SM once.
-  c.per_group = std::max<int64_t>(1, std::min((target + groups - 1) / groups, (c.group + 7) / 8));
+  constexpr int64_t kWarps = kThreads / 32;
+  c.per_group = std::max<int64_t>(1, std::min((target + groups - 1) / groups, (c.group + kWarps - 1) / kWarps));
   c.chunk_rows = (c.group + c.per_group - 1) / c.per_group;
   c.per_group = (c.group + c.chunk_rows - 1) / c.chunk_rows;
   const int64_t blocks = groups * c.per_group;
@@ -1000,6 +1009,8 @@ void launch_fwd_warp_any(const FwdParams& p, int64_t nvec, int64_t group, cudaSt
   const int64_t vpw = (nvec + 31) / 32;
   if (vpw <= 4) {
     launch_fwd_warp<T, 4, FUSED>(p, group, stream);
+  } else if (vpw <= 6) {  // D = 1536 in 16-bit types
+    launch_fwd_warp<T, 6, FUSED>(p, group, stream);
   } else if (vpw <= 8) {
     launch_fwd_warp<T, 8, FUSED>(p, group, stream);
   } else if (vpw <= 12) {
@@ -1286,7 +1297,8 @@ layer_norm_modulate_backward_cuda(const at::Tensor& dy_in, const at::Tensor& x,
              rstd.contiguous(), dx, nullptr, tg);
     for (auto* t : tg.t) finish_grad(*t);
   } else {
-    for (auto* t : tg.t) t->out.zero_();
+    for (auto* t : tg.t)
+      if (t->out.defined()) t->out.zero_();
   }
   return {dx, dshift.out, dscale.out, dweight.out, dbias.out};
 }
@@ -1360,7 +1372,8 @@ gated_residual_layer_norm_modulate_backward_cuda(
              &dh, tg);
     for (auto* t : tg.t) finish_grad(*t);
   } else {
-    for (auto* t : tg.t) t->out.zero_();
+    for (auto* t : tg.t)
+      if (t->out.defined()) t->out.zero_();
   }
   return {dres, dh, dgate.out, dshift.out, dscale.out, dweight.out, dbias.out};
 }
