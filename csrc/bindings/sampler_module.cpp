@@ -45,7 +45,8 @@ PYBIND11_MODULE(_sampler, m) {
 
   py::class_<CostModel>(m, "CostModel")
       .def_static("power", &CostModel::power, py::arg("p"), py::arg("coef") = 1.0)
-      .def_static("polynomial", &CostModel::polynomial, py::arg("c0"), py::arg("c1"), py::arg("c2"))
+      .def_static("polynomial", &CostModel::polynomial, py::arg("c0"), py::arg("c1"), py::arg("c2"),
+                  py::arg("cs") = 0.0)
       .def("sample_cost", &CostModel::sample_cost, py::arg("seq_len"))
       .def_property_readonly("is_power", [](const CostModel& c) { return c.kind == CostModel::Kind::kPower; })
       .def_readonly("p", &CostModel::p)
@@ -53,6 +54,7 @@ PYBIND11_MODULE(_sampler, m) {
       .def_readonly("c0", &CostModel::c0)
       .def_readonly("c1", &CostModel::c1)
       .def_readonly("c2", &CostModel::c2)
+      .def_readonly("cs", &CostModel::cs)
       .def("__repr__", &CostModel::describe);
 
   py::class_<SampleTable>(m, "SampleTable")

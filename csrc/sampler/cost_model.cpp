@@ -15,12 +15,13 @@ CostModel CostModel::power(double p, double coef) {
   return m;
 }
 
-CostModel CostModel::polynomial(double c0, double c1, double c2) {
+CostModel CostModel::polynomial(double c0, double c1, double c2, double cs) {
   CostModel m;
   m.kind = Kind::kPolynomial;
   m.c0 = c0;
   m.c1 = c1;
   m.c2 = c2;
+  m.cs = cs;
   m.validate();
   return m;
 }
@@ -28,7 +29,7 @@ CostModel CostModel::polynomial(double c0, double c1, double c2) {
 double CostModel::sample_cost(int64_t seq_len) const {
   const double s = static_cast<double>(seq_len);
   if (kind == Kind::kPower) return coef * std::pow(s, p);
-  return c1 * s + c2 * s * s;
+  return cs + c1 * s + c2 * s * s;
 }
 
 void CostModel::validate() const {
@@ -41,6 +42,7 @@ void CostModel::validate() const {
   if (!std::isfinite(c0) || c0 < 0.0) fail("c0 must be finite and >= 0, got " + std::to_string(c0));
   if (!std::isfinite(c1) || c1 < 0.0) fail("c1 must be finite and >= 0, got " + std::to_string(c1));
   if (!std::isfinite(c2) || c2 < 0.0) fail("c2 must be finite and >= 0, got " + std::to_string(c2));
+  if (!std::isfinite(cs) || cs < 0.0) fail("cs must be finite and >= 0, got " + std::to_string(cs));
   if (c1 + c2 <= 0.0) fail("c1 + c2 must be > 0 (a sample must cost something)");
 }
 
@@ -49,7 +51,9 @@ std::string CostModel::describe() const {
   if (kind == Kind::kPower) {
     os << "power(p=" << p << ", coef=" << coef << ")";
   } else {
-    os << "polynomial(c0=" << c0 << ", c1=" << c1 << ", c2=" << c2 << ")";
+    os << "polynomial(c0=" << c0 << ", c1=" << c1 << ", c2=" << c2;
+    if (cs != 0.0) os << ", per_sample=" << cs;
+    os << ")";
   }
   return os.str();
 }

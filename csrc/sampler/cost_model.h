@@ -13,7 +13,7 @@ namespace adaptiveload {
 ///
 /// with, for the two kinds,
 ///   - kPower:      f(S) = coef * S^p           (the paper's B x S^p <= M_comp form; c0 = 0)
-///   - kPolynomial: f(S) = c1 * S + c2 * S^2    (linear layers plus quadratic attention)
+///   - kPolynomial: f(S) = cs + c1 * S + c2 * S^2  (per-sample work, linear layers, attention)
 ///
 /// S is a sample's token count. Units are the caller's: milliseconds for a calibrated
 /// polynomial, "token^p" for the power form. Only ratios between micro-batches matter
@@ -27,9 +27,10 @@ struct CostModel {
   double c0 = 0.0;    ///< fixed cost per micro-batch (polynomial form), >= 0
   double c1 = 0.0;    ///< cost per token (polynomial form), >= 0
   double c2 = 0.0;    ///< cost per token^2 (polynomial form), >= 0; c1 + c2 > 0
+  double cs = 0.0;    ///< cost per sample (polynomial form), >= 0: work that does not grow with S
 
   static CostModel power(double p, double coef = 1.0);
-  static CostModel polynomial(double c0, double c1, double c2);
+  static CostModel polynomial(double c0, double c1, double c2, double cs = 0.0);
 
   /// f(S): the part of a micro-batch's cost that one sample of S tokens adds.
   double sample_cost(int64_t seq_len) const;

@@ -1,8 +1,8 @@
 """Calibrate the sampler's cost and memory models on the real GPU.
 
-``profile`` times forward+backward of micro-batches of B samples of S tokens and reads
-their peak memory; ``fit_cost_model`` fits ``time = c0 + B * (c1*S + c2*S^2)`` (ms) by
-least squares on relative error, ``fit_memory_model`` fits
+``calibrate_wan`` times forward+backward of micro-batches of B samples of S tokens and
+reads their peak memory; ``fit_cost_model`` fits ``time = c0 + B * (cs + c1*S + c2*S^2)``
+(ms) by non-negative least squares on relative error, ``fit_memory_model`` fits
 ``peak = m0 + m1 * B * S`` (bytes). ``calibrate_wan`` does all of it for a Wan 2.1
 configuration; ``adaptiveload calibrate`` is its command line.
 """
@@ -98,20 +98,21 @@ def _nonneg_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fit_cost_model(points: Iterable[Point]) -> CostModel:
-    """``time = c0 + B*(c1*S + c2*S^2)``, non-negative coefficients, relative-error fit."""
+    """``time = c0 + B*(cs + c1*S + c2*S^2)``, non-negative coefficients, relative-error fit.
+    ``cs`` is work per sample that does not grow with S (e.g. the text conditioning)."""
     pts = list(points)
-    if len(pts) < 3:
-        raise ValueError(f"need at least 3 calibration points, got {len(pts)}")
+    if len(pts) < 4:
+        raise ValueError(f"need at least 4 calibration points, got {len(pts)}")
     b = np.array([p.batch for p in pts], float)
     s = np.array([p.seq_len for p in pts], float)
     t = np.array([p.ms for p in pts], float)
     if np.any(t <= 0):
         raise ValueError("calibration times must be > 0")
-    a = np.stack([np.ones_like(s), b * s, b * s * s], axis=1) / t[:, None]
-    c0, c1, c2 = _nonneg_lstsq(a, np.ones_like(t))
+    a = np.stack([np.ones_like(s), b, b * s, b * s * s], axis=1) / t[:, None]
+    c0, cs, c1, c2 = _nonneg_lstsq(a, np.ones_like(t))
     if c1 + c2 <= 0:
         raise ValueError("calibration points do not grow with tokens; cannot fit a cost model")
-    model = CostModel.polynomial(c0, c1, c2, unit="ms")
+    model = CostModel.polynomial(c0, c1, c2, per_sample=cs, unit="ms")
     for p in pts:
         p.predicted_ms = model.batch_cost([p.seq_len] * p.batch)
     return model

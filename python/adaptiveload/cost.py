@@ -22,8 +22,9 @@ class CostModel:
     """Predicted cost of a micro-batch: ``cost(batch) = c0 + sum_i f(S_i)``.
 
     - ``CostModel.power(p)``: ``f(S) = coef * S**p``, ``c0 = 0`` (the paper's ``B x S^p`` form).
-    - ``CostModel.polynomial(c0, c1, c2)``: ``f(S) = c1*S + c2*S**2`` (linear layers plus
-      quadratic attention); calibrated profiles are of this form, in milliseconds.
+    - ``CostModel.polynomial(c0, c1, c2, per_sample=cs)``: ``f(S) = cs + c1*S + c2*S**2``
+      (per-sample work such as text conditioning, linear layers, quadratic attention);
+      calibrated profiles are of this form, in milliseconds.
 
     Only ratios between micro-batches matter for balancing; ``max_cost`` is in the same unit.
     """
@@ -39,8 +40,8 @@ class CostModel:
         return cls(_sampler.CostModel.power(float(p), float(coef)), unit=f"token^{p:g}")
 
     @classmethod
-    def polynomial(cls, c0: float, c1: float, c2: float, *, unit: str = "ms") -> CostModel:
-        return cls(_sampler.CostModel.polynomial(float(c0), float(c1), float(c2)), unit=unit)
+    def polynomial(cls, c0: float, c1: float, c2: float, *, per_sample: float = 0.0, unit: str = "ms") -> CostModel:
+        return cls(_sampler.CostModel.polynomial(float(c0), float(c1), float(c2), float(per_sample)), unit=unit)
 
     @classmethod
     def wan21_h200(cls, size: str = "14B", layers: int | None = None) -> CostModel:
@@ -54,7 +55,7 @@ class CostModel:
         if n < 1:
             raise ValueError(f"CostModel.wan21_h200: layers must be >= 1, got {layers}")
         c = cfg["block_ms"]
-        model = cls.polynomial(n * c["c0"], n * c["c1"], n * c["c2"], unit="ms")
+        model = cls.polynomial(n * c["c0"], n * c["c1"], n * c["c2"], per_sample=n * c.get("cs", 0.0), unit="ms")
         model.meta = {"source": f"wan21_h200:{size}", "layers": n}
         return model
 
@@ -80,7 +81,8 @@ class CostModel:
             if kind == "power":
                 model = cls.power(d["p"], d.get("coef", 1.0))
             elif kind == "polynomial":
-                model = cls.polynomial(d["c0"], d["c1"], d["c2"], unit=d.get("unit", "ms"))
+                model = cls.polynomial(d["c0"], d["c1"], d["c2"], per_sample=d.get("per_sample", 0.0),
+                                       unit=d.get("unit", "ms"))
             else:
                 raise ValueError(f"{source}: 'kind' must be 'power' or 'polynomial', got {kind!r}")
         except KeyError as e:
@@ -93,7 +95,7 @@ class CostModel:
         if c.is_power:
             d = {"kind": "power", "p": c.p, "coef": c.coef}
         else:
-            d = {"kind": "polynomial", "c0": c.c0, "c1": c.c1, "c2": c.c2, "unit": self.unit}
+            d = {"kind": "polynomial", "c0": c.c0, "c1": c.c1, "c2": c.c2, "per_sample": c.cs, "unit": self.unit}
         if self.meta:
             d["meta"] = self.meta
         return d
@@ -113,7 +115,7 @@ class CostModel:
         """f(S), vectorized."""
         s = np.asarray(seq_lens, dtype=np.float64)
         c = self._core
-        return c.coef * s**c.p if c.is_power else c.c1 * s + c.c2 * s * s
+        return c.coef * s**c.p if c.is_power else c.cs + c.c1 * s + c.c2 * s * s
 
     def batch_cost(self, seq_lens) -> float:
         """cost(batch) = c0 + sum_i f(S_i) for one micro-batch."""

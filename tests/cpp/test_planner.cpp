@@ -77,6 +77,9 @@ TEST(CostModel, PowerAndPolynomialValues) {
   const CostModel poly = CostModel::polynomial(3.0, 0.5, 0.25);
   EXPECT_DOUBLE_EQ(poly.sample_cost(10), 5.0 + 25.0);
   EXPECT_DOUBLE_EQ(poly.batch_overhead(), 3.0);
+  const CostModel with_sample = CostModel::polynomial(3.0, 0.5, 0.25, 7.0);
+  EXPECT_DOUBLE_EQ(with_sample.sample_cost(10), 7.0 + 5.0 + 25.0);
+  EXPECT_THROW(CostModel::polynomial(0, 1, 1, -1), std::invalid_argument);
 }
 
 TEST(CostModel, RejectsBadCoefficients) {
