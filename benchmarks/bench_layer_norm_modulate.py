@@ -112,7 +112,8 @@ def measure(impl, case, out_dtype):
     inputs = {t.data_ptr() for t in (x, shift, scale)}
     # Saved-for-backward memory beyond the inputs themselves (x is an input).
     saved_bytes_new = sum(nbytes(t) for t in saved if t.data_ptr() not in inputs)
-    del y, saved
+    del y
+    saved.clear()
     return t_fwd, t_bwd, t_all, peak, saved_bytes_new
 
 
@@ -123,7 +124,6 @@ def copy_ceiling_gbs():
     import triton.testing
 
     ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=10, rep=100, return_mode="median")
-    del src, dst
     return 2 * n * 2 / ms / 1e6
 
 
@@ -208,9 +208,17 @@ def main() -> int:
                 continue
             f, bw, a, peak, saved = results[name]
             row = (
-                case.name, name, f, case.fwd_bytes / f / 1e6, 100 * case.fwd_bytes / f / 1e6 / ceiling,
-                bw, case.bwd_bytes / bw / 1e6, 100 * case.bwd_bytes / bw / 1e6 / ceiling,
-                a, peak / 2**20, saved / 2**20,
+                case.name,
+                name,
+                f,
+                case.fwd_bytes / f / 1e6,
+                100 * case.fwd_bytes / f / 1e6 / ceiling,
+                bw,
+                case.bwd_bytes / bw / 1e6,
+                100 * case.bwd_bytes / bw / 1e6 / ceiling,
+                a,
+                peak / 2**20,
+                saved / 2**20,
             )
             table.append(row)
             print(
@@ -221,22 +229,30 @@ def main() -> int:
         if (b, s, d) == (2, 32760, 5120) and "ours" in results:
             ours_all = results["ours"][2]
             compiled = [results[k][2] for k in ("compile", "max-autotune") if k in results]
-            speedups.append((case.name, results["eager"][2] / ours_all,
-                             min(compiled) / ours_all if compiled else float("nan")))
+            speedups.append(
+                (
+                    case.name,
+                    results["eager"][2] / ours_all,
+                    min(compiled) / ours_all if compiled else float("nan"),
+                )
+            )
         del case
         torch.cuda.empty_cache()
 
     fused_rows = []
     bench_fused_residual(fused_rows)
     for name, tf, bf, ts, bs in fused_rows:
-        print(f"{name}: fused {tf:.3f} ms ({bf / tf / 1e6:.0f} GB/s), "
-              f"add + op {ts:.3f} ms; speedup {ts / tf:.2f}x (byte ratio {bs / bf:.2f}x)")
+        print(
+            f"{name}: fused {tf:.3f} ms ({bf / tf / 1e6:.0f} GB/s), "
+            f"add + op {ts:.3f} ms; speedup {ts / tf:.2f}x (byte ratio {bs / bf:.2f}x)"
+        )
     for name, ve, vc in speedups:
         print(f"fwd+bwd speedup at {name}: {ve:.1f}x vs eager, {vc:.2f}x vs best torch.compile")
 
     if args.out:
         lines = [
-            f"{header}; copy ceiling {ceiling:.0f} GB/s", "",
+            f"{header}; copy ceiling {ceiling:.0f} GB/s",
+            "",
             "| shape | impl | fwd ms | fwd GB/s | fwd % copy | bwd ms | bwd GB/s | bwd % copy "
             "| fwd+bwd ms | peak MiB | saved MiB |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -248,10 +264,14 @@ def main() -> int:
             )
         lines.append("")
         for name, tf, bf, ts, bs in fused_rows:
-            lines.append(f"- {name}: fused {tf:.3f} ms vs add + op {ts:.3f} ms "
-                         f"({ts / tf:.2f}x; bytes {bs / bf:.2f}x)")
+            lines.append(
+                f"- {name}: fused {tf:.3f} ms vs add + op {ts:.3f} ms "
+                f"({ts / tf:.2f}x; bytes {bs / bf:.2f}x)"
+            )
         for name, ve, vc in speedups:
-            lines.append(f"- fwd+bwd at {name}: {ve:.1f}x vs eager, {vc:.2f}x vs best torch.compile")
+            lines.append(
+                f"- fwd+bwd at {name}: {ve:.1f}x vs eager, {vc:.2f}x vs best torch.compile"
+            )
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
         print(f"wrote {args.out}")

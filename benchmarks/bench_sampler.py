@@ -21,10 +21,8 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
-import time
 from datetime import date
 
 import numpy as np
@@ -84,7 +82,9 @@ class MeasuredBlockTime:
 
 
 def simulate(plan: Plan, times: np.ndarray) -> dict:
-    loads = times.reshape(plan.num_steps, plan.num_replicas, plan.micro_batches_per_step).sum(axis=2)
+    loads = times.reshape(plan.num_steps, plan.num_replicas, plan.micro_batches_per_step).sum(
+        axis=2
+    )
     mx, mean, mn = loads.max(1), loads.mean(1), loads.min(1)
     return {
         "steps": plan.num_steps,
@@ -98,12 +98,16 @@ def simulate(plan: Plan, times: np.ndarray) -> dict:
 def compare(meta, world: int, k: int, table: MeasuredBlockTime, lookahead: int = 16) -> dict:
     lens = meta.seq_lens
     max_tokens = int(2 * lens.max())
-    common = dict(group_keys=meta.group_keys(), num_replicas=world, rank=0, micro_batches_per_step=k, seed=0)
+    common = dict(
+        group_keys=meta.group_keys(), num_replicas=world, rank=0, micro_batches_per_step=k, seed=0
+    )
     ours = AdaptiveBatchSampler(lens, max_tokens, lookahead_steps=lookahead, **common)
     samplers = {
         "AdaptiveLoad": ours,
         "equal-token": EqualTokenBatchSampler(lens, max_tokens, **common),
-        "paper rule": AdaptiveBatchSampler(lens, max_tokens, cost_model=CostModel.power(1.5), balance=False, **common),
+        "paper rule": AdaptiveBatchSampler(
+            lens, max_tokens, cost_model=CostModel.power(1.5), balance=False, **common
+        ),
     }
     out = {}
     for name, s in samplers.items():
@@ -113,8 +117,13 @@ def compare(meta, world: int, k: int, table: MeasuredBlockTime, lookahead: int =
         if name == "AdaptiveLoad":
             costs = ours.cost_model
             over = int(np.sum(plan.tokens > max_tokens))
-            over += int(sum(costs.batch_cost(lens[plan.samples[plan.offsets[m]:plan.offsets[m + 1]]]) > ours.max_cost * (1 + 1e-12)
-                            for m in range(plan.num_micro_batches)))
+            over += int(
+                sum(
+                    costs.batch_cost(lens[plan.samples[plan.offsets[m] : plan.offsets[m + 1]]])
+                    > ours.max_cost * (1 + 1e-12)
+                    for m in range(plan.num_micro_batches)
+                )
+            )
             res["over_cap"] = over
         out[name] = res
     base = out["equal-token"]["epoch_s"]
@@ -148,7 +157,14 @@ def plan_scale(n: int, world: int) -> dict:
         cmd = ["taskset", "-c", "0"] + cmd
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()
     build, plan, bytes_per_sample, steps = float(out[0]), float(out[1]), float(out[2]), int(out[3])
-    return {"samples": n, "ranks": world, "build_s": build, "plan_s": plan, "bytes_per_sample": bytes_per_sample, "steps": steps}
+    return {
+        "samples": n,
+        "ranks": world,
+        "build_s": build,
+        "plan_s": plan,
+        "bytes_per_sample": bytes_per_sample,
+        "steps": steps,
+    }
 
 
 def render(results: dict, lookahead: dict, scale: dict, samples: int) -> str:
@@ -215,7 +231,13 @@ def main() -> None:
         for world in (2, 8, 64):
             for k in (1, 4):
                 results[(mix, world, k)] = res = compare(meta, world, k, table)
-                print(mix, world, k, {n: f"{r['imbalance']:.3f}/{r['speedup']:.2f}x" for n, r in res.items()}, flush=True)
+                print(
+                    mix,
+                    world,
+                    k,
+                    {n: f"{r['imbalance']:.3f}/{r['speedup']:.2f}x" for n, r in res.items()},
+                    flush=True,
+                )
     lookahead = {}
     meta = demo_metadata(args.samples, "joint-pretrain", seed=1)
     for la in (1, 4, 16, 64):

@@ -71,7 +71,8 @@ def summarize(records, warmup, seq_lens, cost_model, budget_bytes):
         "peak_gib": peak / 2**30,
         "peak_over_budget": peak / budget_bytes if budget_bytes else None,
         "mean_peak_util": float(np.mean([np.mean(r["peak_bytes"]) for r in steady]) / budget_bytes)
-        if budget_bytes else None,
+        if budget_bytes
+        else None,
         "epoch_s": float(np.sum([r["step_ms"] for r in records]) / 1000),
     }
     if cost_model is not None:
@@ -95,7 +96,9 @@ def figure(logs, path):
     import matplotlib.pyplot as plt
 
     names = [n for n in logs if logs[n]]
-    fig, axes = plt.subplots(len(names), 1, figsize=(10, 2.4 * len(names)), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(
+        len(names), 1, figsize=(10, 2.4 * len(names)), sharey=True, squeeze=False
+    )
     for ax, name in zip(axes[:, 0], names, strict=True):
         recs = logs[name]
         c = np.array([r["compute_ms"] for r in recs])
@@ -119,7 +122,9 @@ def main():
     ap.add_argument("--data", default="/tmp/adaptiveload_e2e_data")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp"), "e2e"))
     ap.add_argument("--memory-budget", type=float, default=100.0, help="GiB per GPU for max_tokens")
-    ap.add_argument("--max-tokens", type=int, default=None, help="default: suggested by calibration")
+    ap.add_argument(
+        "--max-tokens", type=int, default=None, help="default: suggested by calibration"
+    )
     ap.add_argument("--calibrate", action="store_true", help="calibrate the cost model first")
     ap.add_argument("--cost-model", default=None, help="calibrated JSON (skips --calibrate)")
     ap.add_argument("--arms", nargs="+", default=list(ARMS))
@@ -137,10 +142,27 @@ def main():
     from adaptiveload.metadata import read_metadata
 
     os.makedirs(args.out, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
     if not os.path.exists(os.path.join(args.data, "metadata.csv")):
-        rc, secs = run([sys.executable, os.path.join(ROOT, "examples", "make_synthetic_latents.py"), "--out", args.data,
-                        "--num-samples", str(args.samples), "--mix", args.mix], os.path.join(args.out, "data.log"), env)
+        rc, secs = run(
+            [
+                sys.executable,
+                os.path.join(ROOT, "examples", "make_synthetic_latents.py"),
+                "--out",
+                args.data,
+                "--num-samples",
+                str(args.samples),
+                "--mix",
+                args.mix,
+            ],
+            os.path.join(args.out, "data.log"),
+            env,
+        )
         print(f"data: {args.samples} samples in {secs:.0f} s (rc {rc})", flush=True)
     meta = read_metadata(os.path.join(args.data, "metadata.csv"))
     seq_lens = meta.seq_lens
@@ -148,9 +170,27 @@ def main():
     cost_path = args.cost_model
     if cost_path is None and args.calibrate:
         cost_path = os.path.join(args.out, "cost_model.json")
-        cmd = [sys.executable, "-m", "adaptiveload", "calibrate", "--config", args.config, "--layers", str(args.layers),
-               "--max-tokens", str(int(2 * seq_lens.max())), "--memory-budget", str(args.memory_budget),
-               "--out", cost_path, "--no-progress", "--repeat", "3", "--warmup", "1"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "adaptiveload",
+            "calibrate",
+            "--config",
+            args.config,
+            "--layers",
+            str(args.layers),
+            "--max-tokens",
+            str(int(2 * seq_lens.max())),
+            "--memory-budget",
+            str(args.memory_budget),
+            "--out",
+            cost_path,
+            "--no-progress",
+            "--repeat",
+            "3",
+            "--warmup",
+            "1",
+        ]
         if args.activation_checkpointing:
             cmd.append("--activation-checkpointing")
         rc, secs = run(cmd, os.path.join(args.out, "calibrate.log"), env)
@@ -176,10 +216,28 @@ def main():
             log = os.path.join(args.out, f"{arm}_{gpus}gpu.jsonl")
             if os.path.exists(log):
                 os.remove(log)
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
-                   os.path.join(ROOT, "examples", "train_wan.py"), "--data", args.data, "--config", args.config,
-                   "--layers", str(args.layers), "--max-tokens", str(max_tokens), "--log-file", log,
-                   "--no-progress", "--num-workers", "4", *ARMS[arm]]
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={gpus}",
+                os.path.join(ROOT, "examples", "train_wan.py"),
+                "--data",
+                args.data,
+                "--config",
+                args.config,
+                "--layers",
+                str(args.layers),
+                "--max-tokens",
+                str(max_tokens),
+                "--log-file",
+                log,
+                "--no-progress",
+                "--num-workers",
+                "4",
+                *ARMS[arm],
+            ]
             if cost_path:
                 cmd += ["--cost-model", cost_path]
             if args.activation_checkpointing:
@@ -191,28 +249,47 @@ def main():
             res.update(rc=rc, wall_s=secs, oom=oom)
             results[name] = res
             logs[name] = recs
-            print(name, json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()}), flush=True)
+            print(
+                name,
+                json.dumps(
+                    {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()}
+                ),
+                flush=True,
+            )
     figure(logs, os.path.join(args.out, "e2e_wan.png"))
 
-    lines = [f"Wan-2.1-1.3B configuration, {args.layers} of 30 blocks, bf16, eager diffusers; {len(seq_lens)} "
-             f"samples of the '{args.mix}' mix (synthetic latents, 512 text tokens); one epoch per arm; "
-             f"max_tokens = {max_tokens}; memory budget {args.memory_budget:g} GiB per GPU; first "
-             f"{args.warmup_steps} steps left out of the rates. {torch.cuda.get_device_name()}, torch "
-             f"{torch.__version__}, {date.today()}. Command: `python benchmarks/e2e_wan.py "
-             f"--gpus {' '.join(map(str, args.gpus))} --layers {args.layers} --calibrate`.", "",
-             "| arm | imbalance | samples/s | tokens/s | speedup | epoch (s) | peak GiB | peak / budget | OOM | cost-model error median / p90 |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Wan-2.1-1.3B configuration, {args.layers} of 30 blocks, bf16, eager diffusers; {len(seq_lens)} "
+        f"samples of the '{args.mix}' mix (synthetic latents, 512 text tokens); one epoch per arm; "
+        f"max_tokens = {max_tokens}; memory budget {args.memory_budget:g} GiB per GPU; first "
+        f"{args.warmup_steps} steps left out of the rates. {torch.cuda.get_device_name()}, torch "
+        f"{torch.__version__}, {date.today()}. Command: `python benchmarks/e2e_wan.py "
+        f"--gpus {' '.join(map(str, args.gpus))} --layers {args.layers} --calibrate`.",
+        "",
+        "| arm | imbalance | samples/s | tokens/s | speedup | epoch (s) | peak GiB | peak / budget | OOM | cost-model error median / p90 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for gpus in args.gpus:
-        base = results.get(f"baseline ({gpus} GPU{'s' if gpus > 1 else ''})", {}).get("samples_per_s")
+        base = results.get(f"baseline ({gpus} GPU{'s' if gpus > 1 else ''})", {}).get(
+            "samples_per_s"
+        )
         for name, r in results.items():
-            if not name.endswith(f"({gpus} GPU{'s' if gpus > 1 else ''})") or "samples_per_s" not in r:
+            if (
+                not name.endswith(f"({gpus} GPU{'s' if gpus > 1 else ''})")
+                or "samples_per_s" not in r
+            ):
                 continue
-            err = (f"{r['pred_median_err']:.1%} / {r['pred_p90_err']:.1%}"
-                   if r.get("pred_median_err") is not None else "-")
+            err = (
+                f"{r['pred_median_err']:.1%} / {r['pred_p90_err']:.1%}"
+                if r.get("pred_median_err") is not None
+                else "-"
+            )
             speedup = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
-            lines.append(f"| {name} | {r['imbalance']:.1%} | {r['samples_per_s']:.2f} | {r['tokens_per_s']:.0f} | "
-                         f"{speedup} | {r['epoch_s']:.1f} | {r['peak_gib']:.1f} | "
-                         f"{r['peak_over_budget']:.0%} | {'yes' if r['oom'] else 'no'} | {err} |")
+            lines.append(
+                f"| {name} | {r['imbalance']:.1%} | {r['samples_per_s']:.2f} | {r['tokens_per_s']:.0f} | "
+                f"{speedup} | {r['epoch_s']:.1f} | {r['peak_gib']:.1f} | "
+                f"{r['peak_over_budget']:.0%} | {'yes' if r['oom'] else 'no'} | {err} |"
+            )
     text = "\n".join(lines)
     print(text)
     with open(os.path.join(args.out, "e2e_results.md"), "w") as f:

@@ -22,10 +22,17 @@ from adaptiveload.demo import MIXES, demo_metadata
 from adaptiveload.models.wan import latent_shape
 
 
-
-def make_dataset(out: str, num_samples: int, mix: str = "joint-pretrain", scale: float = 1.0,
-                 channels: int = 16, text_len: int = 512, text_dim: int = 4096, seed: int = 0,
-                 dtype: torch.dtype = torch.bfloat16) -> str:
+def make_dataset(
+    out: str,
+    num_samples: int,
+    mix: str = "joint-pretrain",
+    scale: float = 1.0,
+    channels: int = 16,
+    text_len: int = 512,
+    text_dim: int = 4096,
+    seed: int = 0,
+    dtype: torch.dtype = torch.bfloat16,
+) -> str:
     """Create the dataset under ``out``; returns the metadata path."""
     os.makedirs(out, exist_ok=True)
     meta = demo_metadata(num_samples, mix, seed=seed)
@@ -41,7 +48,9 @@ def make_dataset(out: str, num_samples: int, mix: str = "joint-pretrain", scale:
             name = f"{i:06d}.safetensors"
             save_file(
                 {
-                    "latent": torch.randn(latent_shape(frames, h, w, channels), generator=gen).to(dtype),
+                    "latent": torch.randn(latent_shape(frames, h, w, channels), generator=gen).to(
+                        dtype
+                    ),
                     "text": torch.randn(text_len, text_dim, generator=gen).to(dtype),
                 },
                 os.path.join(out, name),
@@ -61,8 +70,16 @@ def main() -> None:
     ap.add_argument("--text-dim", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    path = make_dataset(args.out, args.num_samples, args.mix, args.scale, args.channels,
-                        args.text_len, args.text_dim, args.seed)
+    path = make_dataset(
+        args.out,
+        args.num_samples,
+        args.mix,
+        args.scale,
+        args.channels,
+        args.text_len,
+        args.text_dim,
+        args.seed,
+    )
     lens = np.loadtxt(path, delimiter=",", skiprows=1, usecols=(1, 2, 3), dtype=np.int64, ndmin=2)
     print(f"wrote {args.num_samples} samples to {args.out} ({len(np.unique(lens, axis=0))} shapes)")
 

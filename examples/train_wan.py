@@ -41,7 +41,6 @@ from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
 from adaptiveload.models.wan import CONFIGS, PATCH, build_wan
 
 
-
 class LatentDataset(Dataset):
     """Samples of metadata.csv: ``{"latent", "text", "index"}``."""
 
@@ -78,20 +77,28 @@ def parse_args(argv=None):
     ap.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--parallel", default="ddp", choices=["ddp", "fsdp"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default=None, choices=["bf16", "fp32"], help="default: bf16 on CUDA, fp32 on CPU")
+    ap.add_argument(
+        "--dtype", default=None, choices=["bf16", "fp32"], help="default: bf16 on CUDA, fp32 on CPU"
+    )
     ap.add_argument("--activation-checkpointing", action="store_true")
     ap.add_argument("--max-tokens", type=int, default=None, help="default: 2x the longest sample")
     ap.add_argument("--max-cost", type=float, default=None)
-    ap.add_argument("--cost-model", default=None, help="calibrated JSON (default: built-in Wan 2.1 fit)")
+    ap.add_argument(
+        "--cost-model", default=None, help="calibrated JSON (default: built-in Wan 2.1 fit)"
+    )
     ap.add_argument("--micro-batches-per-step", type=int, default=1)
     ap.add_argument("--lookahead-steps", type=int, default=16)
     ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps in all")
+    ap.add_argument(
+        "--max-steps", type=int, default=None, help="stop after this many optimizer steps in all"
+    )
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--num-workers", type=int, default=2)
     ap.add_argument("--checkpoint-dir", default=None)
-    ap.add_argument("--checkpoint-every", type=int, default=0, help="optimizer steps; 0: only at the end")
+    ap.add_argument(
+        "--checkpoint-every", type=int, default=0, help="optimizer steps; 0: only at the end"
+    )
     ap.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir/last.pt")
     ap.add_argument("--log-file", default=None, help="JSON lines, one per optimizer step (rank 0)")
     ap.add_argument("--warmup-steps", type=int, default=0, help="steps left out of the summary")
@@ -100,7 +107,14 @@ def parse_args(argv=None):
 
 
 def build_model(args, device, dtype):
-    model = build_wan(args.config, layers=args.layers, device=device, dtype=dtype, fused=args.fused, seed=args.seed)
+    model = build_wan(
+        args.config,
+        layers=args.layers,
+        device=device,
+        dtype=dtype,
+        fused=args.fused,
+        seed=args.seed,
+    )
     if args.activation_checkpointing:
         model.enable_gradient_checkpointing()
     return model
@@ -112,7 +126,9 @@ def wrap(model, args, device):
     if args.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        return DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
     from torch.distributed.fsdp import fully_shard
 
     for block in model.blocks:
@@ -165,7 +181,9 @@ def flow_matching_loss(model, batch, epoch, seed, device, dtype, normalizer):
     tb = t.view(b, 1, 1, 1, 1)
     x_t = ((1 - tb) * latent + tb * noise).to(dtype)
     target = noise - latent
-    pred = model(hidden_states=x_t, timestep=t * 1000, encoder_hidden_states=text, return_dict=False)[0]
+    pred = model(
+        hidden_states=x_t, timestep=t * 1000, encoder_hidden_states=text, return_dict=False
+    )[0]
     return ((pred.float() - target) ** 2).sum() / normalizer
 
 
@@ -180,7 +198,9 @@ def load_checkpoint_state(model, optimizer, model_sd, optim_sd):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False)
-    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=opts)
+    set_state_dict(
+        model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=opts
+    )
 
 
 def main(argv=None):
@@ -196,17 +216,30 @@ def main(argv=None):
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1)
     world, rank = dist.get_world_size(), dist.get_rank()
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[
+        args.dtype or ("bf16" if device.type == "cuda" else "fp32")
+    ]
 
     data = LatentDataset(args.data)
     seq_lens = data.seq_lens
     max_tokens = args.max_tokens or int(2 * seq_lens.max())
     cost = CostModel.from_json(args.cost_model) if args.cost_model else None
-    common = dict(group_keys=data.shapes, num_replicas=world, rank=rank,
-                  micro_batches_per_step=args.micro_batches_per_step, seed=args.seed)
+    common = dict(
+        group_keys=data.shapes,
+        num_replicas=world,
+        rank=rank,
+        micro_batches_per_step=args.micro_batches_per_step,
+        seed=args.seed,
+    )
     if args.sampler == "adaptive":
-        sampler = AdaptiveBatchSampler(seq_lens, max_tokens, max_cost=args.max_cost, cost_model=cost,
-                                       lookahead_steps=args.lookahead_steps, **common)
+        sampler = AdaptiveBatchSampler(
+            seq_lens,
+            max_tokens,
+            max_cost=args.max_cost,
+            cost_model=cost,
+            lookahead_steps=args.lookahead_steps,
+            **common,
+        )
     else:
         sampler = EqualTokenBatchSampler(seq_lens, max_tokens, cost_model=cost, **common)
 
@@ -229,8 +262,13 @@ def main(argv=None):
         if not ckpt_path:
             return
         model_sd, optim_sd = checkpoint_state(model, optimizer)
-        state = {"model": model_sd, "optimizer": optim_sd, "sampler": sampler.state_dict(steps_done=steps_in_epoch),
-                 "epoch": epoch, "global_step": global_step}
+        state = {
+            "model": model_sd,
+            "optimizer": optim_sd,
+            "sampler": sampler.state_dict(steps_done=steps_in_epoch),
+            "epoch": epoch,
+            "global_step": global_step,
+        }
         if rank == 0:
             os.makedirs(args.checkpoint_dir, exist_ok=True)
             torch.save(state, ckpt_path + ".tmp")
@@ -249,13 +287,24 @@ def main(argv=None):
         sampler.set_epoch(epoch)
         plan = sampler.plan()
         step_tokens = plan.tokens.reshape(plan.num_steps, W * K).sum(axis=1)
-        loader = DataLoader(data, batch_sampler=sampler, num_workers=args.num_workers, collate_fn=collate,
-                            pin_memory=on_cuda, persistent_workers=False)
+        loader = DataLoader(
+            data,
+            batch_sampler=sampler,
+            num_workers=args.num_workers,
+            collate_fn=collate,
+            pin_memory=on_cuda,
+            persistent_workers=False,
+        )
         if rank == 0 and not args.no_progress:
             try:
                 from tqdm import tqdm
 
-                progress = tqdm(total=plan.num_steps, initial=sampler.start_step, desc=f"epoch {epoch}", unit="step")
+                progress = tqdm(
+                    total=plan.num_steps,
+                    initial=sampler.start_step,
+                    desc=f"epoch {epoch}",
+                    unit="step",
+                )
             except ImportError:
                 progress = None
         it = iter(loader)
@@ -282,8 +331,15 @@ def main(argv=None):
                 elif hasattr(model, "set_requires_gradient_sync"):
                     model.set_requires_gradient_sync(k == K - 1)
                 with sync:
-                    scale = W if args.parallel == "fsdp" else 1  # FSDP averages gradients over ranks
-                    loss = flow_matching_loss(model, batch, epoch, args.seed, device, dtype, normalizer) * scale
+                    scale = (
+                        W if args.parallel == "fsdp" else 1
+                    )  # FSDP averages gradients over ranks
+                    loss = (
+                        flow_matching_loss(
+                            model, batch, epoch, args.seed, device, dtype, normalizer
+                        )
+                        * scale
+                    )
                     loss.backward()
                 loss_sum += loss.detach() / scale
             if on_cuda:
@@ -297,8 +353,11 @@ def main(argv=None):
                 torch.cuda.synchronize(device)
             step_s = time.perf_counter() - t_start
             peak = torch.cuda.max_memory_allocated(device) if on_cuda else 0
-            stats = torch.tensor([compute_s, step_s, float(peak), float(samples), float(tokens), float(loss_sum)],
-                                 dtype=torch.float64, device=device)
+            stats = torch.tensor(
+                [compute_s, step_s, float(peak), float(samples), float(tokens), float(loss_sum)],
+                dtype=torch.float64,
+                device=device,
+            )
             gathered = [torch.zeros_like(stats) for _ in range(world)]
             dist.all_gather(gathered, stats)
             all_batches = [None] * world
@@ -308,20 +367,27 @@ def main(argv=None):
                 g = torch.stack(gathered).cpu()
                 compute = g[:, 0]
                 record = {
-                    "epoch": epoch, "step": step, "global_step": global_step,
+                    "epoch": epoch,
+                    "step": step,
+                    "global_step": global_step,
                     "loss": float(g[:, 5].sum()),
                     "compute_ms": (compute * 1000).tolist(),
                     "step_ms": float(g[:, 1].max() * 1000),
-                    "imbalance": float(1 - compute.mean() / compute.max()) if compute.max() > 0 else 0.0,
+                    "imbalance": float(1 - compute.mean() / compute.max())
+                    if compute.max() > 0
+                    else 0.0,
                     "peak_bytes": g[:, 2].tolist(),
-                    "samples": int(g[:, 3].sum()), "tokens": int(g[:, 4].sum()),
+                    "samples": int(g[:, 3].sum()),
+                    "tokens": int(g[:, 4].sum()),
                     "batches": all_batches,
                 }
                 if log:
                     log.write(json.dumps(record) + "\n")
                     log.flush()
                 if progress is not None:
-                    progress.set_postfix(loss=f"{record['loss']:.4f}", imb=f"{record['imbalance']:.1%}")
+                    progress.set_postfix(
+                        loss=f"{record['loss']:.4f}", imb=f"{record['imbalance']:.1%}"
+                    )
                     progress.update(1)
             if args.checkpoint_every and global_step % args.checkpoint_every == 0:
                 save(epoch, step + 1)

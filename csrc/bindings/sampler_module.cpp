@@ -48,7 +48,8 @@ PYBIND11_MODULE(_sampler, m) {
       .def_static("polynomial", &CostModel::polynomial, py::arg("c0"), py::arg("c1"), py::arg("c2"),
                   py::arg("cs") = 0.0)
       .def("sample_cost", &CostModel::sample_cost, py::arg("seq_len"))
-      .def_property_readonly("is_power", [](const CostModel& c) { return c.kind == CostModel::Kind::kPower; })
+      .def_property_readonly("is_power",
+                             [](const CostModel& c) { return c.kind == CostModel::Kind::kPower; })
       .def_readonly("p", &CostModel::p)
       .def_readonly("coef", &CostModel::coef)
       .def_readonly("c0", &CostModel::c0)
@@ -69,20 +70,21 @@ PYBIND11_MODULE(_sampler, m) {
       .def("__len__", &SampleTable::size)
       .def_property_readonly("num_groups", &SampleTable::num_groups)
       .def("default_max_cost", &SampleTable::default_max_cost, py::arg("max_tokens"))
-      .def("batch_cost",
-           [](const SampleTable& t, const Int64Array& idx) {
-             const int64_t* p = checked_1d(idx, "indices", -1);
-             for (py::ssize_t j = 0; j < idx.shape(0); ++j)
-               if (p[j] < 0 || p[j] >= t.size()) throw py::index_error("sample index out of range");
-             return t.batch_cost(p, idx.shape(0));
-           },
-           py::arg("indices"));
+      .def(
+          "batch_cost",
+          [](const SampleTable& t, const Int64Array& idx) {
+            const int64_t* p = checked_1d(idx, "indices", -1);
+            for (py::ssize_t j = 0; j < idx.shape(0); ++j)
+              if (p[j] < 0 || p[j] >= t.size()) throw py::index_error("sample index out of range");
+            return t.batch_cost(p, idx.shape(0));
+          },
+          py::arg("indices"));
 
   m.def(
       "plan_epoch",
       [](const SampleTable& table, int64_t max_tokens, double max_cost, int64_t num_replicas,
-         int64_t micro_batches_per_step, bool shuffle, uint64_t seed, int64_t epoch,
-         bool drop_last, bool balance, int64_t lookahead_steps, bool skip_oversize,
+         int64_t micro_batches_per_step, bool shuffle, uint64_t seed, int64_t epoch, bool drop_last,
+         bool balance, int64_t lookahead_steps, bool skip_oversize,
          std::optional<UInt8Array> exclude) {
         PlanOptions o;
         o.max_tokens = max_tokens;
@@ -132,7 +134,8 @@ PYBIND11_MODULE(_sampler, m) {
       "assign_to_ranks",
       [](py::array_t<double, py::array::c_style | py::array::forcecast> costs, int64_t num_bins,
          int64_t per_bin) {
-        return to_numpy(adaptiveload::assign_to_ranks(costs.data(), costs.size(), num_bins, per_bin));
+        return to_numpy(
+            adaptiveload::assign_to_ranks(costs.data(), costs.size(), num_bins, per_bin));
       },
       py::arg("costs"), py::arg("num_bins"), py::arg("per_bin"));
 }

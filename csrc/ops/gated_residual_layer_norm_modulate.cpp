@@ -40,12 +40,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_residual_layer_
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-gated_residual_layer_norm_modulate_backward_cpu(
-    const std::optional<at::Tensor>& dr_in, const at::Tensor& dy_in, const at::Tensor& r,
-    const at::Tensor& h_in, const at::Tensor& gate, const at::Tensor& shift,
-    const at::Tensor& scale, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& rstd,
-    std::array<bool, 7> mask) {
+gated_residual_layer_norm_modulate_backward_cpu(const std::optional<at::Tensor>& dr_in,
+                                                const at::Tensor& dy_in, const at::Tensor& r,
+                                                const at::Tensor& h_in, const at::Tensor& gate,
+                                                const at::Tensor& shift, const at::Tensor& scale,
+                                                const std::optional<at::Tensor>& weight,
+                                                const std::optional<at::Tensor>& bias,
+                                                const at::Tensor& mean, const at::Tensor& rstd,
+                                                std::array<bool, 7> mask) {
   constexpr const char* op = "_gated_residual_layer_norm_modulate_backward";
   check_inputs(op, "r", r, {{"gate", gate}, {"shift", shift}, {"scale", scale}}, weight, bias);
   check_residual_pair(op, r, h_in);
@@ -55,8 +57,8 @@ gated_residual_layer_norm_modulate_backward_cpu(
   const at::Tensor dy = dy_in.contiguous();
   at::Tensor dr;
   if (dr_in.has_value() && dr_in->defined()) {
-    TORCH_CHECK(dr_in->sizes() == r.sizes(), op, ": dr must have r's shape ", r.sizes(),
-                ", got ", dr_in->sizes());
+    TORCH_CHECK(dr_in->sizes() == r.sizes(), op, ": dr must have r's shape ", r.sizes(), ", got ",
+                dr_in->sizes());
     dr = dr_in->contiguous();
   }
   const auto acc = stats_dtype(r);

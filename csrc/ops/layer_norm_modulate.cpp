@@ -82,9 +82,9 @@ void fwd_cpu(const at::Tensor& x, const FusedResidual* fused, const Operand& shi
 template <typename acc_t>
 void bwd_cpu(const at::Tensor& dy, const at::Tensor& x, const FusedResidualGrad* fused,
              const Operand& scale, const std::optional<at::Tensor>& weight,
-             const std::optional<at::Tensor>& bias, const at::Tensor& mean,
-             const at::Tensor& rstd, at::Tensor& dx, GradTarget& dshift, GradTarget& dscale,
-             GradTarget& dweight, GradTarget& dbias) {
+             const std::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& rstd,
+             at::Tensor& dx, GradTarget& dshift, GradTarget& dscale, GradTarget& dweight,
+             GradTarget& dbias) {
   const int64_t D = x.size(-1);
   const int64_t rows = x.numel() / D;
   GradTarget none;
@@ -157,10 +157,18 @@ void bwd_cpu(const at::Tensor& dy, const at::Tensor& x, const FusedResidualGrad*
           if (tg.mode == GradMode::kNone) continue;
           for (int64_t i = 0; i < D; ++i) {
             switch (q) {
-              case 0: e[i] = dyv[i]; break;
-              case 1: e[i] = dyv[i] * (xv[i] * w[i] + b[i]); break;
-              case 3: e[i] = dyv[i] * s1[i] * xv[i]; break;
-              default: e[i] = dyv[i] * s1[i]; break;
+              case 0:
+                e[i] = dyv[i];
+                break;
+              case 1:
+                e[i] = dyv[i] * (xv[i] * w[i] + b[i]);
+                break;
+              case 3:
+                e[i] = dyv[i] * s1[i] * xv[i];
+                break;
+              default:
+                e[i] = dyv[i] * s1[i];
+                break;
             }
           }
           if (tg.mode == GradMode::kGrouped) {
@@ -222,8 +230,8 @@ layer_norm_modulate_backward_cpu(const at::Tensor& dy_in, const at::Tensor& x,
               dy_in.sizes());
   const at::Tensor dy = dy_in.contiguous();
   const auto acc = stats_dtype(x);
-  at::Tensor dx = mask[0] ? at::empty_like(x, at::MemoryFormat::Contiguous)
-                          : at::empty({0}, x.options());
+  at::Tensor dx =
+      mask[0] ? at::empty_like(x, at::MemoryFormat::Contiguous) : at::empty({0}, x.options());
   GradTarget dshift = make_grad_target(shift, x, mask[1], acc);
   GradTarget dscale = make_grad_target(scale, x, mask[2], acc);
   GradTarget dweight = make_grad_target(weight.value_or(x), x, mask[3] && weight.has_value(), acc);
@@ -255,10 +263,9 @@ void layer_norm_modulate_fwd_cpu_impl(const at::Tensor& x, const FusedResidual* 
 void layer_norm_modulate_bwd_cpu_impl(const at::Tensor& dy, const at::Tensor& x,
                                       const FusedResidualGrad* fused, const Operand& scale,
                                       const std::optional<at::Tensor>& weight,
-                                      const std::optional<at::Tensor>& bias,
-                                      const at::Tensor& mean, const at::Tensor& rstd,
-                                      at::Tensor& dx, GradTarget& dshift, GradTarget& dscale,
-                                      GradTarget& dweight, GradTarget& dbias) {
+                                      const std::optional<at::Tensor>& bias, const at::Tensor& mean,
+                                      const at::Tensor& rstd, at::Tensor& dx, GradTarget& dshift,
+                                      GradTarget& dscale, GradTarget& dweight, GradTarget& dbias) {
   if (x.scalar_type() == at::kDouble) {
     bwd_cpu<double>(dy, x, fused, scale, weight, bias, mean, rstd, dx, dshift, dscale, dweight,
                     dbias);

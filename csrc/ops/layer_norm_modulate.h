@@ -77,8 +77,8 @@ inline void check_inputs(const char* op, const char* x_name, const at::Tensor& x
   TORCH_CHECK(cpu || x.device().is_cuda(), op, ": ", x_name, " must be a CPU or CUDA tensor, got ",
               x.device());
   TORCH_CHECK(is_supported_dtype(x.scalar_type(), cpu), op, ": ", x_name,
-              " must be bfloat16, float16 or float32", cpu ? " (or float64 on CPU)" : "",
-              ", got ", x.scalar_type());
+              " must be bfloat16, float16 or float32", cpu ? " (or float64 on CPU)" : "", ", got ",
+              x.scalar_type());
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) > 0, op, ": ", x_name,
               " must have a non-empty last dim D, got shape ", x.sizes());
   TORCH_CHECK(x.is_contiguous(), op, ": ", x_name,
@@ -87,19 +87,19 @@ inline void check_inputs(const char* op, const char* x_name, const at::Tensor& x
   const int64_t D = x.size(-1);
   for (const auto& nt : broadcast) {
     const at::Tensor& t = nt.tensor;
-    TORCH_CHECK(t.device() == x.device(), op, ": ", nt.name, " is on ", t.device(), " but ",
-                x_name, " is on ", x.device());
+    TORCH_CHECK(t.device() == x.device(), op, ": ", nt.name, " is on ", t.device(), " but ", x_name,
+                " is on ", x.device());
     TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == x.scalar_type(), op, ": ",
                 nt.name, " must be float32 or ", x_name, "'s dtype ", x.scalar_type(), ", got ",
                 t.scalar_type());
     TORCH_CHECK(t.dim() >= 1 && t.dim() <= x.dim() && t.size(-1) == D, op, ": ", nt.name,
-                " must have last dim D=", D, " and at most ", x.dim(), " dims, e.g. (D,), (B, 1, D)",
-                " or ", x_name, "'s shape; got shape ", t.sizes());
+                " must have last dim D=", D, " and at most ", x.dim(),
+                " dims, e.g. (D,), (B, 1, D)", " or ", x_name, "'s shape; got shape ", t.sizes());
     const int64_t pad = x.dim() - t.dim();
     for (int64_t i = 0; i < t.dim() - 1; ++i) {
-      TORCH_CHECK(t.size(i) == 1 || t.size(i) == x.size(i + pad), op, ": ", nt.name,
-                  " of shape ", t.sizes(), " is not broadcastable to ", x_name, " of shape ",
-                  x.sizes(), " (each leading dim must be 1 or match)");
+      TORCH_CHECK(t.size(i) == 1 || t.size(i) == x.size(i + pad), op, ": ", nt.name, " of shape ",
+                  t.sizes(), " is not broadcastable to ", x_name, " of shape ", x.sizes(),
+                  " (each leading dim must be 1 or match)");
     }
   }
   for (const auto* p : {&weight, &bias}) {
@@ -108,11 +108,11 @@ inline void check_inputs(const char* op, const char* x_name, const at::Tensor& x
     const char* name = p == &weight ? "weight" : "bias";
     TORCH_CHECK(t.device() == x.device(), op, ": ", name, " is on ", t.device(), " but ", x_name,
                 " is on ", x.device());
-    TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == x.scalar_type(), op, ": ",
-                name, " must be float32 or ", x_name, "'s dtype ", x.scalar_type(), ", got ",
+    TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == x.scalar_type(), op, ": ", name,
+                " must be float32 or ", x_name, "'s dtype ", x.scalar_type(), ", got ",
                 t.scalar_type());
-    TORCH_CHECK(t.dim() == 1 && t.size(0) == D, op, ": ", name, " must have shape (", D,
-                ",), got ", t.sizes());
+    TORCH_CHECK(t.dim() == 1 && t.size(0) == D, op, ": ", name, " must have shape (", D, ",), got ",
+                t.sizes());
   }
 }
 
@@ -237,9 +237,8 @@ struct FusedResidualGrad {
 void layer_norm_modulate_bwd_cpu_impl(const at::Tensor& dy, const at::Tensor& x,
                                       const FusedResidualGrad* fused, const Operand& scale,
                                       const std::optional<at::Tensor>& weight,
-                                      const std::optional<at::Tensor>& bias,
-                                      const at::Tensor& mean, const at::Tensor& rstd,
-                                      at::Tensor& dx, GradTarget& dshift, GradTarget& dscale,
-                                      GradTarget& dweight, GradTarget& dbias);
+                                      const std::optional<at::Tensor>& bias, const at::Tensor& mean,
+                                      const at::Tensor& rstd, at::Tensor& dx, GradTarget& dshift,
+                                      GradTarget& dscale, GradTarget& dweight, GradTarget& dbias);
 
 }  // namespace adaptiveload

@@ -35,7 +35,8 @@ double CostModel::sample_cost(int64_t seq_len) const {
 void CostModel::validate() const {
   auto fail = [](const std::string& what) { throw std::invalid_argument("CostModel: " + what); };
   if (kind == Kind::kPower) {
-    if (!std::isfinite(p) || p < 1.0 || p > 3.0) fail("p must be in [1, 3], got " + std::to_string(p));
+    if (!std::isfinite(p) || p < 1.0 || p > 3.0)
+      fail("p must be in [1, 3], got " + std::to_string(p));
     if (!std::isfinite(coef) || coef <= 0.0) fail("coef must be > 0, got " + std::to_string(coef));
     return;
   }

@@ -31,7 +31,8 @@ void validate_options(const PlanOptions& o) {
   if (o.max_tokens <= 0) invalid("max_tokens must be > 0, got " + std::to_string(o.max_tokens));
   if (!(o.max_cost > 0.0) || !std::isfinite(o.max_cost))
     invalid("max_cost must be finite and > 0, got " + std::to_string(o.max_cost));
-  if (o.num_replicas < 1) invalid("num_replicas must be >= 1, got " + std::to_string(o.num_replicas));
+  if (o.num_replicas < 1)
+    invalid("num_replicas must be >= 1, got " + std::to_string(o.num_replicas));
   if (o.micro_batches_per_step < 1)
     invalid("micro_batches_per_step must be >= 1, got " + std::to_string(o.micro_batches_per_step));
   if (o.lookahead_steps < 1)
@@ -206,8 +207,8 @@ double SampleTable::default_max_cost(int64_t max_tokens) const {
   for (int64_t g = 0; g < num_groups_; ++g) {
     const int64_t len = group_max_len_[g];
     if (len > max_tokens) continue;
-    lightest_full = std::min(lightest_full,
-                             overhead + static_cast<double>(max_tokens / len) * cost_.sample_cost(len));
+    lightest_full = std::min(
+        lightest_full, overhead + static_cast<double>(max_tokens / len) * cost_.sample_cost(len));
   }
   if (heaviest == 0.0) return 1.0;  // nothing fits; planning will report the samples
   return std::max(heaviest, lightest_full);
@@ -263,8 +264,8 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
                 " tokens, more than max_tokens = " + std::to_string(o.max_tokens) +
                 " (raise max_tokens, or skip such samples with on_oversize='skip')");
       invalid("sample " + std::to_string(i) + " (" + std::to_string(s) +
-              " tokens) has predicted cost " + std::to_string(c) + ", more than max_cost = " +
-              std::to_string(o.max_cost) +
+              " tokens) has predicted cost " + std::to_string(c) +
+              ", more than max_cost = " + std::to_string(o.max_cost) +
               " (raise max_cost, or skip such samples with on_oversize='skip')");
     }
     take[i] = 1;
@@ -303,7 +304,8 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
     for (int64_t t0 = 0; t0 < plan.num_steps; t0 += L) {
       const int64_t steps = std::min(L, plan.num_steps - t0);
       items.resize(steps * per_step);
-      for (int64_t j = 0; j < steps * per_step; ++j) items[j] = {mbs[t0 * per_step + j].cost, t0 * per_step + j};
+      for (int64_t j = 0; j < steps * per_step; ++j)
+        items[j] = {mbs[t0 * per_step + j].cost, t0 * per_step + j};
       // Decreasing cost; equal costs keep their order.
       std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) {
         return a.first > b.first || (a.first == b.first && a.second < b.second);

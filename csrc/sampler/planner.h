@@ -68,9 +68,9 @@ class SampleTable {
 };
 
 struct PlanOptions {
-  int64_t max_tokens = 0;           ///< M_mem: tokens per micro-batch, > 0
-  double max_cost = 0.0;            ///< M_comp: > 0 (callers pass default_max_cost() when unset)
-  int64_t num_replicas = 1;         ///< W: data-parallel ranks
+  int64_t max_tokens = 0;              ///< M_mem: tokens per micro-batch, > 0
+  double max_cost = 0.0;               ///< M_comp: > 0 (callers pass default_max_cost() when unset)
+  int64_t num_replicas = 1;            ///< W: data-parallel ranks
   int64_t micro_batches_per_step = 1;  ///< K: micro-batches per rank per optimizer step
   bool shuffle = true;
   uint64_t seed = 0;
@@ -88,15 +88,15 @@ struct EpochPlan {
   int64_t num_replicas = 1;
   int64_t micro_batches_per_step = 1;
   int64_t num_steps = 0;
-  std::vector<int64_t> samples;   ///< dataset indices, micro-batch after micro-batch
-  std::vector<int64_t> offsets;   ///< num_micro_batches + 1 offsets into samples
-  std::vector<double> costs;      ///< predicted cost per micro-batch
-  std::vector<int64_t> tokens;    ///< sum of S per micro-batch
-  std::vector<uint8_t> padding;   ///< 1 where a micro-batch repeats samples to fill the last step
+  std::vector<int64_t> samples;     ///< dataset indices, micro-batch after micro-batch
+  std::vector<int64_t> offsets;     ///< num_micro_batches + 1 offsets into samples
+  std::vector<double> costs;        ///< predicted cost per micro-batch
+  std::vector<int64_t> tokens;      ///< sum of S per micro-batch
+  std::vector<uint8_t> padding;     ///< 1 where a micro-batch repeats samples to fill the last step
   int64_t num_padded_samples = 0;   ///< repeated samples added (drop_last = false)
   int64_t num_dropped_samples = 0;  ///< samples left out of this epoch (drop_last = true)
   int64_t num_split_micro_batches = 0;  ///< micro-batches halved to fill the last step
-  std::vector<int64_t> skipped;   ///< samples over a cap, left out (OversizePolicy::kSkip)
+  std::vector<int64_t> skipped;         ///< samples over a cap, left out (OversizePolicy::kSkip)
 
   int64_t num_micro_batches() const { return static_cast<int64_t>(offsets.size()) - 1; }
   int64_t micro_batch_id(int64_t step, int64_t rank, int64_t k) const {

@@ -3,8 +3,8 @@
 Importing the package never touches a GPU.
 """
 
-from adaptiveload._version import __version__
 from adaptiveload import nn
+from adaptiveload._version import __version__
 from adaptiveload.cost import CostModel
 from adaptiveload.ops import gated_residual_layer_norm_modulate, layer_norm_modulate
 from adaptiveload.report import BalanceReport, balance_report

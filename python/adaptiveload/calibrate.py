@@ -24,8 +24,14 @@ from adaptiveload.cost import CostModel
 
 # (frames, height, width) in pixels: images, 480p and 720p clips up to 81 frames.
 WAN_SHAPES = [
-    (1, 480, 832), (1, 720, 1280), (17, 480, 832), (33, 480, 832), (49, 480, 832),
-    (81, 480, 832), (49, 720, 1280), (81, 720, 1280),
+    (1, 480, 832),
+    (1, 720, 1280),
+    (17, 480, 832),
+    (33, 480, 832),
+    (49, 480, 832),
+    (81, 480, 832),
+    (49, 720, 1280),
+    (81, 720, 1280),
 ]
 
 
@@ -127,7 +133,9 @@ def fit_memory_model(points: Iterable[Point]) -> tuple[float, float]:
     return float(m0), float(m1)
 
 
-def time_call(fn: Callable[[], None], device: torch.device, warmup: int = 2, repeat: int = 5) -> float:
+def time_call(
+    fn: Callable[[], None], device: torch.device, warmup: int = 2, repeat: int = 5
+) -> float:
     """Median milliseconds of ``fn()`` (CUDA events on a GPU, a synchronized clock elsewhere)."""
     for _ in range(warmup):
         fn()
@@ -147,7 +155,9 @@ def time_call(fn: Callable[[], None], device: torch.device, warmup: int = 2, rep
     return statistics.median(times)
 
 
-def wan_grid(max_tokens: int, shapes=WAN_SHAPES, seq_len=None) -> list[tuple[int, tuple[int, int, int]]]:
+def wan_grid(
+    max_tokens: int, shapes=WAN_SHAPES, seq_len=None
+) -> list[tuple[int, tuple[int, int, int]]]:
     """(batch, shape) pairs: each shape at batch 1, 2, a quarter, half and all of max_tokens."""
     from adaptiveload.seqlen import wan_seq_len
 
@@ -164,10 +174,21 @@ def wan_grid(max_tokens: int, shapes=WAN_SHAPES, seq_len=None) -> list[tuple[int
     return grid
 
 
-def calibrate_wan(config: str = "wan2.1-1.3B", *, layers: int | None = None, device="cuda",
-                  dtype: torch.dtype = torch.bfloat16, fused: bool = True, max_tokens: int = 151_200,
-                  shapes=WAN_SHAPES, text_len: int = 512, warmup: int = 2, repeat: int = 5,
-                  activation_checkpointing: bool = False, progress: bool = True) -> Calibration:
+def calibrate_wan(
+    config: str = "wan2.1-1.3B",
+    *,
+    layers: int | None = None,
+    device="cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    fused: bool = True,
+    max_tokens: int = 151_200,
+    shapes=WAN_SHAPES,
+    text_len: int = 512,
+    warmup: int = 2,
+    repeat: int = 5,
+    activation_checkpointing: bool = False,
+    progress: bool = True,
+) -> Calibration:
     """Profile forward+backward of a randomly initialized Wan model over ``wan_grid`` and fit."""
     from adaptiveload.models.wan import PATCH, build_wan, random_batch
 
@@ -189,7 +210,7 @@ def calibrate_wan(config: str = "wan2.1-1.3B", *, layers: int | None = None, dev
     for b, shape in grid:
         inputs = random_batch(model, b, *shape, text_len=text_len)
 
-        def step():
+        def step(inputs=inputs):
             out = model(**inputs, return_dict=False)[0]
             out.float().square().mean().backward()
 
@@ -204,8 +225,14 @@ def calibrate_wan(config: str = "wan2.1-1.3B", *, layers: int | None = None, dev
         del inputs
     cost = fit_cost_model(points)
     m0, m1 = fit_memory_model(points) if device.type == "cuda" else (0.0, 1.0)
-    cost.meta = {"source": "calibrate_wan", "config": config, "layers": layers, "dtype": str(dtype),
-                 "fused": fused, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+    cost.meta = {
+        "source": "calibrate_wan",
+        "config": config,
+        "layers": layers,
+        "dtype": str(dtype),
+        "fused": fused,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    }
     return Calibration(cost, m0, m1, points, dict(cost.meta))
 
 

@@ -51,7 +51,9 @@ def _bucket_table(meta: Metadata, ours, equal) -> list[dict]:
         batch = int(sizes[in_group].max()) if in_group.any() else 0
         rows.append(
             {
-                "shape": "x".join(str(v) for v in meta.shapes[i]) if meta.shapes is not None else "-",
+                "shape": "x".join(str(v) for v in meta.shapes[i])
+                if meta.shapes is not None
+                else "-",
                 "seq_len": seq,
                 "samples": int(len(members)),
                 "batch": batch,
@@ -73,8 +75,12 @@ def _draw(reports: dict, path: str, steps: int) -> None:
         loads = plan.rank_costs()[:steps]
         for r in range(loads.shape[1]):
             ax.plot(np.arange(len(loads)), loads[:, r], ".", ms=3, alpha=0.6)
-        ax.plot(np.arange(len(loads)), loads.max(axis=1), "-", color="k", lw=1, label="slowest rank")
-        ax.set_title(f"{name}: imbalance {rep.imbalance:.1%}, predicted epoch time {rep.epoch_time:.4g}")
+        ax.plot(
+            np.arange(len(loads)), loads.max(axis=1), "-", color="k", lw=1, label="slowest rank"
+        )
+        ax.set_title(
+            f"{name}: imbalance {rep.imbalance:.1%}, predicted epoch time {rep.epoch_time:.4g}"
+        )
         ax.set_ylabel("rank load")
         ax.legend(loc="upper right", fontsize=8)
     np.atleast_1d(axes)[-1].set_xlabel("optimizer step")
@@ -103,8 +109,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     ours = AdaptiveBatchSampler(
-        meta.seq_lens, max_tokens, max_cost=args.max_cost, cost_model=cost,
-        lookahead_steps=args.lookahead_steps, **common,
+        meta.seq_lens,
+        max_tokens,
+        max_cost=args.max_cost,
+        cost_model=cost,
+        lookahead_steps=args.lookahead_steps,
+        **common,
     )
     equal = EqualTokenBatchSampler(meta.seq_lens, max_tokens, cost_model=cost, **common)
     paper = AdaptiveBatchSampler(
@@ -121,28 +131,44 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     unit = f" [{cost.unit}]" if cost.unit else ""
     print(f"data: {source}; {len(meta.seq_lens)} samples; cost model {cost!r}")
-    print(f"caps: max_tokens = {max_tokens} tokens, max_cost = {ours.max_cost:.6g}{unit}; "
-          f"{args.num_replicas} ranks x {args.micro_batches_per_step} micro-batch(es) per step\n")
+    print(
+        f"caps: max_tokens = {max_tokens} tokens, max_cost = {ours.max_cost:.6g}{unit}; "
+        f"{args.num_replicas} ranks x {args.micro_batches_per_step} micro-batch(es) per step\n"
+    )
     rows = _bucket_table(meta, ours, equal)
-    print(f"{'shape (FxHxW)':>15} {'S':>7} {'samples':>8} {'batch':>6} {'cost/micro-batch':>17} {'equal-token batch':>18}")
+    print(
+        f"{'shape (FxHxW)':>15} {'S':>7} {'samples':>8} {'batch':>6} {'cost/micro-batch':>17} {'equal-token batch':>18}"
+    )
     for r in rows:
-        print(f"{r['shape']:>15} {r['seq_len']:>7} {r['samples']:>8} {r['batch']:>6} "
-              f"{r['cost']:>17.5g} {r['equal_token_batch']:>18}")
+        print(
+            f"{r['shape']:>15} {r['seq_len']:>7} {r['samples']:>8} {r['batch']:>6} "
+            f"{r['cost']:>17.5g} {r['equal_token_batch']:>18}"
+        )
     base = reports["equal-token buckets"][1].epoch_time
-    print(f"\n{'sampler':<34} {'steps':>6} {'imbalance':>10} {'spread':>8} {'epoch time':>12} {'speedup':>8} {'token use':>10}")
+    print(
+        f"\n{'sampler':<34} {'steps':>6} {'imbalance':>10} {'spread':>8} {'epoch time':>12} {'speedup':>8} {'token use':>10}"
+    )
     for name, (_, rep) in reports.items():
-        print(f"{name:<34} {rep.num_steps:>6} {rep.imbalance:>10.1%} {rep.spread:>8.1%} "
-              f"{rep.epoch_time:>12.5g} {base / rep.epoch_time:>7.2f}x {rep.token_utilization:>10.1%}")
+        print(
+            f"{name:<34} {rep.num_steps:>6} {rep.imbalance:>10.1%} {rep.spread:>8.1%} "
+            f"{rep.epoch_time:>12.5g} {base / rep.epoch_time:>7.2f}x {rep.token_utilization:>10.1%}"
+        )
     rep = reports["AdaptiveLoad"][1]
-    print(f"\nAdaptiveLoad: perfect-balance bound {rep.ideal_time:.5g} ({rep.balance_efficiency:.1%} reached); "
-          f"{rep.num_split_micro_batches} micro-batches halved and {rep.num_padded_samples} samples repeated "
-          f"to fill the last step; {rep.over_token_cap + rep.over_cost_cap} micro-batches over a cap")
+    print(
+        f"\nAdaptiveLoad: perfect-balance bound {rep.ideal_time:.5g} ({rep.balance_efficiency:.1%} reached); "
+        f"{rep.num_split_micro_batches} micro-batches halved and {rep.num_padded_samples} samples repeated "
+        f"to fill the last step; {rep.over_token_cap + rep.over_cost_cap} micro-batches over a cap"
+    )
     if args.figure != "none":
         _draw(reports, args.figure, args.figure_steps)
         print(f"figure: {args.figure}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"buckets": rows, "reports": {n: r.to_dict() for n, (_, r) in reports.items()}}, f, indent=2)
+            json.dump(
+                {"buckets": rows, "reports": {n: r.to_dict() for n, (_, r) in reports.items()}},
+                f,
+                indent=2,
+            )
         print(f"report: {args.json}")
     return 0
 
@@ -167,24 +193,44 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from adaptiveload.calibrate import calibrate_wan
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("adaptiveload calibrate: no CUDA GPU here (use --device cpu for a dry run)", file=sys.stderr)
+        print(
+            "adaptiveload calibrate: no CUDA GPU here (use --device cpu for a dry run)",
+            file=sys.stderr,
+        )
         return 2
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     cal = calibrate_wan(
-        args.config, layers=args.layers, device=args.device, dtype=dtype, fused=args.fused,
-        max_tokens=args.max_tokens, shapes=_shapes(args.shapes), text_len=args.text_len, warmup=args.warmup, repeat=args.repeat,
-        activation_checkpointing=args.activation_checkpointing, progress=not args.no_progress,
+        args.config,
+        layers=args.layers,
+        device=args.device,
+        dtype=dtype,
+        fused=args.fused,
+        max_tokens=args.max_tokens,
+        shapes=_shapes(args.shapes),
+        text_len=args.text_len,
+        warmup=args.warmup,
+        repeat=args.repeat,
+        activation_checkpointing=args.activation_checkpointing,
+        progress=not args.no_progress,
     )
-    print(f"\n{'shape':>12} {'B':>4} {'S':>7} {'measured ms':>12} {'predicted':>10} {'error':>7} {'peak GiB':>9}")
+    print(
+        f"\n{'shape':>12} {'B':>4} {'S':>7} {'measured ms':>12} {'predicted':>10} {'error':>7} {'peak GiB':>9}"
+    )
     for p in cal.points:
         shape = "x".join(map(str, p.shape)) if p.shape else "-"
-        print(f"{shape:>12} {p.batch:>4} {p.seq_len:>7} {p.ms:>12.2f} {p.predicted_ms:>10.2f} "
-              f"{p.rel_error:>+7.1%} {p.peak_bytes / 2**30:>9.2f}")
+        print(
+            f"{shape:>12} {p.batch:>4} {p.seq_len:>7} {p.ms:>12.2f} {p.predicted_ms:>10.2f} "
+            f"{p.rel_error:>+7.1%} {p.peak_bytes / 2**30:>9.2f}"
+        )
     summary = cal.summary()
     print(f"\ncost model: {cal.cost_model!r}")
-    print(f"fit error: median {summary['median_abs_rel_error']:.1%}, 90th percentile "
-          f"{summary['p90_abs_rel_error']:.1%}, max {summary['max_abs_rel_error']:.1%}")
-    print(f"memory model: peak = {cal.memory_m0 / 2**30:.2f} GiB + {cal.memory_m1 / 2**10:.1f} KiB x tokens")
+    print(
+        f"fit error: median {summary['median_abs_rel_error']:.1%}, 90th percentile "
+        f"{summary['p90_abs_rel_error']:.1%}, max {summary['max_abs_rel_error']:.1%}"
+    )
+    print(
+        f"memory model: peak = {cal.memory_m0 / 2**30:.2f} GiB + {cal.memory_m1 / 2**10:.1f} KiB x tokens"
+    )
     if args.memory_budget and cal.memory_m1 > 0 and args.device != "cpu":
         tokens = cal.suggest_max_tokens(args.memory_budget * 2**30)
         cal.meta["suggested_max_tokens"] = tokens
@@ -199,13 +245,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="plan an epoch and compare it with equal-token buckets")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--metadata", help="CSV, JSONL or Parquet with seq_len or num_frames,height,width")
+    src.add_argument(
+        "--metadata", help="CSV, JSONL or Parquet with seq_len or num_frames,height,width"
+    )
     src.add_argument("--demo", action="store_true", help="use a built-in image+video mix")
     p.add_argument("--demo-mix", default="joint-pretrain", choices=sorted(MIXES))
     p.add_argument("--demo-samples", type=int, default=20_000)
-    p.add_argument("--max-tokens", type=int, default=None, help="memory cap (default: 2x the longest sample)")
+    p.add_argument(
+        "--max-tokens", type=int, default=None, help="memory cap (default: 2x the longest sample)"
+    )
     p.add_argument("--max-cost", type=float, default=None, help="compute cap (default: see docs)")
-    p.add_argument("--cost-model", default="wan21-14b", help="wan21-14b, wan21-1.3b, power:P or a JSON file")
+    p.add_argument(
+        "--cost-model", default="wan21-14b", help="wan21-14b, wan21-1.3b, power:P or a JSON file"
+    )
     p.add_argument("--num-replicas", type=int, default=8)
     p.add_argument("--micro-batches-per-step", type=int, default=1)
     p.add_argument("--lookahead-steps", type=int, default=16)
@@ -216,17 +268,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, help="also write the report as JSON here")
     p.set_defaults(func=cmd_plan)
 
-    c = sub.add_parser("calibrate", help="profile a Wan model on this GPU and fit the cost and memory models")
+    c = sub.add_parser(
+        "calibrate", help="profile a Wan model on this GPU and fit the cost and memory models"
+    )
     c.add_argument("--config", default="wan2.1-1.3B", help="tiny, wan2.1-1.3B or wan2.1-14B")
-    c.add_argument("--layers", type=int, default=None, help="blocks to build (default: the full model)")
+    c.add_argument(
+        "--layers", type=int, default=None, help="blocks to build (default: the full model)"
+    )
     c.add_argument("--device", default="cuda")
     c.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
-    c.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True, help="use the fused adaLN ops")
+    c.add_argument(
+        "--fused",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="use the fused adaLN ops",
+    )
     c.add_argument("--activation-checkpointing", action="store_true")
-    c.add_argument("--max-tokens", type=int, default=151_200, help="largest micro-batch profiled, in tokens")
-    c.add_argument("--shapes", default=None, help="FxHxW[,...] pixel shapes to profile (default: Wan 480p/720p set)")
+    c.add_argument(
+        "--max-tokens", type=int, default=151_200, help="largest micro-batch profiled, in tokens"
+    )
+    c.add_argument(
+        "--shapes",
+        default=None,
+        help="FxHxW[,...] pixel shapes to profile (default: Wan 480p/720p set)",
+    )
     c.add_argument("--text-len", type=int, default=512)
-    c.add_argument("--memory-budget", type=float, default=None, help="GiB; prints the max_tokens that fits")
+    c.add_argument(
+        "--memory-budget", type=float, default=None, help="GiB; prints the max_tokens that fits"
+    )
     c.add_argument("--warmup", type=int, default=2)
     c.add_argument("--repeat", type=int, default=5)
     c.add_argument("--out", default="cost_model.json")

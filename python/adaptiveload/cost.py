@@ -40,8 +40,13 @@ class CostModel:
         return cls(_sampler.CostModel.power(float(p), float(coef)), unit=f"token^{p:g}")
 
     @classmethod
-    def polynomial(cls, c0: float, c1: float, c2: float, *, per_sample: float = 0.0, unit: str = "ms") -> CostModel:
-        return cls(_sampler.CostModel.polynomial(float(c0), float(c1), float(c2), float(per_sample)), unit=unit)
+    def polynomial(
+        cls, c0: float, c1: float, c2: float, *, per_sample: float = 0.0, unit: str = "ms"
+    ) -> CostModel:
+        return cls(
+            _sampler.CostModel.polynomial(float(c0), float(c1), float(c2), float(per_sample)),
+            unit=unit,
+        )
 
     @classmethod
     def wan21_h200(cls, size: str = "14B", layers: int | None = None) -> CostModel:
@@ -49,13 +54,17 @@ class CostModel:
         H200, ``layers`` blocks (default: the full model), fitted to block measurements."""
         profiles = _builtin_profiles()["configs"]
         if size not in profiles:
-            raise ValueError(f"CostModel.wan21_h200: size must be one of {sorted(profiles)}, got {size!r}")
+            raise ValueError(
+                f"CostModel.wan21_h200: size must be one of {sorted(profiles)}, got {size!r}"
+            )
         cfg = profiles[size]
         n = cfg["layers"] if layers is None else int(layers)
         if n < 1:
             raise ValueError(f"CostModel.wan21_h200: layers must be >= 1, got {layers}")
         c = cfg["block_ms"]
-        model = cls.polynomial(n * c["c0"], n * c["c1"], n * c["c2"], per_sample=n * c.get("cs", 0.0), unit="ms")
+        model = cls.polynomial(
+            n * c["c0"], n * c["c1"], n * c["c2"], per_sample=n * c.get("cs", 0.0), unit="ms"
+        )
         model.meta = {"source": f"wan21_h200:{size}", "layers": n}
         return model
 
@@ -81,12 +90,19 @@ class CostModel:
             if kind == "power":
                 model = cls.power(d["p"], d.get("coef", 1.0))
             elif kind == "polynomial":
-                model = cls.polynomial(d["c0"], d["c1"], d["c2"], per_sample=d.get("per_sample", 0.0),
-                                       unit=d.get("unit", "ms"))
+                model = cls.polynomial(
+                    d["c0"],
+                    d["c1"],
+                    d["c2"],
+                    per_sample=d.get("per_sample", 0.0),
+                    unit=d.get("unit", "ms"),
+                )
             else:
                 raise ValueError(f"{source}: 'kind' must be 'power' or 'polynomial', got {kind!r}")
         except KeyError as e:
-            raise ValueError(f"{source}: missing field {e.args[0]!r} for a {kind} cost model") from None
+            raise ValueError(
+                f"{source}: missing field {e.args[0]!r} for a {kind} cost model"
+            ) from None
         model.meta = dict(d.get("meta", {}))
         return model
 
@@ -95,7 +111,14 @@ class CostModel:
         if c.is_power:
             d = {"kind": "power", "p": c.p, "coef": c.coef}
         else:
-            d = {"kind": "polynomial", "c0": c.c0, "c1": c.c1, "c2": c.c2, "per_sample": c.cs, "unit": self.unit}
+            d = {
+                "kind": "polynomial",
+                "c0": c.c0,
+                "c1": c.c1,
+                "c2": c.c2,
+                "per_sample": c.cs,
+                "unit": self.unit,
+            }
         if self.meta:
             d["meta"] = self.meta
         return d

@@ -15,30 +15,49 @@ MIXES: dict[str, list[tuple[int, int, int, float]]] = {
     # Joint image-video pre-training: nine images for every video. Equal-token buckets
     # lose about 38% of GPU time on it at 8 ranks, as in the paper's setting.
     "joint-pretrain": [
-        (1, 480, 832, 0.60), (1, 720, 1280, 0.30),
-        (81, 480, 832, 0.05), (49, 720, 1280, 0.02), (81, 720, 1280, 0.03),
+        (1, 480, 832, 0.60),
+        (1, 720, 1280, 0.30),
+        (81, 480, 832, 0.05),
+        (49, 720, 1280, 0.02),
+        (81, 720, 1280, 0.03),
     ],
     # Images and 480p/720p clips of 1-5 s, as in a Wan 2.1 fine-tuning set.
     "wan-mix": [
-        (1, 480, 832, 0.30), (1, 720, 1280, 0.10),
-        (17, 480, 832, 0.05), (33, 480, 832, 0.05), (49, 480, 832, 0.05), (81, 480, 832, 0.20),
-        (33, 720, 1280, 0.05), (49, 720, 1280, 0.05), (81, 720, 1280, 0.15),
+        (1, 480, 832, 0.30),
+        (1, 720, 1280, 0.10),
+        (17, 480, 832, 0.05),
+        (33, 480, 832, 0.05),
+        (49, 480, 832, 0.05),
+        (81, 480, 832, 0.20),
+        (33, 720, 1280, 0.05),
+        (49, 720, 1280, 0.05),
+        (81, 720, 1280, 0.15),
     ],
     # Mostly images with some long videos (pre-training on image-text pairs).
     "image-heavy": [
-        (1, 480, 832, 0.55), (1, 720, 1280, 0.20), (1, 832, 480, 0.05),
-        (81, 480, 832, 0.10), (81, 720, 1280, 0.10),
+        (1, 480, 832, 0.55),
+        (1, 720, 1280, 0.20),
+        (1, 832, 480, 0.05),
+        (81, 480, 832, 0.10),
+        (81, 720, 1280, 0.10),
     ],
     # Mostly videos of all lengths (video-focused stage).
     "video-heavy": [
         (1, 480, 832, 0.10),
-        (17, 480, 832, 0.10), (33, 480, 832, 0.10), (49, 480, 832, 0.10), (81, 480, 832, 0.25),
-        (33, 720, 1280, 0.05), (49, 720, 1280, 0.10), (81, 720, 1280, 0.20),
+        (17, 480, 832, 0.10),
+        (33, 480, 832, 0.10),
+        (49, 480, 832, 0.10),
+        (81, 480, 832, 0.25),
+        (33, 720, 1280, 0.05),
+        (49, 720, 1280, 0.10),
+        (81, 720, 1280, 0.20),
     ],
 }
 
 
-def demo_metadata(num_samples: int = 20_000, mix: str = "joint-pretrain", seed: int = 0) -> Metadata:
+def demo_metadata(
+    num_samples: int = 20_000, mix: str = "joint-pretrain", seed: int = 0
+) -> Metadata:
     """Draw ``num_samples`` shapes from ``MIXES[mix]`` (deterministic in ``seed``)."""
     if mix not in MIXES:
         raise ValueError(f"unknown demo mix {mix!r}; choose from {sorted(MIXES)}")

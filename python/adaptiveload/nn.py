@@ -43,7 +43,12 @@ class LayerNormModulate(nn.Module):
 
     def forward(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         return ops.layer_norm_modulate(
-            x, shift, scale, weight=self.weight, bias=self.bias, eps=self.eps,
+            x,
+            shift,
+            scale,
+            weight=self.weight,
+            bias=self.bias,
+            eps=self.eps,
             out_dtype=self.out_dtype,
         )
 
@@ -66,6 +71,13 @@ class GatedResidualLayerNormModulate(LayerNormModulate):
         scale: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return ops.gated_residual_layer_norm_modulate(
-            residual, h, gate, shift, scale, weight=self.weight, bias=self.bias, eps=self.eps,
+            residual,
+            h,
+            gate,
+            shift,
+            scale,
+            weight=self.weight,
+            bias=self.bias,
+            eps=self.eps,
             out_dtype=self.out_dtype,
         )

@@ -79,7 +79,9 @@ def balance_report(plan: Plan) -> BalanceReport:
         spread=float(np.mean((mx - mn) / safe)) if len(mx) else 0.0,
         epoch_time=float(mx.sum()),
         ideal_time=float(mean.sum()),
-        token_utilization=float(np.mean(plan.tokens / plan.max_tokens)) if len(plan.tokens) else 0.0,
+        token_utilization=float(np.mean(plan.tokens / plan.max_tokens))
+        if len(plan.tokens)
+        else 0.0,
         max_tokens=plan.max_tokens,
         max_cost=cap,
         over_token_cap=int(np.sum(plan.tokens > plan.max_tokens)),

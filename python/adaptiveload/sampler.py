@@ -81,7 +81,9 @@ def _as_seq_lens(seq_lens) -> np.ndarray:
         pass
     a = np.asarray(seq_lens)
     if a.ndim != 1:
-        raise ValueError(f"seq_lens must be 1-D (one length per dataset index), got shape {a.shape}")
+        raise ValueError(
+            f"seq_lens must be 1-D (one length per dataset index), got shape {a.shape}"
+        )
     if a.dtype.kind == "b" or a.dtype.kind not in "iuf":
         raise ValueError(f"seq_lens must hold integers, got dtype {a.dtype}")
     if a.dtype.kind == "f":
@@ -98,14 +100,21 @@ def _as_seq_lens(seq_lens) -> np.ndarray:
 def _as_group_ids(group_keys, n: int) -> np.ndarray | None:
     if group_keys is None:
         return None
-    if isinstance(group_keys, np.ndarray) and group_keys.ndim == 1 and group_keys.dtype.kind in "iu":
+    if (
+        isinstance(group_keys, np.ndarray)
+        and group_keys.ndim == 1
+        and group_keys.dtype.kind in "iu"
+    ):
         keys = group_keys.astype(np.int64)
     else:
         if len(group_keys) != n:
             raise ValueError(f"group_keys has {len(group_keys)} entries but seq_lens has {n}")
         ids: dict = {}
         keys = np.fromiter(
-            (ids.setdefault(k if not isinstance(k, list) else tuple(k), len(ids)) for k in group_keys),
+            (
+                ids.setdefault(k if not isinstance(k, list) else tuple(k), len(ids))
+                for k in group_keys
+            ),
             dtype=np.int64,
             count=n,
         )
@@ -153,12 +162,20 @@ class _PlannedBatchSampler(Sampler[list[int]]):
     ):
         self.seq_lens = _as_seq_lens(seq_lens)
         n = len(self.seq_lens)
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int | np.integer) or max_tokens <= 0:
+        if (
+            isinstance(max_tokens, bool)
+            or not isinstance(max_tokens, int | np.integer)
+            or max_tokens <= 0
+        ):
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-        if max_cost is not None and not (isinstance(max_cost, int | float) and math.isfinite(max_cost) and max_cost > 0):
+        if max_cost is not None and not (
+            isinstance(max_cost, int | float) and math.isfinite(max_cost) and max_cost > 0
+        ):
             raise ValueError(f"max_cost must be a finite number > 0 or None, got {max_cost!r}")
         if not isinstance(micro_batches_per_step, int | np.integer) or micro_batches_per_step < 1:
-            raise ValueError(f"micro_batches_per_step must be an integer >= 1, got {micro_batches_per_step!r}")
+            raise ValueError(
+                f"micro_batches_per_step must be an integer >= 1, got {micro_batches_per_step!r}"
+            )
         if not isinstance(lookahead_steps, int | np.integer) or lookahead_steps < 1:
             raise ValueError(f"lookahead_steps must be an integer >= 1, got {lookahead_steps!r}")
         if on_oversize not in ("error", "skip"):
@@ -302,7 +319,9 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             raise ValueError(f"unsupported sampler state version {state.get('version')!r}")
         n = len(self.seq_lens)
         if state["num_samples"] != n:
-            raise ValueError(f"sampler state is for {state['num_samples']} samples, this dataset has {n}")
+            raise ValueError(
+                f"sampler state is for {state['num_samples']} samples, this dataset has {n}"
+            )
 
         def unpack(key):
             return np.unpackbits(np.frombuffer(state[key], dtype=np.uint8), count=n).astype(bool)

@@ -33,7 +33,8 @@ double mean_imbalance(const EpochPlan& p) {
     double mx = 0.0, sum = 0.0;
     for (int64_t r = 0; r < p.num_replicas; ++r) {
       double load = 0.0;
-      for (int64_t k = 0; k < p.micro_batches_per_step; ++k) load += p.costs[p.micro_batch_id(t, r, k)];
+      for (int64_t k = 0; k < p.micro_batches_per_step; ++k)
+        load += p.costs[p.micro_batch_id(t, r, k)];
       mx = std::max(mx, load);
       sum += load;
     }
@@ -55,7 +56,8 @@ std::vector<int> check_plan(const SampleTable& table, const PlanOptions& o, cons
     for (int64_t j = b; j < e; ++j) {
       const int64_t i = p.samples[j];
       tokens += table.seq_len(i);
-      EXPECT_EQ(table.group(i), table.group(p.samples[b])) << "micro-batch " << m << " mixes groups";
+      EXPECT_EQ(table.group(i), table.group(p.samples[b]))
+          << "micro-batch " << m << " mixes groups";
       if (keys) {
         EXPECT_EQ((*keys)[i], (*keys)[p.samples[b]]);
       }
@@ -261,7 +263,8 @@ TEST(PlanEpochTest, OversizeSampleErrorsOrIsSkipped) {
     plan_epoch(table, o);
     FAIL();
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("sample 1 has 5000 tokens"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("sample 1 has 5000 tokens"), std::string::npos)
+        << e.what();
   }
   o.oversize = OversizePolicy::kSkip;
   const EpochPlan p = plan_epoch(table, o);

@@ -43,7 +43,9 @@ def test_fit_with_noise_and_summary(tmp_path):
     cal.to_json(path)
     loaded = CostModel.from_json(path)
     assert loaded.batch_cost([32760] * 4) == pytest.approx(cal.cost_model.batch_cost([32760] * 4))
-    assert json.loads(path.read_text())["memory"]["m1_bytes_per_token"] == pytest.approx(cal.memory_m1)
+    assert json.loads(path.read_text())["memory"]["m1_bytes_per_token"] == pytest.approx(
+        cal.memory_m1
+    )
 
 
 def test_fit_rejects_too_few_or_flat_points():
@@ -65,9 +67,12 @@ def test_calibrate_cli_on_cpu_tiny_model(tmp_path, capsys):
     from adaptiveload.cli import main
 
     out = tmp_path / "cost.json"
-    rc = main(["calibrate", "--config", "tiny", "--device", "cpu", "--dtype", "fp32", "--no-fused",
-               "--max-tokens", "600", "--shapes", "1x32x48,5x32x48,9x64x96", "--text-len", "8",
-               "--repeat", "2", "--warmup", "1", "--out", str(out), "--no-progress"])
+    # Large enough shapes that time clearly grows with tokens even on a busy CPU.
+    args = "calibrate --config tiny --device cpu --dtype fp32 --no-fused --max-tokens 6000"
+    args += (
+        " --shapes 1x32x48,17x128x192,33x128x192 --text-len 8 --repeat 3 --warmup 1 --no-progress"
+    )
+    rc = main([*args.split(), "--out", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "fit error: median" in text and "cost model: CostModel.polynomial" in text

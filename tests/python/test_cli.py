@@ -21,7 +21,11 @@ def write_csv(path, header, rows):
 
 def test_reads_csv_jsonl_parquet_alike(tmp_path):
     rows = [SHAPES[i % 4] for i in range(40)]
-    write_csv(tmp_path / "m.csv", ["num_frames", "height", "width", "caption"], [r + ("a cat",) for r in rows])
+    write_csv(
+        tmp_path / "m.csv",
+        ["num_frames", "height", "width", "caption"],
+        [r + ("a cat",) for r in rows],
+    )
     (tmp_path / "m.jsonl").write_text(
         "".join(json.dumps({"num_frames": f, "height": h, "width": w}) + "\n" for f, h, w in rows)
     )
@@ -29,7 +33,10 @@ def test_reads_csv_jsonl_parquet_alike(tmp_path):
     import pyarrow.parquet as pq
 
     cols = list(zip(*rows, strict=True))
-    pq.write_table(pa.table({"num_frames": cols[0], "height": cols[1], "width": cols[2]}), tmp_path / "m.parquet")
+    pq.write_table(
+        pa.table({"num_frames": cols[0], "height": cols[1], "width": cols[2]}),
+        tmp_path / "m.parquet",
+    )
     expected = wan_seq_len(*map(np.array, cols))
     for name in ("m.csv", "m.jsonl", "m.parquet"):
         meta = read_metadata(tmp_path / name)
@@ -82,7 +89,10 @@ def test_demo_mixes_are_deterministic():
 
 def test_plan_demo_prints_tables_and_draws_figure(tmp_path, capsys):
     fig, rep = tmp_path / "plan.png", tmp_path / "plan.json"
-    assert main(["plan", "--demo", "--demo-samples", "3000", "--figure", str(fig), "--json", str(rep)]) == 0
+    assert (
+        main(["plan", "--demo", "--demo-samples", "3000", "--figure", str(fig), "--json", str(rep)])
+        == 0
+    )
     out = capsys.readouterr().out
     for text in ("81x720x1280", "AdaptiveLoad", "equal-token buckets", "paper rule", "imbalance"):
         assert text in out
@@ -96,8 +106,20 @@ def test_plan_demo_prints_tables_and_draws_figure(tmp_path, capsys):
 def test_plan_from_metadata_file_via_console_entry(tmp_path):
     rows = [SHAPES[i % 4] for i in range(200)]
     write_csv(tmp_path / "m.csv", ["num_frames", "height", "width"], rows)
-    cmd = [sys.executable, "-m", "adaptiveload", "plan", "--metadata", str(tmp_path / "m.csv"),
-           "--num-replicas", "2", "--figure", "none", "--cost-model", "power:1.5"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "adaptiveload",
+        "plan",
+        "--metadata",
+        str(tmp_path / "m.csv"),
+        "--num-replicas",
+        "2",
+        "--figure",
+        "none",
+        "--cost-model",
+        "power:1.5",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     assert "AdaptiveLoad" in done.stdout
 

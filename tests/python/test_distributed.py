@@ -19,7 +19,11 @@ K = 2
 
 def lengths():
     rng = np.random.default_rng(42)
-    return rng.choice([1560, 3600, 14040, 32760, 46800, 75600], size=NUM_SAMPLES, p=[0.4, 0.1, 0.1, 0.2, 0.05, 0.15])
+    return rng.choice(
+        [1560, 3600, 14040, 32760, 46800, 75600],
+        size=NUM_SAMPLES,
+        p=[0.4, 0.1, 0.1, 0.2, 0.05, 0.15],
+    )
 
 
 class IndexDataset(Dataset):
@@ -45,7 +49,9 @@ def worker(rank, world, init_file, out_dir, phase):
         sampler = AdaptiveBatchSampler(lengths(), 151200, micro_batches_per_step=K, seed=17)
         assert (sampler.num_replicas, sampler.rank) == (world, rank)
         if phase == "resume":
-            sampler.load_state_dict(torch.load(os.path.join(out_dir, "sampler.pt"), weights_only=False))
+            sampler.load_state_dict(
+                torch.load(os.path.join(out_dir, "sampler.pt"), weights_only=False)
+            )
         sampler.set_epoch(2)
         loader = DataLoader(IndexDataset(), batch_sampler=sampler, num_workers=1, collate_fn=list)
         batches = []
@@ -72,7 +78,12 @@ def worker(rank, world, init_file, out_dir, phase):
 
 def run(world, tmp_path, phase):
     init_file = tmp_path / f"init_{phase}"
-    mp.start_processes(worker, args=(world, str(init_file), str(tmp_path), phase), nprocs=world, start_method="spawn")
+    mp.start_processes(
+        worker,
+        args=(world, str(init_file), str(tmp_path), phase),
+        nprocs=world,
+        start_method="spawn",
+    )
     return torch.load(tmp_path / f"{phase}.pt", weights_only=False)
 
 

@@ -39,8 +39,9 @@ def reference(x, shift, scale, weight=None, bias=None, eps=EPS, out_dtype=None):
     return y.to(out_dtype or x.dtype)
 
 
-def reference_gated(residual, h, gate, shift, scale, weight=None, bias=None, eps=EPS,
-                    out_dtype=None):
+def reference_gated(
+    residual, h, gate, shift, scale, weight=None, bias=None, eps=EPS, out_dtype=None
+):
     r = residual + gate.to(residual.dtype) * h
     return r, reference(r, shift, scale, weight, bias, eps, out_dtype)
 
@@ -173,7 +174,9 @@ def test_gated_residual(device, d, mod_kind, dtype):
     shape = (2, 6, d)
     residual = rand(shape, dtype, device, gen, 2.0, 0.1).requires_grad_()
     h = rand(shape, dtype, device, gen).requires_grad_()
-    mods = [make_mod(mod_kind, shape, torch.float32, device, gen).requires_grad_() for _ in range(3)]
+    mods = [
+        make_mod(mod_kind, shape, torch.float32, device, gen).requires_grad_() for _ in range(3)
+    ]
     gate, shift, scale = mods
     inputs = [residual, h, gate, shift, scale]
     r, y = ops.gated_residual_layer_norm_modulate(*inputs)
@@ -194,8 +197,7 @@ def test_gated_residual(device, d, mod_kind, dtype):
         assert_close(name, g, rf, lp, dtype)
 
     # Only y used: the dr path is zeros.
-    got_y = torch.autograd.grad(
-        ops.gated_residual_layer_norm_modulate(*inputs)[1], inputs, dy)
+    got_y = torch.autograd.grad(ops.gated_residual_layer_norm_modulate(*inputs)[1], inputs, dy)
     ref_y = torch.autograd.grad(reference_gated(*ref_in)[1], ref_in, dy.double())
     lowp_y = torch.autograd.grad(reference_gated(*lowp_in)[1], lowp_in, dy)
     for name, g, rf, lp in zip(names, got_y, ref_y, lowp_y, strict=True):
@@ -251,8 +253,11 @@ def test_every_output_written(device):
     outs = []
     for poison in (float("nan"), 12345.0):
         torch.empty(3 * 11 * 769 * 4, device=device).fill_(poison)
-        outs.append(torch.ops.adaptiveload.layer_norm_modulate.default(
-            x, shift, scale, None, None, EPS, None))
+        outs.append(
+            torch.ops.adaptiveload.layer_norm_modulate.default(
+                x, shift, scale, None, None, EPS, None
+            )
+        )
     for a, b in zip(*outs, strict=True):
         assert torch.equal(a, b)
         assert not a.isnan().any()
@@ -264,8 +269,9 @@ def test_backward_deterministic(device, mod_kind):
     gen = torch.Generator().manual_seed(9)
     shape = (2, 300, 1536) if device == "cuda" else (2, 40, 384)
     x = rand(shape, torch.bfloat16, device, gen).requires_grad_()
-    shift, scale = (make_mod(mod_kind, shape, torch.float32, device, gen).requires_grad_()
-                    for _ in range(2))
+    shift, scale = (
+        make_mod(mod_kind, shape, torch.float32, device, gen).requires_grad_() for _ in range(2)
+    )
     dy = rand(shape, torch.bfloat16, device, gen)
 
     def grads():
@@ -422,8 +428,10 @@ def test_cuda_graph_capture():
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         x = rand((2, 256, 3072), torch.bfloat16, "cuda", gen).requires_grad_()
-        shift, scale = (make_mod("per_sample", x.shape, torch.float32, "cuda", gen).requires_grad_()
-                        for _ in range(2))
+        shift, scale = (
+            make_mod("per_sample", x.shape, torch.float32, "cuda", gen).requires_grad_()
+            for _ in range(2)
+        )
         dy = torch.randn_like(x)
 
     def step():
@@ -471,7 +479,7 @@ def test_cuda_large_deterministic():
     rows = [0, 17, 32759]
     xs = x.detach()[:, rows].double().requires_grad_()
     y_ref = reference(xs, shift.detach().double(), scale.detach().double())
-    dx_ref, = torch.autograd.grad(y_ref, xs, dy[:, rows].double())
+    (dx_ref,) = torch.autograd.grad(y_ref, xs, dy[:, rows].double())
     torch.testing.assert_close(first[0][:, rows].double(), dx_ref, atol=5e-2, rtol=2e-2)
 
 

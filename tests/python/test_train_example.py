@@ -15,9 +15,30 @@ EXAMPLES = os.path.join(ROOT, "examples")
 
 
 def torchrun(*args, nproc=2, timeout=300):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           os.path.join(EXAMPLES, "train_wan.py"), "--device", "cpu", "--config", "tiny", "--num-workers", "1",
-           "--no-progress", "--micro-batches-per-step", "2", "--seed", "5", "--epochs", "4", "--max-tokens", "320", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        os.path.join(EXAMPLES, "train_wan.py"),
+        "--device",
+        "cpu",
+        "--config",
+        "tiny",
+        "--num-workers",
+        "1",
+        "--no-progress",
+        "--micro-batches-per-step",
+        "2",
+        "--seed",
+        "5",
+        "--epochs",
+        "4",
+        "--max-tokens",
+        "320",
+        *args,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -31,9 +52,26 @@ def read_log(path):
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     out = tmp_path_factory.mktemp("wan_data")
-    subprocess.run([sys.executable, os.path.join(EXAMPLES, "make_synthetic_latents.py"), "--out", str(out),
-                    "--num-samples", "60", "--scale", "0.0625", "--channels", "4", "--text-len", "8",
-                    "--text-dim", "32"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(EXAMPLES, "make_synthetic_latents.py"),
+            "--out",
+            str(out),
+            "--num-samples",
+            "60",
+            "--scale",
+            "0.0625",
+            "--channels",
+            "4",
+            "--text-len",
+            "8",
+            "--text-dim",
+            "32",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return str(out)
 
 
@@ -42,19 +80,50 @@ def test_train_then_resume_reproduces_the_run(dataset, tmp_path, sampler):
     full, first, rest = (str(tmp_path / n) for n in ("full.jsonl", "first.jsonl", "rest.jsonl"))
     torchrun("--data", dataset, "--sampler", sampler, "--max-steps", "5", "--log-file", full)
     ckpt = str(tmp_path / "ckpt")
-    torchrun("--data", dataset, "--sampler", sampler, "--max-steps", "3", "--log-file", first, "--checkpoint-dir", ckpt)
-    torchrun("--data", dataset, "--sampler", sampler, "--max-steps", "5", "--log-file", rest, "--checkpoint-dir", ckpt,
-             "--resume")
+    torchrun(
+        "--data",
+        dataset,
+        "--sampler",
+        sampler,
+        "--max-steps",
+        "3",
+        "--log-file",
+        first,
+        "--checkpoint-dir",
+        ckpt,
+    )
+    torchrun(
+        "--data",
+        dataset,
+        "--sampler",
+        sampler,
+        "--max-steps",
+        "5",
+        "--log-file",
+        rest,
+        "--checkpoint-dir",
+        ckpt,
+        "--resume",
+    )
     full_log, first_log, rest_log = read_log(full), read_log(first), read_log(rest)
     assert len(full_log) == 5 and len(first_log) == 3 and len(rest_log) == 2
     for a, b in zip(full_log, first_log + rest_log, strict=True):
-        assert a["batches"] == b["batches"], f"step {a['global_step']}: different micro-batches after resuming"
+        assert a["batches"] == b["batches"], (
+            f"step {a['global_step']}: different micro-batches after resuming"
+        )
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), f"step {a['global_step']}"
     for rec in full_log:
         assert len(rec["compute_ms"]) == 2 and all(len(r) == 2 for r in rec["batches"])
         assert 0 <= rec["imbalance"] < 1
     for epoch in {rec["epoch"] for rec in full_log}:
-        seen = [i for rec in full_log if rec["epoch"] == epoch for rank in rec["batches"] for mb in rank for i in mb]
+        seen = [
+            i
+            for rec in full_log
+            if rec["epoch"] == epoch
+            for rank in rec["batches"]
+            for mb in rank
+            for i in mb
+        ]
         assert len(seen) == len(set(seen)), "a sample was drawn twice within an epoch"
 
 

@@ -10,7 +10,12 @@ pytest.importorskip("diffusers")
 from adaptiveload.integrations.diffusers import apply_fused_ops, is_fused, remove_fused_ops  # noqa: E402
 from adaptiveload.models.wan import build_wan, random_batch  # noqa: E402
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+    ),
+]
 # (stream dtype, output rtol relative to the output's norm, gradient rtol)
 TOLERANCE = {torch.float32: (2e-5, 1e-4), torch.bfloat16: (2e-2, 5e-2)}
 
@@ -27,7 +32,9 @@ def run(model, inputs, params=None):
     g = torch.Generator(device=out.device).manual_seed(1)
     weight = torch.randn(out.shape, generator=g, device=out.device)
     (out.float() * weight).sum().backward()
-    return out.detach(), {n: p.grad.detach().clone() for n, p in params.named_parameters() if p.grad is not None}
+    return out.detach(), {
+        n: p.grad.detach().clone() for n, p in params.named_parameters() if p.grad is not None
+    }
 
 
 @pytest.mark.parametrize("device", DEVICES)

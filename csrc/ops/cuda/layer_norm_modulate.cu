@@ -29,21 +29,31 @@ enum Kind : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
 int kind_of(at::ScalarType st) {
   switch (st) {
-    case at::kFloat: return kF32;
-    case at::kBFloat16: return kBF16;
-    case at::kHalf: return kF16;
-    default: TORCH_CHECK(false, "layer_norm_modulate: unsupported dtype ", st, " on CUDA");
+    case at::kFloat:
+      return kF32;
+    case at::kBFloat16:
+      return kBF16;
+    case at::kHalf:
+      return kF16;
+    default:
+      TORCH_CHECK(false, "layer_norm_modulate: unsupported dtype ", st, " on CUDA");
   }
 }
 
 template <typename T>
 struct KindOf;
 template <>
-struct KindOf<float> { static constexpr int value = kF32; };
+struct KindOf<float> {
+  static constexpr int value = kF32;
+};
 template <>
-struct KindOf<at::BFloat16> { static constexpr int value = kBF16; };
+struct KindOf<at::BFloat16> {
+  static constexpr int value = kBF16;
+};
 template <>
-struct KindOf<at::Half> { static constexpr int value = kF16; };
+struct KindOf<at::Half> {
+  static constexpr int value = kF16;
+};
 
 __device__ __forceinline__ float bits_to_float(uint32_t bits, int kind) {
   return kind == kBF16 ? __uint_as_float(bits << 16) : __half2float(__ushort_as_half(bits));
@@ -105,7 +115,8 @@ __device__ __forceinline__ void unpack(const Raw<N, BYTES>& r, int kind, float (
     for (int i = 0; i < N; ++i) out[i] = __uint_as_float(r.w[i]);
   } else {
 #pragma unroll
-    for (int i = 0; i < N; ++i) out[i] = bits_to_float((r.w[i / 2] >> (16 * (i % 2))) & 0xffffu, kind);
+    for (int i = 0; i < N; ++i)
+      out[i] = bits_to_float((r.w[i / 2] >> (16 * (i % 2))) & 0xffffu, kind);
   }
 }
 
@@ -122,28 +133,27 @@ __device__ __forceinline__ void pack(Raw<N, BYTES>& r, int kind, const float (&v
 }
 
 template <int N>
-__device__ __forceinline__ void load_vec(float (&out)[N], const void* base, int kind,
-                                         int64_t idx) {
+__device__ __forceinline__ void load_vec(float (&out)[N], const void* base, int kind, int64_t idx) {
   Raw<N, 4> r;
   load_raw(r, base, kind, idx);
   unpack(r, kind, out);
 }
 
 template <int N>
-__device__ __forceinline__ void store_vec(void* base, int kind, int64_t idx,
-                                          const float (&v)[N]) {
+__device__ __forceinline__ void store_vec(void* base, int kind, int64_t idx, const float (&v)[N]) {
   if (kind == kF32) {
     float4* p = reinterpret_cast<float4*>(static_cast<float*>(base) + idx);
 #pragma unroll
-    for (int i = 0; i < N / 4; ++i) p[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+    for (int i = 0; i < N / 4; ++i)
+      p[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
   } else {
     uint16_t* p = static_cast<uint16_t*>(base) + idx;
     if constexpr (N >= 8) {
 #pragma unroll
       for (int i = 0; i < N / 8; ++i) {
-        reinterpret_cast<uint4*>(p)[i] =
-            make_uint4(pack2(v[8 * i], v[8 * i + 1], kind), pack2(v[8 * i + 2], v[8 * i + 3], kind),
-                       pack2(v[8 * i + 4], v[8 * i + 5], kind), pack2(v[8 * i + 6], v[8 * i + 7], kind));
+        reinterpret_cast<uint4*>(p)[i] = make_uint4(
+            pack2(v[8 * i], v[8 * i + 1], kind), pack2(v[8 * i + 2], v[8 * i + 3], kind),
+            pack2(v[8 * i + 4], v[8 * i + 5], kind), pack2(v[8 * i + 6], v[8 * i + 7], kind));
       }
     } else {
       *reinterpret_cast<uint2*>(p) = make_uint2(pack2(v[0], v[1], kind), pack2(v[2], v[3], kind));
@@ -248,10 +258,12 @@ struct FwdParams {
 
 // One block per row (grid-stride), the row held in registers as packed x values (half the
 // registers of fp32 for 16-bit x): thread t owns vectors t, t + blockDim.x, ..., at most VPT.
-// Note: the register cap (64 for VPT <= 2, 85 for VPT 4) keeps 4+ blocks, i.e. rows in flight, per SM; left
-// alone the compiler spends registers on hoisting every modulation load.
+// Note: the register cap (64 for VPT <= 2, 85 for VPT 4) keeps 4+ blocks, i.e. rows in flight, per
+// SM; left alone the compiler spends registers on hoisting every modulation load.
 template <typename T, int VPT, bool FUSED>
-__global__ void __launch_bounds__(VPT <= 4 ? 256 : 512, VPT <= 2 ? 4 : VPT == 4 ? 3 : 1)
+__global__ void __launch_bounds__(VPT <= 4 ? 256 : 512, VPT <= 2   ? 4
+                                                        : VPT == 4 ? 3
+                                                                   : 1)
     layer_norm_modulate_fwd_kernel(const FwdParams p) {
   constexpr int VEC = 16 / sizeof(T);
   constexpr int XK = KindOf<T>::value;
@@ -382,7 +394,10 @@ constexpr int fwd_warp_threads() {
 }
 
 template <typename T, int VPW, bool FUSED>
-__global__ void __launch_bounds__(fwd_warp_threads<VPW>(), VPW <= 4 ? 4 : VPW <= 8 ? 3 : VPW <= 12 ? 2 : 3)
+__global__ void __launch_bounds__(fwd_warp_threads<VPW>(), VPW <= 4    ? 4
+                                                           : VPW <= 8  ? 3
+                                                           : VPW <= 12 ? 2
+                                                                       : 3)
     layer_norm_modulate_fwd_warp_kernel(const FwdParams p, const RowChunks chunks) {
   constexpr int VEC = 16 / sizeof(T);
   constexpr int XK = KindOf<T>::value;
@@ -547,8 +562,8 @@ __global__ void __launch_bounds__(256) layer_norm_modulate_fwd_loop_kernel(const
 enum Slot : int { kShift = 0, kScale = 1, kGate = 2, kWeight = 3, kBias = 4, kNumSlots = 5 };
 
 struct GradArg {
-  int mode = 0;     // GradMode
-  int slot = -1;    // kGrouped: index into a block's partials
+  int mode = 0;         // GradMode
+  int slot = -1;        // kGrouped: index into a block's partials
   void* buf = nullptr;  // kElementwise: per-element output
   int kind = kF32;
 };
@@ -571,8 +586,8 @@ struct BwdParams {
   float* partials;  // [gridDim.x][num_slots][D]
   int num_slots;
   int64_t rows, D;
-  int64_t group;        // rows per chunk group; chunks never straddle a group
-  int64_t per_group;    // chunks (= blocks) per group
+  int64_t group;      // rows per chunk group; chunks never straddle a group
+  int64_t per_group;  // chunks (= blocks) per group
   int64_t chunk_rows;
   bool stage;  // dynamic shared memory holds (1 + scale) [and weight] for the chunk
 };
@@ -675,8 +690,8 @@ __global__ void __maxnreg__(VPT <= 2 && !FUSED && !AFFINE ? 96 : 128)
     const int64_t scale_row = p.scale.map(row);
 
     // g = dy * (1 + scale) * weight is the gradient with respect to xhat.
-    auto load_g = [&](int i, int64_t c, float (&xh)[VEC], float (&dy)[VEC], float (&s1)[VEC],
-                      float (&w)[VEC]) {
+    auto load_g = [&](int i, int64_t c, float(&xh)[VEC], float(&dy)[VEC], float(&s1)[VEC],
+                      float(&w)[VEC]) {
       unpack(x_cur[i], XK, xh);
       unpack(dy_cur[i], p.dy_kind, dy);
       if (staged) {
@@ -784,7 +799,8 @@ __global__ void __maxnreg__(VPT <= 2 && !FUSED && !AFFINE ? 96 : 128)
 #pragma unroll
   for (int q = 0; q < NS; ++q) {
     if (!grouped[q]) continue;
-    float* out = p.partials + (static_cast<int64_t>(blockIdx.x) * p.num_slots + p.grad[q].slot) * p.D;
+    float* out =
+        p.partials + (static_cast<int64_t>(blockIdx.x) * p.num_slots + p.grad[q].slot) * p.D;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
@@ -803,7 +819,9 @@ __global__ void __launch_bounds__(256) layer_norm_modulate_bwd_loop_kernel(const
   chunk_range(p, first, last);
   float* part = p.partials + static_cast<int64_t>(blockIdx.x) * p.num_slots * p.D;
   for (int64_t d = threadIdx.x; d < p.num_slots * p.D; d += blockDim.x) part[d] = 0.f;
-  auto weight = [&](int64_t d) { return p.weight != nullptr ? load1(p.weight, p.weight_kind, d) : 1.f; };
+  auto weight = [&](int64_t d) {
+    return p.weight != nullptr ? load1(p.weight, p.weight_kind, d) : 1.f;
+  };
   for (int64_t row = first; row < last; ++row) {
     const int64_t base = row * p.D;
     const float mean = p.mean[row], rstd = p.rstd[row];
@@ -851,8 +869,8 @@ struct ReduceParams {
   const float* partials;
   int num_slots;
   int64_t D;
-  int num_outputs;         // grouped gradients
-  int slot[kNumSlots];     // their partial slots
+  int num_outputs;      // grouped gradients
+  int slot[kNumSlots];  // their partial slots
   void* out[kNumSlots];
   int kind[kNumSlots];
   int64_t blocks_per_out[kNumSlots];  // partial blocks summed into one output row
@@ -926,10 +944,17 @@ ModArg mod_arg(const Operand& o) {
 template <typename F>
 void dispatch_x(at::ScalarType st, F&& f) {
   switch (st) {
-    case at::kFloat: f(float{}); break;
-    case at::kBFloat16: f(at::BFloat16{}); break;
-    case at::kHalf: f(at::Half{}); break;
-    default: TORCH_CHECK(false, "layer_norm_modulate: unsupported dtype ", st, " on CUDA");
+    case at::kFloat:
+      f(float{});
+      break;
+    case at::kBFloat16:
+      f(at::BFloat16{});
+      break;
+    case at::kHalf:
+      f(at::Half{});
+      break;
+    default:
+      TORCH_CHECK(false, "layer_norm_modulate: unsupported dtype ", st, " on CUDA");
   }
 }
 
@@ -995,7 +1020,8 @@ void launch_fwd_warp(const FwdParams& p, int64_t group, cudaStream_t stream) {
   const int64_t groups = (p.rows + c.group - 1) / c.group;
   // At least one row per warp and block; enough blocks to fill every SM once.
   constexpr int64_t kWarps = kThreads / 32;
-  c.per_group = std::max<int64_t>(1, std::min((target + groups - 1) / groups, (c.group + kWarps - 1) / kWarps));
+  c.per_group = std::max<int64_t>(
+      1, std::min((target + groups - 1) / groups, (c.group + kWarps - 1) / kWarps));
   c.chunk_rows = (c.group + c.per_group - 1) / c.per_group;
   c.per_group = (c.group + c.chunk_rows - 1) / c.chunk_rows;
   const int64_t blocks = groups * c.per_group;
@@ -1078,16 +1104,14 @@ void fwd_cuda(const at::Tensor& x, const at::Tensor* h, const Operand* gate, at:
                 {ops3[0], ops3[1], ops3[2]});
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t group = gate != nullptr ? staging_group({&shift, &scale, gate}, p.rows)
-                                         : staging_group({&shift, &scale}, p.rows);
-  dispatch_x(x.scalar_type(), [&](auto tag) {
-    dispatch_fwd<decltype(tag)>(p, vector_path, group, stream);
-  });
+                                        : staging_group({&shift, &scale}, p.rows);
+  dispatch_x(x.scalar_type(),
+             [&](auto tag) { dispatch_fwd<decltype(tag)>(p, vector_path, group, stream); });
 }
 
 template <typename T, int VPT, int DYB>
-void launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec,
-                       cudaStream_t stream, int64_t& blocks_out,
-                       std::function<void(int64_t)> set_grid) {
+void launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cudaStream_t stream,
+                       int64_t& blocks_out, std::function<void(int64_t)> set_grid) {
   auto kernel = fused ? (affine ? layer_norm_modulate_bwd_kernel<T, VPT, DYB, true, true>
                                 : layer_norm_modulate_bwd_kernel<T, VPT, DYB, true, false>)
                       : (affine ? layer_norm_modulate_bwd_kernel<T, VPT, DYB, false, true>
@@ -1126,7 +1150,8 @@ at::Tensor plan_chunks(BwdParams& p, const BwdTargets& tg, int64_t target_blocks
   p.group = gmin;
   p.per_group = per_group;
   p.chunk_rows = chunk;
-  return at::empty({p.num_slots > 0 ? blocks * p.num_slots * p.D : 0}, x.options().dtype(at::kFloat));
+  return at::empty({p.num_slots > 0 ? blocks * p.num_slots * p.D : 0},
+                   x.options().dtype(at::kFloat));
 }
 
 void reduce_partials(const BwdParams& p, const BwdTargets& tg, cudaStream_t stream) {
@@ -1154,8 +1179,8 @@ void reduce_partials(const BwdParams& p, const BwdTargets& tg, cudaStream_t stre
 
 void bwd_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor* dr, const at::Tensor* h,
               const Operand* gate, const Operand& scale, const std::optional<at::Tensor>& weight,
-              const std::optional<at::Tensor>& bias, const at::Tensor& mean,
-              const at::Tensor& rstd, at::Tensor& dx, at::Tensor* dh, BwdTargets tg) {
+              const std::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& rstd,
+              at::Tensor& dx, at::Tensor* dh, BwdTargets tg) {
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t D = x.size(-1);
   const bool fused = h != nullptr;
@@ -1195,12 +1220,14 @@ void bwd_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor* dr, c
   const int64_t vec = vec_width(x);
   const int64_t nvec = D / vec;
   const at::Tensor* bufs[kNumSlots];
-  for (int q = 0; q < kNumSlots; ++q) bufs[q] = tg.t[q]->mode == GradMode::kElementwise ? &tg.t[q]->buf : &none;
+  for (int q = 0; q < kNumSlots; ++q)
+    bufs[q] = tg.t[q]->mode == GradMode::kElementwise ? &tg.t[q]->buf : &none;
   const Operand& g = gate != nullptr ? *gate : scale;
   const bool vector_path =
       D % vec == 0 && nvec <= kMaxBwdVectors &&
-      vector_ok(vec, {&x, &dy, &dx, &w, &b, fused ? h : &none, fused ? dr : &none,
-                      fused ? dh : &none, bufs[0], bufs[1], bufs[2], bufs[3], bufs[4]},
+      vector_ok(vec,
+                {&x, &dy, &dx, &w, &b, fused ? h : &none, fused ? dr : &none, fused ? dh : &none,
+                 bufs[0], bufs[1], bufs[2], bufs[3], bufs[4]},
                 {&scale, &g});
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   at::Tensor partials;
@@ -1233,10 +1260,20 @@ void bwd_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor* dr, c
       using DNarrow = std::integral_constant<int, TB>;
       if (wide_dy) {
         if constexpr (TB == 2) {
-          if (vpt == 1) go(I1{}, I4{}); else if (vpt == 2) go(I2{}, I4{}); else go(I4{}, I4{});
+          if (vpt == 1)
+            go(I1{}, I4{});
+          else if (vpt == 2)
+            go(I2{}, I4{});
+          else
+            go(I4{}, I4{});
         }
       } else {
-        if (vpt == 1) go(I1{}, DNarrow{}); else if (vpt == 2) go(I2{}, DNarrow{}); else go(I4{}, DNarrow{});
+        if (vpt == 1)
+          go(I1{}, DNarrow{});
+        else if (vpt == 2)
+          go(I2{}, DNarrow{});
+        else
+          go(I4{}, DNarrow{});
       }
     }
   });
@@ -1283,12 +1320,13 @@ layer_norm_modulate_backward_cuda(const at::Tensor& dy_in, const at::Tensor& x,
               dy_in.sizes(), " on ", dy_in.device());
   check_cuda_stats(op, mean, rstd, x);
   const at::Tensor dy = dy_in.contiguous();
-  at::Tensor dx = mask[0] ? at::empty_like(x, at::MemoryFormat::Contiguous)
-                          : at::empty({0}, x.options());
+  at::Tensor dx =
+      mask[0] ? at::empty_like(x, at::MemoryFormat::Contiguous) : at::empty({0}, x.options());
   GradTarget none_gate;
   GradTarget dshift = make_grad_target(shift, x, mask[1], at::kFloat);
   GradTarget dscale = make_grad_target(scale, x, mask[2], at::kFloat);
-  GradTarget dweight = make_grad_target(weight.value_or(x), x, mask[3] && weight.has_value(), at::kFloat);
+  GradTarget dweight =
+      make_grad_target(weight.value_or(x), x, mask[3] && weight.has_value(), at::kFloat);
   GradTarget dbias = make_grad_target(bias.value_or(x), x, mask[4] && bias.has_value(), at::kFloat);
   BwdTargets tg{{&dshift, &dscale, &none_gate, &dweight, &dbias}};
   if (x.numel() > 0) {
@@ -1334,12 +1372,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_residual_layer_
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-gated_residual_layer_norm_modulate_backward_cuda(
-    const std::optional<at::Tensor>& dr_in, const at::Tensor& dy_in, const at::Tensor& r,
-    const at::Tensor& h_in, const at::Tensor& gate, const at::Tensor& shift,
-    const at::Tensor& scale, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& rstd,
-    std::array<bool, 7> mask) {
+gated_residual_layer_norm_modulate_backward_cuda(const std::optional<at::Tensor>& dr_in,
+                                                 const at::Tensor& dy_in, const at::Tensor& r,
+                                                 const at::Tensor& h_in, const at::Tensor& gate,
+                                                 const at::Tensor& shift, const at::Tensor& scale,
+                                                 const std::optional<at::Tensor>& weight,
+                                                 const std::optional<at::Tensor>& bias,
+                                                 const at::Tensor& mean, const at::Tensor& rstd,
+                                                 std::array<bool, 7> mask) {
   constexpr const char* op = "_gated_residual_layer_norm_modulate_backward";
   check_inputs(op, "r", r, {{"gate", gate}, {"shift", shift}, {"scale", scale}}, weight, bias);
   check_residual_pair(op, r, h_in);
@@ -1363,13 +1403,14 @@ gated_residual_layer_norm_modulate_backward_cuda(
   GradTarget dgate = make_grad_target(gate, r, mask[2], at::kFloat);
   GradTarget dshift = make_grad_target(shift, r, mask[3], at::kFloat);
   GradTarget dscale = make_grad_target(scale, r, mask[4], at::kFloat);
-  GradTarget dweight = make_grad_target(weight.value_or(r), r, mask[5] && weight.has_value(), at::kFloat);
+  GradTarget dweight =
+      make_grad_target(weight.value_or(r), r, mask[5] && weight.has_value(), at::kFloat);
   GradTarget dbias = make_grad_target(bias.value_or(r), r, mask[6] && bias.has_value(), at::kFloat);
   BwdTargets tg{{&dshift, &dscale, &dgate, &dweight, &dbias}};
   if (r.numel() > 0) {
     const Operand g = prepare_operand(gate, r), sc = prepare_operand(scale, r);
-    bwd_cuda(dy, r, &dr, &h, &g, sc, weight, bias, mean.contiguous(), rstd.contiguous(), dres,
-             &dh, tg);
+    bwd_cuda(dy, r, &dr, &h, &g, sc, weight, bias, mean.contiguous(), rstd.contiguous(), dres, &dh,
+             tg);
     for (auto* t : tg.t) finish_grad(*t);
   } else {
     for (auto* t : tg.t)

@@ -44,7 +44,9 @@ def _fused_block_forward(
     dim = hidden_states.shape[-1]
 
     # 1. Self-attention.
-    norm_hidden_states = layer_norm_modulate(hidden_states, shift_msa, scale_msa, eps=self.norm1.eps, out_dtype=dtype)
+    norm_hidden_states = layer_norm_modulate(
+        hidden_states, shift_msa, scale_msa, eps=self.norm1.eps, out_dtype=dtype
+    )
     attn_output = self.attn1(norm_hidden_states, None, None, rotary_emb)
 
     # 2. Cross-attention: the gated residual and norm2 in one pass.
@@ -54,15 +56,28 @@ def _fused_block_forward(
     else:
         zero = hidden_states.new_zeros(dim, dtype=torch.float32)
         hidden_states, norm_hidden_states = gated_residual_layer_norm_modulate(
-            hidden_states, attn_output, gate_msa, zero, zero,
-            weight=self.norm2.weight, bias=self.norm2.bias, eps=self.norm2.eps, out_dtype=dtype,
+            hidden_states,
+            attn_output,
+            gate_msa,
+            zero,
+            zero,
+            weight=self.norm2.weight,
+            bias=self.norm2.bias,
+            eps=self.norm2.eps,
+            out_dtype=dtype,
         )
     attn_output = self.attn2(norm_hidden_states, encoder_hidden_states, None, None)
 
     # 3. Feed-forward: the residual add and the modulated norm3 in one pass.
     one = hidden_states.new_ones(dim, dtype=torch.float32)
     hidden_states, norm_hidden_states = gated_residual_layer_norm_modulate(
-        hidden_states, attn_output, one, c_shift_msa, c_scale_msa, eps=self.norm3.eps, out_dtype=dtype
+        hidden_states,
+        attn_output,
+        one,
+        c_shift_msa,
+        c_scale_msa,
+        eps=self.norm3.eps,
+        out_dtype=dtype,
     )
     ff_output = self.ffn(norm_hidden_states)
     return (hidden_states.float() + ff_output.float() * c_gate_msa).type_as(hidden_states)
@@ -72,7 +87,9 @@ def _wan_blocks(model: nn.Module):
     try:
         from diffusers.models.transformers.transformer_wan import WanTransformerBlock
     except ImportError as e:  # pragma: no cover - exercised only without diffusers
-        raise ImportError("apply_fused_ops needs diffusers (pip install 'adaptiveload[wan]')") from e
+        raise ImportError(
+            "apply_fused_ops needs diffusers (pip install 'adaptiveload[wan]')"
+        ) from e
     return [m for m in model.modules() if isinstance(m, WanTransformerBlock)]
 
 

@@ -14,20 +14,51 @@ TEXT_LEN = 512
 
 CONFIGS: dict[str, dict] = {
     # A model of a few thousand parameters, for CPU tests.
-    "tiny": dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, text_dim=32,
-                 freq_dim=32, ffn_dim=64, num_layers=2),
-    "wan2.1-1.3B": dict(num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
-                        text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30),
-    "wan2.1-14B": dict(num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16,
-                       text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40),
+    "tiny": dict(
+        num_attention_heads=2,
+        attention_head_dim=16,
+        in_channels=4,
+        out_channels=4,
+        text_dim=32,
+        freq_dim=32,
+        ffn_dim=64,
+        num_layers=2,
+    ),
+    "wan2.1-1.3B": dict(
+        num_attention_heads=12,
+        attention_head_dim=128,
+        in_channels=16,
+        out_channels=16,
+        text_dim=4096,
+        freq_dim=256,
+        ffn_dim=8960,
+        num_layers=30,
+    ),
+    "wan2.1-14B": dict(
+        num_attention_heads=40,
+        attention_head_dim=128,
+        in_channels=16,
+        out_channels=16,
+        text_dim=4096,
+        freq_dim=256,
+        ffn_dim=13824,
+        num_layers=40,
+    ),
 }
 
 # Modules diffusers keeps in fp32 when the rest of the model is bf16.
 _FP32_KEYS = ("scale_shift_table", "norm1", "norm2", "norm3", "time_embedder", "rope")
 
 
-def build_wan(config: str = "wan2.1-1.3B", *, layers: int | None = None, device="cpu",
-              dtype: torch.dtype = torch.float32, fused: bool = False, seed: int = 0):
+def build_wan(
+    config: str = "wan2.1-1.3B",
+    *,
+    layers: int | None = None,
+    device="cpu",
+    dtype: torch.dtype = torch.float32,
+    fused: bool = False,
+    seed: int = 0,
+):
     """A randomly initialized ``WanTransformer3DModel`` (same weights for the same seed),
     parameters in ``dtype`` except the norms and modulation tables (fp32, as diffusers)."""
     from diffusers import WanTransformer3DModel
@@ -53,11 +84,24 @@ def build_wan(config: str = "wan2.1-1.3B", *, layers: int | None = None, device=
 
 def latent_shape(frames: int, height: int, width: int, channels: int) -> tuple[int, int, int, int]:
     """(C, F', H', W') of the VAE latent of a (frames, height, width) pixel clip."""
-    return (channels, (frames - 1) // VAE_STRIDE[0] + 1, height // VAE_STRIDE[1], width // VAE_STRIDE[2])
+    return (
+        channels,
+        (frames - 1) // VAE_STRIDE[0] + 1,
+        height // VAE_STRIDE[1],
+        width // VAE_STRIDE[2],
+    )
 
 
-def random_batch(model, batch: int, frames: int, height: int, width: int, *, text_len: int = TEXT_LEN,
-                 generator: torch.Generator | None = None):
+def random_batch(
+    model,
+    batch: int,
+    frames: int,
+    height: int,
+    width: int,
+    *,
+    text_len: int = TEXT_LEN,
+    generator: torch.Generator | None = None,
+):
     """Inputs of one forward pass: noisy latents, timesteps and text embeddings."""
     cfg = model.config
     p = next(model.parameters())
@@ -66,6 +110,7 @@ def random_batch(model, batch: int, frames: int, height: int, width: int, *, tex
     return {
         "hidden_states": torch.randn(shape, device=p.device, generator=generator).to(dtype),
         "timestep": torch.rand(batch, device=p.device, generator=generator) * 1000,
-        "encoder_hidden_states": torch.randn(batch, text_len, cfg.text_dim, device=p.device,
-                                             generator=generator).to(dtype),
+        "encoder_hidden_states": torch.randn(
+            batch, text_len, cfg.text_dim, device=p.device, generator=generator
+        ).to(dtype),
     }
