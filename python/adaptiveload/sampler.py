@@ -98,6 +98,8 @@ def _as_seq_lens(seq_lens) -> np.ndarray:
 
 
 def _as_group_ids(group_keys, n: int) -> np.ndarray | None:
+    """Dense int64 ids from keys: a 1-D integer array as is, the rows of a 2-D array
+    (e.g. (frames, height, width) per sample), or any sequence of hashable keys."""
     if group_keys is None:
         return None
     if (
@@ -106,13 +108,17 @@ def _as_group_ids(group_keys, n: int) -> np.ndarray | None:
         and group_keys.dtype.kind in "iu"
     ):
         keys = group_keys.astype(np.int64)
+    elif isinstance(group_keys, np.ndarray) and group_keys.ndim == 2:
+        if len(group_keys) != n:
+            raise ValueError(f"group_keys has {len(group_keys)} rows but seq_lens has {n}")
+        keys = np.unique(group_keys, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
     else:
         if len(group_keys) != n:
             raise ValueError(f"group_keys has {len(group_keys)} entries but seq_lens has {n}")
         ids: dict = {}
         keys = np.fromiter(
             (
-                ids.setdefault(k if not isinstance(k, list) else tuple(k), len(ids))
+                ids.setdefault(tuple(k) if isinstance(k, list | np.ndarray) else k, len(ids))
                 for k in group_keys
             ),
             dtype=np.int64,

@@ -224,6 +224,13 @@ def test_group_keys_are_never_mixed():
         meta.seq_lens, 151200, group_keys=meta.group_keys(), num_replicas=4, rank=0
     )
     check_plan(s2)
+    s3 = AdaptiveBatchSampler(meta.seq_lens, 151200, group_keys=meta.shapes, num_replicas=4, rank=0)
+    check_plan(s3)
+    np.testing.assert_array_equal(s3.plan().samples, s2.plan().samples)
+    with pytest.raises(ValueError, match="group_keys has 2 rows"):
+        AdaptiveBatchSampler(
+            meta.seq_lens, 151200, group_keys=meta.shapes[:2], num_replicas=4, rank=0
+        )
 
 
 def test_deterministic_per_epoch_without_global_rng():
