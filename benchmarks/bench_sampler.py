@@ -203,7 +203,10 @@ def render(results: dict, lookahead: dict, scale: dict, samples: int) -> str:
     return "\n".join(lines)
 
 
-def write_section(text: str, name: str = "sampler") -> None:
+def write_section(
+    text: str, name: str = "sampler", title: str = "Sampler balance and planning cost"
+) -> None:
+    """Replace the marked section `name` of RESULTS.md (appended under `title` if new)."""
     path = os.path.join(HERE, "RESULTS.md")
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     doc = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
@@ -211,7 +214,7 @@ def write_section(text: str, name: str = "sampler") -> None:
     if begin in doc:
         doc = doc[: doc.index(begin)] + block + doc[doc.index(end) + len(end) :]
     else:
-        doc = doc.rstrip() + f"\n\n## Sampler balance and planning cost\n\n{block}\n"
+        doc = doc.rstrip() + f"\n\n## {title}\n\n{block}\n"
     with open(path, "w") as f:
         f.write(doc)
 
