@@ -18,6 +18,7 @@ Then plans an epoch of 10 million samples for 1,024 ranks and reports time and m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -27,8 +28,15 @@ from datetime import date
 
 import numpy as np
 
-from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler, Plan
+from adaptiveload import (
+    AdaptiveBatchSampler,
+    CostModel,
+    EqualTokenBatchSampler,
+    Plan,
+    balance_report,
+)
 from adaptiveload.demo import MIXES, demo_metadata
+from adaptiveload.report import rescore
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TABLE = os.path.join(HERE, "..", "..", "shared", "data", "wan_block_cost_h200.json")
@@ -82,16 +90,14 @@ class MeasuredBlockTime:
 
 
 def simulate(plan: Plan, times: np.ndarray) -> dict:
-    loads = times.reshape(plan.num_steps, plan.num_replicas, plan.micro_batches_per_step).sum(
-        axis=2
-    )
-    mx, mean, mn = loads.max(1), loads.mean(1), loads.min(1)
+    """The balance report of ``plan`` with its micro-batches timed by ``times`` (ms)."""
+    rep = balance_report(dataclasses.replace(plan, costs=times, max_cost=None))
     return {
-        "steps": plan.num_steps,
-        "imbalance": float(np.mean(1 - mean / mx)),
-        "spread": float(np.mean((mx - mn) / mx)),
-        "epoch_s": float(mx.sum() / 1000),
-        "bound_s": float(mean.sum() / 1000),
+        "steps": rep.num_steps,
+        "imbalance": rep.imbalance,
+        "spread": rep.spread,
+        "epoch_s": rep.epoch_time / 1000,
+        "bound_s": rep.ideal_time / 1000,
     }
 
 
@@ -115,16 +121,9 @@ def compare(meta, world: int, k: int, table: MeasuredBlockTime, lookahead: int =
         res = simulate(plan, table.plan_times(plan, lens))
         res["padded"] = plan.num_padded_samples
         if name == "AdaptiveLoad":
-            costs = ours.cost_model
-            over = int(np.sum(plan.tokens > max_tokens))
-            over += int(
-                sum(
-                    costs.batch_cost(lens[plan.samples[plan.offsets[m] : plan.offsets[m + 1]]])
-                    > ours.max_cost * (1 + 1e-12)
-                    for m in range(plan.num_micro_batches)
-                )
-            )
-            res["over_cap"] = over
+            # Costs recomputed in Python from the model, independently of the C++ plan.
+            check = balance_report(rescore(plan, lens, ours.cost_model, ours.max_cost))
+            res["over_cap"] = check.over_token_cap + check.over_cost_cap
         out[name] = res
     base = out["equal-token"]["epoch_s"]
     for res in out.values():

@@ -37,7 +37,8 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader, Dataset
 
-from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler, wan_seq_len
+from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
+from adaptiveload.metadata import read_metadata
 from adaptiveload.models.wan import CONFIGS, PATCH, build_wan
 
 
@@ -46,11 +47,11 @@ class LatentDataset(Dataset):
 
     def __init__(self, root: str):
         self.root = root
-        with open(os.path.join(root, "metadata.csv"), newline="") as f:
+        path = os.path.join(root, "metadata.csv")
+        meta = read_metadata(path)  # validated: errors name the row and column
+        self.shapes, self.seq_lens = meta.shapes, meta.seq_lens
+        with open(path, newline="") as f:
             self.rows = list(csv.DictReader(f))
-        shape = [(int(r["num_frames"]), int(r["height"]), int(r["width"])) for r in self.rows]
-        self.shapes = shape
-        self.seq_lens = wan_seq_len(*(torch.tensor(c).numpy() for c in zip(*shape, strict=True)))
 
     def __len__(self):
         return len(self.rows)

@@ -8,15 +8,6 @@
 namespace adaptiveload {
 namespace {
 
-void check_residual_pair(const char* op, const at::Tensor& residual, const at::Tensor& h) {
-  TORCH_CHECK(h.device() == residual.device(), op, ": h is on ", h.device(), " but residual is on ",
-              residual.device());
-  TORCH_CHECK(h.sizes() == residual.sizes(), op, ": h must have residual's shape ",
-              residual.sizes(), ", got ", h.sizes());
-  TORCH_CHECK(h.scalar_type() == residual.scalar_type(), op, ": h must have residual's dtype ",
-              residual.scalar_type(), ", got ", h.scalar_type());
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_residual_layer_norm_modulate_cpu(
     const at::Tensor& residual, const at::Tensor& h_in, const at::Tensor& gate,
     const at::Tensor& shift, const at::Tensor& scale, const std::optional<at::Tensor>& weight,

@@ -116,6 +116,16 @@ inline void check_inputs(const char* op, const char* x_name, const at::Tensor& x
   }
 }
 
+// The fused op's h must be residual's twin: same device, shape and dtype.
+inline void check_residual_pair(const char* op, const at::Tensor& residual, const at::Tensor& h) {
+  TORCH_CHECK(h.device() == residual.device(), op, ": h is on ", h.device(), " but residual is on ",
+              residual.device());
+  TORCH_CHECK(h.sizes() == residual.sizes(), op, ": h must have residual's shape ",
+              residual.sizes(), ", got ", h.sizes());
+  TORCH_CHECK(h.scalar_type() == residual.scalar_type(), op, ": h must have residual's dtype ",
+              residual.scalar_type(), ", got ", h.scalar_type());
+}
+
 inline at::ScalarType resolve_out_dtype(const char* op, const at::Tensor& x,
                                         std::optional<at::ScalarType> out_dtype) {
   const at::ScalarType st = out_dtype.value_or(x.scalar_type());

@@ -10,7 +10,6 @@ configuration; ``adaptiveload calibrate`` is its command line.
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 import time
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 
 from adaptiveload.cost import CostModel
+from adaptiveload.seqlen import wan_seq_len
 
 # (frames, height, width) in pixels: images, 480p and 720p clips up to 81 frames.
 WAN_SHAPES = [
@@ -155,16 +155,11 @@ def time_call(
     return statistics.median(times)
 
 
-def wan_grid(
-    max_tokens: int, shapes=WAN_SHAPES, seq_len=None
-) -> list[tuple[int, tuple[int, int, int]]]:
+def wan_grid(max_tokens: int, shapes=WAN_SHAPES) -> list[tuple[int, tuple[int, int, int]]]:
     """(batch, shape) pairs: each shape at batch 1, 2, a quarter, half and all of max_tokens."""
-    from adaptiveload.seqlen import wan_seq_len
-
-    seq_len = seq_len or (lambda f, h, w: wan_seq_len(f, h, w))
     grid = []
     for shape in shapes:
-        s = int(seq_len(*shape))
+        s = wan_seq_len(*shape)
         full = max_tokens // s
         if full < 1:
             continue
@@ -190,21 +185,13 @@ def calibrate_wan(
     progress: bool = True,
 ) -> Calibration:
     """Profile forward+backward of a randomly initialized Wan model over ``wan_grid`` and fit."""
-    from adaptiveload.models.wan import PATCH, build_wan, random_batch
+    from adaptiveload.models.wan import build_wan, random_batch
 
     device = torch.device(device)
     model = build_wan(config, layers=layers, device=device, dtype=dtype, fused=fused)
     if activation_checkpointing:
         model.enable_gradient_checkpointing()
-    patch = math.prod(PATCH)
-
-    def seq_len(f, h, w):
-        from adaptiveload.models.wan import latent_shape
-
-        _, fl, hl, wl = latent_shape(f, h, w, 1)
-        return fl * hl * wl // patch
-
-    grid = wan_grid(max_tokens, shapes, seq_len)
+    grid = wan_grid(max_tokens, shapes)
     bar = _progress(len(grid), progress)
     points = []
     for b, shape in grid:
@@ -220,7 +207,7 @@ def calibrate_wan(
         ms = time_call(step, device, warmup, repeat)
         peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
         model.zero_grad(set_to_none=True)
-        points.append(Point(b, int(seq_len(*shape)), ms, int(peak), tuple(shape)))
+        points.append(Point(b, wan_seq_len(*shape), ms, int(peak), tuple(shape)))
         bar(f"B={b} S={points[-1].seq_len}: {ms:.1f} ms")
         del inputs
     cost = fit_cost_model(points)

@@ -110,6 +110,11 @@ def _stats_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+def _grad_like(t, needed, fallback):
+    """A gradient of t's shape when needed, else the (0,) placeholder the kernels return."""
+    return t.new_empty(t.shape) if needed and t is not None else fallback.new_empty((0,))
+
+
 @torch.library.register_fake("adaptiveload::layer_norm_modulate")
 def _layer_norm_modulate_fake(x, shift, scale, weight, bias, eps, out_dtype):
     _check_common("layer_norm_modulate", x, {"shift": shift, "scale": scale}, weight, bias)
@@ -122,15 +127,12 @@ def _layer_norm_modulate_fake(x, shift, scale, weight, bias, eps, out_dtype):
 def _layer_norm_modulate_backward_fake(dy, x, shift, scale, weight, bias, mean, rstd, mask):
     torch._check(dy.shape == x.shape, lambda: "_layer_norm_modulate_backward: dy must match x")
 
-    def grad(t, needed, fallback):
-        return t.new_empty(t.shape) if needed and t is not None else fallback.new_empty((0,))
-
     return (
-        grad(x, mask[0], x),
-        grad(shift, mask[1], shift),
-        grad(scale, mask[2], scale),
-        grad(weight, mask[3], x),
-        grad(bias, mask[4], x),
+        _grad_like(x, mask[0], x),
+        _grad_like(shift, mask[1], shift),
+        _grad_like(scale, mask[2], scale),
+        _grad_like(weight, mask[3], x),
+        _grad_like(bias, mask[4], x),
     )
 
 
@@ -148,17 +150,14 @@ def _gated_fake(residual, h, gate, shift, scale, weight, bias, eps, out_dtype):
 
 @torch.library.register_fake("adaptiveload::_gated_residual_layer_norm_modulate_backward")
 def _gated_backward_fake(dr, dy, r, h, gate, shift, scale, weight, bias, mean, rstd, mask):
-    def grad(t, needed, fallback):
-        return t.new_empty(t.shape) if needed and t is not None else fallback.new_empty((0,))
-
     return (
-        grad(r, mask[0], r),
-        grad(h, mask[1], h),
-        grad(gate, mask[2], gate),
-        grad(shift, mask[3], shift),
-        grad(scale, mask[4], scale),
-        grad(weight, mask[5], r),
-        grad(bias, mask[6], r),
+        _grad_like(r, mask[0], r),
+        _grad_like(h, mask[1], h),
+        _grad_like(gate, mask[2], gate),
+        _grad_like(shift, mask[3], shift),
+        _grad_like(scale, mask[4], scale),
+        _grad_like(weight, mask[5], r),
+        _grad_like(bias, mask[6], r),
     )
 
 

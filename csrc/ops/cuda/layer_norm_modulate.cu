@@ -1341,15 +1341,6 @@ layer_norm_modulate_backward_cuda(const at::Tensor& dy_in, const at::Tensor& x,
   return {dx, dshift.out, dscale.out, dweight.out, dbias.out};
 }
 
-void check_residual_pair(const char* op, const at::Tensor& residual, const at::Tensor& h) {
-  TORCH_CHECK(h.device() == residual.device(), op, ": h is on ", h.device(), " but residual is on ",
-              residual.device());
-  TORCH_CHECK(h.sizes() == residual.sizes(), op, ": h must have residual's shape ",
-              residual.sizes(), ", got ", h.sizes());
-  TORCH_CHECK(h.scalar_type() == residual.scalar_type(), op, ": h must have residual's dtype ",
-              residual.scalar_type(), ", got ", h.scalar_type());
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_residual_layer_norm_modulate_cuda(
     const at::Tensor& residual, const at::Tensor& h_in, const at::Tensor& gate,
     const at::Tensor& shift, const at::Tensor& scale, const std::optional<at::Tensor>& weight,
