@@ -9,6 +9,7 @@ dy and writes dx (6 bytes/element); per-token modulation adds its bytes, per-sam
 is negligible. fp32 stream: fp32 x, bf16 y/dy, fp32 dx.
 
     python benchmarks/bench_layer_norm_modulate.py [--quick] [--no-autotune] [--out FILE]
+    python benchmarks/bench_layer_norm_modulate.py --sweep   # the kernels' tuning knobs
 """
 
 from __future__ import annotations
@@ -155,12 +156,70 @@ def bench_fused_residual(rows):
     rows.append(("fused residual fwd, 1x32760x5120 bf16", t_fused, 8 * elem, t_sep, 10 * elem))
 
 
+def sweep_knobs(ceiling, lines):
+    """Our kernels under each setting of the tuning knobs (docs/ops.md), per-sample modulation."""
+    import os
+
+    shapes = [
+        (1, 32760, 1536, "bf16"),
+        (1, 75600, 1536, "bf16"),
+        (1, 32760, 3072, "bf16"),
+        (1, 32760, 5120, "bf16"),
+        (2, 32760, 5120, "bf16"),
+        (1, 32760, 5120, "fp32"),
+    ]
+    fwd_knobs = [0, 1]
+    bwd_knobs = [(1, 1), (1, 2), (1, 3), (2, 2), (2, 3), (4, 3)]
+    keys = ("ADAPTIVELOAD_FWD_PREFETCH", "ADAPTIVELOAD_BWD_TEAMS", "ADAPTIVELOAD_BWD_STAGES")
+    head = (
+        "| shape | "
+        + " | ".join(f"fwd pf={k}" for k in fwd_knobs)
+        + " | "
+        + " | ".join(f"bwd t={t} s={s}" for t, s in bwd_knobs)
+        + " | default fwd | default bwd |"
+    )
+    lines += ["", "Tuning knobs, % of copy bandwidth (ours, per-sample modulation):", "", head]
+    lines.append("|" + "---|" * (len(fwd_knobs) + len(bwd_knobs) + 3))
+    print(head)
+    for b, s, d, stream in shapes:
+        case = Case(b, s, d, stream, "per_sample", copies=2)
+        graphs = [(ours(x, sh, sc, case.out_dtype), dy, (x, sh, sc)) for x, sh, sc, dy in case.sets]
+
+        def fwd(x, shift, scale, dy, out_dtype=case.out_dtype):
+            with torch.no_grad():
+                ours(x, shift, scale, out_dtype)
+
+        def bwd(y, dy, inputs):
+            torch.autograd.grad(y, inputs, dy, retain_graph=True)
+
+        cells = []
+        for k in fwd_knobs:
+            os.environ[keys[0]] = str(k)
+            cells.append(100 * case.fwd_bytes / bench(fwd, case.sets) / 1e6 / ceiling)
+        os.environ.pop(keys[0])
+        for t, st in bwd_knobs:
+            os.environ[keys[1]], os.environ[keys[2]] = str(t), str(st)
+            cells.append(100 * case.bwd_bytes / bench(bwd, graphs) / 1e6 / ceiling)
+        os.environ.pop(keys[1])
+        os.environ.pop(keys[2])
+        cells.append(100 * case.fwd_bytes / bench(fwd, case.sets) / 1e6 / ceiling)
+        cells.append(100 * case.bwd_bytes / bench(bwd, graphs) / 1e6 / ceiling)
+        row = f"| {case.name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |"
+        print(row)
+        lines.append(row)
+        del case, graphs
+        torch.cuda.empty_cache()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a reduced set of shapes")
     parser.add_argument("--no-autotune", action="store_true", help="skip max-autotune")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--out", help="write a markdown table to this file")
+    parser.add_argument(
+        "--sweep", action="store_true", help="only our kernels, under each tuning-knob setting"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_layer_norm_modulate.py needs a CUDA GPU; none found.", file=sys.stderr)
@@ -173,6 +232,13 @@ def main() -> int:
     print(header)
     ceiling = copy_ceiling_gbs()
     print(f"device-to-device copy: {ceiling:.0f} GB/s (bytes read + written)")
+    if args.sweep:
+        lines = [f"{header}; copy ceiling {ceiling:.0f} GB/s"]
+        sweep_knobs(ceiling, lines)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write("\n".join(lines) + "\n")
+        return 0
 
     dims = [1536, 5120] if args.quick else [1536, 3072, 5120]
     tokens = [32760] if args.quick else [32760, 75600]

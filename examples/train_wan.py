@@ -43,10 +43,18 @@ from adaptiveload.models.wan import CONFIGS, PATCH, build_wan
 
 
 class LatentDataset(Dataset):
-    """Samples of metadata.csv: ``{"latent", "text", "index"}``."""
+    """Samples of metadata.csv: ``{"latent", "text", "noise", "u", "index"}``.
 
-    def __init__(self, root: str):
+    The flow-matching noise and the timestep's normal draw ``u`` are made here, in the
+    DataLoader's workers, from a generator seeded by (seed, epoch, sample) only: a resumed
+    run, on any number of ranks, draws the same noise for the same sample, and the GPU's
+    timed step does no per-sample work. Set ``epoch`` before each epoch's DataLoader is made.
+    """
+
+    def __init__(self, root: str, seed: int = 0):
         self.root = root
+        self.seed = seed
+        self.epoch = 0
         path = os.path.join(root, "metadata.csv")
         meta = read_metadata(path)  # validated: errors name the row and column
         self.shapes, self.seq_lens = meta.shapes, meta.seq_lens
@@ -58,13 +66,18 @@ class LatentDataset(Dataset):
 
     def __getitem__(self, i):
         t = load_file(os.path.join(self.root, self.rows[i]["path"]))
-        return {"latent": t["latent"], "text": t["text"], "index": i}
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch * 7_919 + i)
+        noise = torch.randn(t["latent"].shape, generator=g)
+        u = torch.randn((), generator=g)
+        return {"latent": t["latent"], "text": t["text"], "noise": noise, "u": u, "index": i}
 
 
 def collate(samples):
     return {
         "latent": torch.stack([s["latent"] for s in samples]),
         "text": torch.stack([s["text"] for s in samples]),
+        "noise": torch.stack([s["noise"] for s in samples]),
+        "u": torch.stack([s["u"] for s in samples]),
         "index": torch.tensor([s["index"] for s in samples]),
     }
 
@@ -166,22 +179,23 @@ def _reduce(grads):
             offset += g.numel()
 
 
-def flow_matching_loss(model, batch, epoch, seed, device, dtype, normalizer):
-    """Sum of squared velocity errors over the micro-batch, divided by ``normalizer``."""
+def flow_matching_loss(model, batch, device, dtype, normalizer, marks=None):
+    """Sum of squared velocity errors over the micro-batch, divided by ``normalizer``.
+
+    ``marks``: a list to which a CUDA event is appended once the inputs are on the GPU, so
+    that the caller can split the step's time into input preparation and model.
+    """
     latent = batch["latent"].to(device=device, dtype=torch.float32, non_blocking=True)
+    noise = batch["noise"].to(device=device, dtype=torch.float32, non_blocking=True)
+    u = batch["u"].to(device=device, dtype=torch.float32, non_blocking=True)
     text = batch["text"].to(device=device, dtype=dtype, non_blocking=True)
-    b = latent.shape[0]
-    noise = torch.empty_like(latent)
-    u = torch.empty(b, device=device)
-    for j, index in enumerate(batch["index"].tolist()):
-        # Noise and timestep depend on (seed, epoch, sample) only: resuming reproduces them.
-        g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + epoch * 7_919 + index)
-        noise[j] = torch.randn(latent.shape[1:], generator=g, device=device)
-        u[j] = torch.randn((), generator=g, device=device)
     t = torch.sigmoid(u)  # logit-normal timesteps
-    tb = t.view(b, 1, 1, 1, 1)
+    tb = t.view(-1, 1, 1, 1, 1)
     x_t = ((1 - tb) * latent + tb * noise).to(dtype)
     target = noise - latent
+    if marks is not None:
+        marks.append(torch.cuda.Event(enable_timing=True))
+        marks[-1].record()
     pred = model(
         hidden_states=x_t, timestep=t * 1000, encoder_hidden_states=text, return_dict=False
     )[0]
@@ -221,7 +235,7 @@ def main(argv=None):
         args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     ]
 
-    data = LatentDataset(args.data)
+    data = LatentDataset(args.data, seed=args.seed)
     seq_lens = data.seq_lens
     max_tokens = args.max_tokens or int(2 * seq_lens.max())
     cost = CostModel.from_json(args.cost_model) if args.cost_model else None
@@ -286,6 +300,7 @@ def main(argv=None):
     epoch, step = start_epoch, -1
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
+        data.epoch = epoch  # before the DataLoader forks its workers
         plan = sampler.plan()
         step_tokens = plan.tokens.reshape(plan.num_steps, W * K).sum(axis=1)
         loader = DataLoader(
@@ -319,6 +334,8 @@ def main(argv=None):
             samples = tokens = 0
             batches = []
             data_wait = 0.0
+            # Per micro-batch: (start, inputs on GPU, end) events; model time = end - inputs.
+            marks = [] if on_cuda else None
             for k in range(K):
                 t_data = time.perf_counter()
                 batch = next(it)
@@ -331,21 +348,26 @@ def main(argv=None):
                     sync = model.no_sync()
                 elif hasattr(model, "set_requires_gradient_sync"):
                     model.set_requires_gradient_sync(k == K - 1)
+                if marks is not None:
+                    marks.append(torch.cuda.Event(enable_timing=True))
+                    marks[-1].record()
                 with sync:
-                    scale = (
-                        W if args.parallel == "fsdp" else 1
-                    )  # FSDP averages gradients over ranks
-                    loss = (
-                        flow_matching_loss(
-                            model, batch, epoch, args.seed, device, dtype, normalizer
-                        )
-                        * scale
-                    )
-                    loss.backward()
-                loss_sum += loss.detach() / scale
+                    scale = W if args.parallel == "fsdp" else 1  # FSDP averages over ranks
+                    loss = flow_matching_loss(model, batch, device, dtype, normalizer, marks)
+                    (loss * scale).backward()
+                if marks is not None:
+                    marks.append(torch.cuda.Event(enable_timing=True))
+                    marks[-1].record()
+                loss_sum += loss.detach()
             if on_cuda:
                 torch.cuda.synchronize(device)
             compute_s = time.perf_counter() - t_start - data_wait
+            # GPU time of the model's forward and backward alone (inputs already on the GPU).
+            model_s = (
+                sum(marks[i + 1].elapsed_time(marks[i + 2]) for i in range(0, len(marks), 3)) / 1000
+                if marks
+                else 0.0
+            )
             if ddp_manual and world > 1:
                 allreduce_gradients(params)
             optimizer.step()
@@ -355,7 +377,15 @@ def main(argv=None):
             step_s = time.perf_counter() - t_start
             peak = torch.cuda.max_memory_allocated(device) if on_cuda else 0
             stats = torch.tensor(
-                [compute_s, step_s, float(peak), float(samples), float(tokens), float(loss_sum)],
+                [
+                    compute_s,
+                    step_s,
+                    float(peak),
+                    float(samples),
+                    float(tokens),
+                    float(loss_sum),
+                    model_s,
+                ],
                 dtype=torch.float64,
                 device=device,
             )
@@ -373,6 +403,7 @@ def main(argv=None):
                     "global_step": global_step,
                     "loss": float(g[:, 5].sum()),
                     "compute_ms": (compute * 1000).tolist(),
+                    "model_ms": (g[:, 6] * 1000).tolist(),
                     "step_ms": float(g[:, 1].max() * 1000),
                     "imbalance": float(1 - compute.mean() / compute.max())
                     if compute.max() > 0

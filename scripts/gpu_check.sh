@@ -2,7 +2,7 @@
 # On a CUDA machine with torch preinstalled and no network: build the extensions in
 # place, run the GPU tests and the benchmarks, and print a short table last.
 #
-#   bash scripts/gpu_check.sh [build] [test] [bench] [e2e]   (default: build test bench)
+#   bash scripts/gpu_check.sh [build] [test] [sweep] [bench] [e2e]   (default: build test bench)
 #
 # Logs and result tables go to $OUT (or ./out). TORCH_CUDA_ARCH_LIST defaults to 9.0
 # (H100/H200) here to keep the build short. Python wheels carried in .whl/ (packages the
@@ -72,6 +72,10 @@ PY
       run_step bench timeout "${BENCH_TIMEOUT:-400}" $PY benchmarks/bench_layer_norm_modulate.py \
         --out "$OUT/ops_results.md" "${extra[@]}"
       ;;
+    sweep)
+      run_step sweep timeout "${SWEEP_TIMEOUT:-240}" $PY benchmarks/bench_layer_norm_modulate.py \
+        --sweep --out "$OUT/sweep.md"
+      ;;
     e2e)
       eval "extra=(${E2E_ARGS:-})"
       run_step e2e timeout "${E2E_TIMEOUT:-420}" $PY benchmarks/e2e_wan.py --out "$OUT/e2e" "${extra[@]}"
@@ -83,5 +87,6 @@ done
 echo
 echo "=== summary ($(date -u +%F' '%H:%M) UTC, $(head -n1 "$OUT/gpu.txt"))"
 printf '%s\n' "${summary[@]}"
+[ -f "$OUT/sweep.md" ] && cat "$OUT/sweep.md"
 [ -f "$OUT/ops_results.md" ] && tail -n 40 "$OUT/ops_results.md"
 exit $status

@@ -419,6 +419,69 @@ def test_cuda_matches_cpu_bitwise_stats_close():
     torch.testing.assert_close(y_gpu.cpu(), y_cpu, atol=1e-4, rtol=1e-4)
 
 
+# Every setting of the CUDA kernels' tuning knobs (docs/ops.md) must give correct results:
+# teams (rows per block in the backward), ring depth (rows prefetched), forward prefetch on/off.
+# 37 rows per sample is not a multiple of any team count, so teams idle in the last pass.
+KNOBS = [(1, 1, 0), (1, 2, 1), (1, 3, 1), (2, 3, 0), (3, 2, 1), (4, 3, 1)]
+
+
+@cuda_only
+@pytest.mark.parametrize("teams,stages,prefetch", KNOBS)
+@pytest.mark.parametrize(
+    "shape,dtype,mod_kind,affine",
+    [
+        ((3, 37, 1536), torch.bfloat16, "per_sample", False),
+        ((2, 37, 768), torch.bfloat16, "chunk", True),
+        ((2, 19, 5120), torch.float32, "per_sample", False),
+        ((2, 9, 3072), torch.bfloat16, "per_token", False),
+    ],
+)
+def test_cuda_tuning_knobs(monkeypatch, teams, stages, prefetch, shape, dtype, mod_kind, affine):
+    monkeypatch.setenv("ADAPTIVELOAD_BWD_TEAMS", str(teams))
+    monkeypatch.setenv("ADAPTIVELOAD_BWD_STAGES", str(stages))
+    monkeypatch.setenv("ADAPTIVELOAD_FWD_PREFETCH", str(prefetch))
+    run_and_check(shape, dtype, torch.float32, None, mod_kind, "cuda", affine=affine, seed=teams)
+
+
+@cuda_only
+@pytest.mark.parametrize("teams,stages", [(1, 1), (2, 3), (4, 2)])
+def test_cuda_tuning_knobs_gated(monkeypatch, teams, stages):
+    monkeypatch.setenv("ADAPTIVELOAD_BWD_TEAMS", str(teams))
+    monkeypatch.setenv("ADAPTIVELOAD_BWD_STAGES", str(stages))
+    gen = torch.Generator().manual_seed(teams * 10 + stages)
+    shape = (2, 37, 1536)
+    inputs = [rand(shape, torch.bfloat16, "cuda", gen).requires_grad_() for _ in range(2)]
+    inputs += [
+        make_mod("per_sample", shape, torch.float32, "cuda", gen).requires_grad_() for _ in range(3)
+    ]
+    r, y = ops.gated_residual_layer_norm_modulate(*inputs)
+    dr, dy = (rand(shape, torch.bfloat16, "cuda", gen) for _ in range(2))
+    got = torch.autograd.grad([r, y], inputs, [dr, dy])
+    lowp_in = [t.detach().clone().requires_grad_() for t in inputs]
+    lowp = torch.autograd.grad(list(reference_gated(*lowp_in)), lowp_in, [dr, dy])
+    ref_in = f64(*inputs)
+    ref = torch.autograd.grad(list(reference_gated(*ref_in)), ref_in, [dr.double(), dy.double()])
+    names = ["dresidual", "dh", "dgate", "dshift", "dscale"]
+    for name, g, rf, lp in zip(names, got, ref, lowp, strict=True):
+        assert_close(name, g, rf, lp, torch.bfloat16)
+
+
+@cuda_only
+def test_cuda_tuning_knob_errors(monkeypatch):
+    x = torch.randn(2, 8, 1536, device="cuda", requires_grad=True)
+    m = torch.randn(2, 1, 1536, device="cuda", requires_grad=True)
+    monkeypatch.setenv("ADAPTIVELOAD_FWD_PREFETCH", "yes")
+    with pytest.raises(RuntimeError, match="ADAPTIVELOAD_FWD_PREFETCH must be an integer"):
+        ops.layer_norm_modulate(x.detach(), m.detach(), m.detach())
+    monkeypatch.delenv("ADAPTIVELOAD_FWD_PREFETCH")
+    y = ops.layer_norm_modulate(x, m, m)
+    monkeypatch.setenv("ADAPTIVELOAD_BWD_STAGES", "7")
+    with pytest.raises(
+        RuntimeError, match=r"ADAPTIVELOAD_BWD_STAGES must be an integer in \[1, 3\]"
+    ):
+        torch.autograd.grad(y, [x, m], torch.ones_like(y))
+
+
 @cuda_only
 def test_cuda_graph_capture():
     gen = torch.Generator().manual_seed(6)

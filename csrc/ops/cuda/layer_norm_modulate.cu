@@ -18,6 +18,7 @@
 
 #include <cub/cub.cuh>
 
+#include <cstdlib>
 #include <functional>
 
 namespace adaptiveload {
@@ -236,6 +237,52 @@ __device__ __forceinline__ float block_sum(float a) {
   return a;
 }
 
+// Asynchronous global-to-shared copies (cp.async, sm_80 and newer; plain copies before that).
+// Each thread copies and later reads back only its own vectors, so the ring of row buffers
+// needs no barrier: a thread waits for its own commit groups.
+__device__ __forceinline__ void copy_async(void* dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  if (bytes == 8) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
+  } else {
+    for (int k = 0; k < bytes; k += 16) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d + k),
+                   "l"(static_cast<const char*>(src) + k)
+                   : "memory");
+    }
+  }
+#else
+  if (bytes == 8) {
+    *static_cast<uint2*>(dst) = *static_cast<const uint2*>(src);
+  } else {
+    for (int k = 0; k < bytes; k += 16) {
+      *reinterpret_cast<uint4*>(static_cast<char*>(dst) + k) =
+          *reinterpret_cast<const uint4*>(static_cast<const char*>(src) + k);
+    }
+  }
+#endif
+}
+
+__device__ __forceinline__ void copy_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until at most n (0, 1 or 2) of this thread's commit groups are still in flight.
+__device__ __forceinline__ void copy_wait(int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (n <= 0) {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  } else if (n == 1) {
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+  } else {
+    asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+  }
+#endif
+}
+
 // ------------------------------------------------------------------------------------------
 // Forward
 // ------------------------------------------------------------------------------------------
@@ -254,6 +301,9 @@ struct FwdParams {
   float* rstd;
   int64_t rows, D;
   float eps;
+  // Warp kernel only: prefetch the next row through shared memory at ring_offset bytes.
+  bool prefetch;
+  int64_t ring_offset;
 };
 
 // One block per row (grid-stride), the row held in registers as packed x values (half the
@@ -439,15 +489,41 @@ __global__ void __launch_bounds__(fwd_warp_threads<VPW>(), VPW <= 4    ? 4
     __syncthreads();
   }
 
+  // With p.prefetch, each warp copies its next row into its own shared-memory buffer
+  // (cp.async) as soon as the current one is in registers, so the load overlaps this row's
+  // reductions and stores.
+  char* buf = reinterpret_cast<char*>(smem4) + p.ring_offset +
+              static_cast<int64_t>(warp) * p.D * static_cast<int64_t>(sizeof(T));
+  auto issue = [&](int64_t row) {
+    if (row < last) {
+#pragma unroll
+      for (int i = 0; i < VPW; ++i) {
+        const int64_t c = lane + 32 * i;
+        if (c < nvec) {
+          copy_async(buf + c * 16, static_cast<const T*>(p.x) + row * p.D + c * VEC, 16);
+        }
+      }
+    }
+    copy_commit();
+  };
+  if (p.prefetch) issue(first + warp);
+
   for (int64_t row = first + warp; row < last; row += nwarps) {
     const int64_t base = row * p.D;
     XRaw xr[VPW];
+    if (p.prefetch) copy_wait(0);
+    // One generic load path for either source keeps register use as without the prefetch.
+    const T* src = p.prefetch ? reinterpret_cast<const T*>(buf) : static_cast<const T*>(p.x) + base;
 #pragma unroll
     for (int i = 0; i < VPW; ++i) {
       const int64_t c = lane + 32 * i;
 #pragma unroll
       for (int k = 0; k < XRaw::kWords; ++k) xr[i].w[k] = 0u;
-      if (c < nvec) load_raw(xr[i], p.x, XK, base + c * VEC);
+      if (c < nvec) load_raw(xr[i], src, XK, c * VEC);
+    }
+    if (p.prefetch) {
+      __syncwarp();  // the lanes' reads of buf are done before it is refilled
+      issue(row + nwarps);
     }
     if constexpr (FUSED) {
 #pragma unroll
@@ -590,6 +666,12 @@ struct BwdParams {
   int64_t per_group;  // chunks (= blocks) per group
   int64_t chunk_rows;
   bool stage;  // dynamic shared memory holds (1 + scale) [and weight] for the chunk
+  // Vector kernel only: threads per team (one row each), ring depth, where the ring starts in
+  // dynamic shared memory, and dy's element size.
+  int team_threads;
+  int stages;
+  int64_t ring_offset;
+  int dy_bytes;
 };
 
 __device__ __forceinline__ void chunk_range(const BwdParams& p, int64_t& first, int64_t& last) {
@@ -599,14 +681,44 @@ __device__ __forceinline__ void chunk_range(const BwdParams& p, int64_t& first, 
   last = min(first + p.chunk_rows, group_end);
 }
 
-// One block per chunk of rows. Each thread owns the same VPT vectors of every row, so the
-// gradients of broadcast operands accumulate in its registers. x and dy stay packed in
-// registers (unpacked again for each use), and the next row's are loaded while the current row
-// is reduced. DYB: bytes per dy element held in registers.
-// Note: 96 registers let two 320-thread blocks (D = 5120, bf16) share an SM; the fused and
-// affine variants need more to avoid spilling.
+// Sums (a, b) over each team of `team_threads` consecutive threads (a multiple of 32), in a
+// fixed order. Every thread of the block calls it. `red` holds two buffers of 32 float2 used in
+// turn (`buf` flips), so a call needs one barrier: the buffer written now was last read before
+// the previous call's barrier.
+__device__ __forceinline__ void team_sum2(float& a, float& b, int team_threads, float2* red,
+                                          int& buf) {
+  using WarpReduce = cub::WarpReduce<float>;
+  __shared__ typename WarpReduce::TempStorage temp[32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float wa = WarpReduce(temp[warp]).Sum(a);
+  const float wb = WarpReduce(temp[warp]).Sum(b);
+  float2* r = red + 32 * buf;
+  if (lane == 0) r[warp] = make_float2(wa, wb);
+  __syncthreads();
+  const int per_team = team_threads / 32;
+  const int w0 = (threadIdx.x / team_threads) * per_team;
+  float sa = 0.f, sb = 0.f;
+  for (int k = 0; k < per_team; ++k) {
+    const float2 v = r[w0 + k];
+    sa += v.x;
+    sb += v.y;
+  }
+  a = sa;
+  b = sb;
+  buf ^= 1;
+}
+
+// One block per chunk of rows, split into teams of p.team_threads threads; each team works on
+// its own row, so a block has `teams` rows in progress (more rows per block means fewer
+// blocks, hence fewer fp32 partials to write and sum for small D). Thread t of a team owns the
+// same VPT vectors of every row, so the gradients of broadcast operands accumulate in its
+// registers. x and dy rows travel through a ring of p.stages shared-memory buffers per team,
+// filled with cp.async p.stages - 1 rows ahead, so two rows' loads are in flight while one is
+// reduced without holding them in registers. DYB: bytes per dy element in registers.
+// Note: the register caps keep two blocks of up to 384 (VPT 1) or 320 (VPT 2) threads on an SM;
+// the fused and affine variants need more to avoid spilling.
 template <typename T, int VPT, int DYB, bool FUSED, bool AFFINE>
-__global__ void __maxnreg__(VPT <= 2 && !FUSED && !AFFINE ? 96 : 128)
+__global__ void __maxnreg__(FUSED || AFFINE ? 128 : VPT == 1 ? 80 : 96)
     layer_norm_modulate_bwd_kernel(const BwdParams p) {
   constexpr int VEC = 16 / sizeof(T);
   constexpr int XK = KindOf<T>::value;
@@ -616,6 +728,10 @@ __global__ void __maxnreg__(VPT <= 2 && !FUSED && !AFFINE ? 96 : 128)
   const float inv_d = 1.f / static_cast<float>(p.D);
   int64_t first, last;
   chunk_range(p, first, last);
+  const int tt = p.team_threads;
+  const int teams = blockDim.x / tt;
+  const int team = threadIdx.x / tt;
+  const int tid = threadIdx.x % tt;
 
   // Only the slots this variant can use: shift and scale, plus gate (FUSED), weight and bias
   // (AFFINE). Unused slots would still cost registers, as their use is decided at run time.
@@ -636,6 +752,9 @@ __global__ void __maxnreg__(VPT <= 2 && !FUSED && !AFFINE ? 96 : 128)
   extern __shared__ float4 bwd_smem4[];
   float* s1s = reinterpret_cast<float*>(bwd_smem4);
   float* ws = s1s + p.D;  // AFFINE only
+  char* ring = reinterpret_cast<char*>(bwd_smem4) + p.ring_offset;
+  __shared__ float2 red[64];
+  int red_buf = 0;
   const bool staged = p.stage && first < last && p.scale.map.inner_stride == 0 &&
                       p.scale.map(first) == p.scale.map(last - 1);
   if (staged) {
@@ -657,43 +776,56 @@ __global__ void __maxnreg__(VPT <= 2 && !FUSED && !AFFINE ? 96 : 128)
   }
   __syncthreads();
 
-  XRaw x_next[VPT];
-  DyRaw dy_next[VPT];
+  // Ring slot s of team j: [x row (D * sizeof(T) bytes) | dy row (D * dy_bytes)].
+  const int stages = p.stages;
+  const int dy_bytes = p.dy_bytes;
+  const int64_t x_row_bytes = p.D * static_cast<int64_t>(sizeof(T));
+  const int64_t slot_bytes = x_row_bytes + p.D * dy_bytes;
+  const int64_t iters = first < last ? (last - first + teams - 1) / teams : 0;
+  auto slot = [&](int64_t it) {
+    return ring + (static_cast<int64_t>(it % stages) * teams + team) * slot_bytes;
+  };
+  auto issue = [&](int64_t it) {
+    const int64_t row = first + it * teams + team;
+    if (it < iters && row < last) {
+      char* sx = slot(it);
+      char* sdy = sx + x_row_bytes;
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    // Padding vectors stay zero, which keeps them out of the row sums.
-#pragma unroll
-    for (int k = 0; k < XRaw::kWords; ++k) x_next[i].w[k] = 0u;
-#pragma unroll
-    for (int k = 0; k < DyRaw::kWords; ++k) dy_next[i].w[k] = 0u;
-  }
-  auto prefetch = [&](int64_t row) {
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
-      if (c < nvec) {
-        load_raw(x_next[i], p.x, XK, row * p.D + c * VEC);
-        load_raw(dy_next[i], p.dy, p.dy_kind, row * p.D + c * VEC);
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t c = tid + static_cast<int64_t>(i) * tt;
+        if (c < nvec) {
+          const int64_t e = row * p.D + c * VEC;
+          copy_async(sx + c * VEC * sizeof(T), static_cast<const T*>(p.x) + e, VEC * sizeof(T));
+          copy_async(sdy + c * VEC * dy_bytes, static_cast<const char*>(p.dy) + e * dy_bytes,
+                     VEC * dy_bytes);
+        }
       }
     }
+    copy_commit();  // possibly empty, so that group counts stay in step
   };
-  if (first < last) prefetch(first);
+  for (int k = 0; k + 1 < stages; ++k) issue(k);
 
-  for (int64_t row = first; row < last; ++row) {
+  for (int64_t it = 0; it < iters; ++it) {
+    issue(it + stages - 1);
+    copy_wait(stages - 1);
+    const int64_t row = first + it * teams + team;
+    const bool active = row < last;
+    const char* sx = slot(it);
+    const char* sdy = sx + x_row_bytes;
     const int64_t base = row * p.D;
-    XRaw x_cur[VPT];
-    DyRaw dy_cur[VPT];
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) x_cur[i] = x_next[i], dy_cur[i] = dy_next[i];
-    if (row + 1 < last) prefetch(row + 1);
-    const float mean = p.mean[row], rstd = p.rstd[row];
-    const int64_t scale_row = p.scale.map(row);
+    const float mean = active ? p.mean[row] : 0.f;
+    const float rstd = active ? p.rstd[row] : 0.f;
+    const int64_t scale_row = active ? p.scale.map(row) : 0;
 
     // g = dy * (1 + scale) * weight is the gradient with respect to xhat.
-    auto load_g = [&](int i, int64_t c, float(&xh)[VEC], float(&dy)[VEC], float(&s1)[VEC],
+    auto load_g = [&](int64_t c, float(&xh)[VEC], float(&dy)[VEC], float(&s1)[VEC],
                       float(&w)[VEC]) {
-      unpack(x_cur[i], XK, xh);
-      unpack(dy_cur[i], p.dy_kind, dy);
+      XRaw xr;
+      DyRaw dr;
+      load_raw(xr, sx, XK, c * VEC);
+      load_raw(dr, sdy, p.dy_kind, c * VEC);
+      unpack(xr, XK, xh);
+      unpack(dr, p.dy_kind, dy);
       if (staged) {
 #pragma unroll
         for (int k = 0; k < VEC; k += 4) {
@@ -714,30 +846,33 @@ __global__ void __maxnreg__(VPT <= 2 && !FUSED && !AFFINE ? 96 : 128)
       for (int k = 0; k < VEC; ++k) xh[k] = (xh[k] - mean) * rstd;
     };
     float sg = 0.f, sgx = 0.f;
+    if (active) {
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
-      if (c < nvec) {
-        float xh[VEC], dy[VEC], s1[VEC], w[VEC];
-        load_g(i, c, xh, dy, s1, w);
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t c = tid + static_cast<int64_t>(i) * tt;
+        if (c < nvec) {
+          float xh[VEC], dy[VEC], s1[VEC], w[VEC];
+          load_g(c, xh, dy, s1, w);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const float g = dy[k] * s1[k] * w[k];
-          sg += g;
-          sgx = fmaf(g, xh[k], sgx);
+          for (int k = 0; k < VEC; ++k) {
+            const float g = dy[k] * s1[k] * w[k];
+            sg += g;
+            sgx = fmaf(g, xh[k], sgx);
+          }
         }
       }
     }
-    block_sum2(sg, sgx);
+    team_sum2(sg, sgx, tt, red, red_buf);
+    if (!active) continue;
     sg *= inv_d;
     sgx *= inv_d;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      const int64_t c = tid + static_cast<int64_t>(i) * tt;
       if (c >= nvec) continue;
       const int64_t idx = base + c * VEC;
       float xh[VEC], dy[VEC], s1[VEC], w[VEC], dx[VEC];
-      load_g(i, c, xh, dy, s1, w);
+      load_g(c, xh, dy, s1, w);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) dx[k] = rstd * (dy[k] * s1[k] * w[k] - sg - xh[k] * sgx);
       if constexpr (FUSED) {
@@ -795,16 +930,47 @@ __global__ void __maxnreg__(VPT <= 2 && !FUSED && !AFFINE ? 96 : 128)
     }
   }
 
-  // Every block writes all its slots, zeros for an empty chunk, so stage two reads no garbage.
+  // Teams 1.. hand their sums to team 0 through the (now idle) ring, which adds them in team
+  // order; team 0 writes the block's partials. Every block writes all its slots, zeros for an
+  // empty chunk, so stage two reads no garbage.
+  copy_wait(0);
+  float* hand = reinterpret_cast<float*>(ring);  // (teams - 1) x D floats
 #pragma unroll
   for (int q = 0; q < NS; ++q) {
     if (!grouped[q]) continue;
-    float* out =
-        p.partials + (static_cast<int64_t>(blockIdx.x) * p.num_slots + p.grad[q].slot) * p.D;
+    if (teams > 1) {
+      __syncthreads();
+      if (team > 0) {
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
-      if (c < nvec) store_vec(out, kF32, c * VEC, acc[q][i]);
+        for (int i = 0; i < VPT; ++i) {
+          const int64_t c = tid + static_cast<int64_t>(i) * tt;
+          if (c < nvec) store_vec(hand + (team - 1) * p.D, kF32, c * VEC, acc[q][i]);
+        }
+      }
+      __syncthreads();
+      if (team == 0) {
+        for (int j = 1; j < teams; ++j) {
+#pragma unroll
+          for (int i = 0; i < VPT; ++i) {
+            const int64_t c = tid + static_cast<int64_t>(i) * tt;
+            if (c < nvec) {
+              float v[VEC];
+              load_vec(v, hand + (j - 1) * p.D, kF32, c * VEC);
+#pragma unroll
+              for (int k = 0; k < VEC; ++k) acc[q][i][k] += v[k];
+            }
+          }
+        }
+      }
+    }
+    if (team == 0) {
+      float* out =
+          p.partials + (static_cast<int64_t>(blockIdx.x) * p.num_slots + p.grad[q].slot) * p.D;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t c = tid + static_cast<int64_t>(i) * tt;
+        if (c < nvec) store_vec(out, kF32, c * VEC, acc[q][i]);
+      }
     }
   }
 }
@@ -941,6 +1107,18 @@ ModArg mod_arg(const Operand& o) {
 }
 
 // Calls f with a value of x's element type (float, at::BFloat16 or at::Half).
+// A positive integer from the environment, or `fallback`: tuning knobs for benchmarks
+// (ADAPTIVELOAD_FWD_PREFETCH, ADAPTIVELOAD_BWD_TEAMS, ADAPTIVELOAD_BWD_STAGES; see docs/ops.md).
+int env_knob(const char* name, int fallback, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  TORCH_CHECK(end != v && *end == '\0' && n >= lo && n <= hi, name, " must be an integer in [",
+              lo, ", ", hi, "], got '", v, "'");
+  return static_cast<int>(n);
+}
+
 template <typename F>
 void dispatch_x(at::ScalarType st, F&& f) {
   switch (st) {
@@ -1007,7 +1185,11 @@ template <typename T, int VPW, bool FUSED>
 void launch_fwd_warp(const FwdParams& p, int64_t group, cudaStream_t stream) {
   auto kernel = layer_norm_modulate_fwd_warp_kernel<T, VPW, FUSED>;
   constexpr int kThreads = fwd_warp_threads<VPW>();
-  const int smem = static_cast<int>((FUSED ? 3 : 2) * p.D * sizeof(float));
+  FwdParams q = p;
+  q.ring_offset = (FUSED ? 3 : 2) * p.D * static_cast<int64_t>(sizeof(float));
+  q.prefetch = env_knob("ADAPTIVELOAD_FWD_PREFETCH", 1, 0, 1) == 1;
+  const int smem = static_cast<int>(
+      q.ring_offset + (q.prefetch ? kThreads / 32 * p.D * static_cast<int64_t>(sizeof(T)) : 0));
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
@@ -1026,7 +1208,7 @@ void launch_fwd_warp(const FwdParams& p, int64_t group, cudaStream_t stream) {
   c.per_group = (c.group + c.chunk_rows - 1) / c.chunk_rows;
   const int64_t blocks = groups * c.per_group;
   TORCH_CHECK(blocks < (int64_t{1} << 31), "layer_norm_modulate: too many rows for one launch");
-  kernel<<<blocks, kThreads, smem, stream>>>(p, c);
+  kernel<<<blocks, kThreads, smem, stream>>>(q, c);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1116,16 +1298,36 @@ void launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cuda
                                 : layer_norm_modulate_bwd_kernel<T, VPT, DYB, true, false>)
                       : (affine ? layer_norm_modulate_bwd_kernel<T, VPT, DYB, false, true>
                                 : layer_norm_modulate_bwd_kernel<T, VPT, DYB, false, false>);
-  const int threads = static_cast<int>(threads_for(nvec, VPT));
+  const auto* props = at::cuda::getCurrentDeviceProperties();
+  const int tt = static_cast<int>(threads_for(nvec, VPT));
+  // Small rows: several teams (rows) per block, up to 512 threads.
+  const int teams = env_knob("ADAPTIVELOAD_BWD_TEAMS", std::max(1, std::min(4, 512 / tt)), 1,
+                             std::max(1, 1024 / tt));
+  const int threads = teams * tt;
+  p.team_threads = tt;
   p.stage = p.scale.map.inner_stride == 0;
-  const int smem = p.stage ? static_cast<int>((affine ? 2 : 1) * p.D * sizeof(float)) : 0;
+  p.ring_offset = p.stage ? (affine ? 2 : 1) * p.D * static_cast<int64_t>(sizeof(float)) : 0;
+  const int64_t slot_bytes = p.D * static_cast<int64_t>(sizeof(T) + p.dy_bytes);
+  auto smem_for = [&](int stages) { return p.ring_offset + stages * teams * slot_bytes; };
+  // Ring depth: three rows (two in flight while one is reduced) when two blocks still fit on an
+  // SM, else fewer; one (no prefetch) always fits the vector path's largest rows.
+  const int64_t per_sm = static_cast<int64_t>(props->sharedMemPerMultiprocessor) - 4096;
+  int stages = 3;
+  while (stages > 1 && smem_for(stages) * 2 > per_sm) --stages;
+  p.stages = env_knob("ADAPTIVELOAD_BWD_STAGES", stages, 1, 3);
+  const int64_t smem64 = smem_for(p.stages);
+  TORCH_CHECK(smem64 <= static_cast<int64_t>(props->sharedMemPerBlockOptin),
+              "layer_norm_modulate backward: ", smem64,
+              " bytes of shared memory needed, more than the device's per-block limit (",
+              props->sharedMemPerBlockOptin, "); lower ADAPTIVELOAD_BWD_TEAMS/_STAGES");
+  const int smem = static_cast<int>(smem64);
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
-  int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  set_grid(static_cast<int64_t>(std::max(per_sm, 1)) * sms);
+  int blocks_per_sm = 0;
+  C10_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, smem));
+  set_grid(static_cast<int64_t>(std::max(blocks_per_sm, 1)) * props->multiProcessorCount);
   kernel<<<blocks_out, threads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -1187,6 +1389,7 @@ void bwd_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor* dr, c
   BwdParams p{};
   p.dy = dy.data_ptr();
   p.dy_kind = kind_of(dy.scalar_type());
+  p.dy_bytes = static_cast<int>(dy.element_size());
   p.x = x.data_ptr();
   p.dx = dx.numel() > 0 ? dx.data_ptr() : nullptr;
   p.scale = mod_arg(scale);
