@@ -1044,10 +1044,12 @@ struct ReduceParams {
 };
 
 // Stage two: out[j, d] = sum of the partials of blocks j*n .. (j+1)*n-1, in a fixed order.
-// Block (32, 8): 32 columns, the block range split across 8 rows of threads and combined in
-// order through shared memory.
-__global__ void __launch_bounds__(256) reduce_partials_kernel(const ReduceParams p) {
-  __shared__ float part[8][33];
+// Block (32, 32): 32 columns; thread row y sums blocks y, y + 32, ... (four loads in flight at
+// a time), then the 32 row sums are added in order through shared memory. Only a few such
+// blocks exist per output row, so each keeps many loads in flight rather than walking the
+// partials one latency at a time.
+__global__ void __launch_bounds__(1024) reduce_partials_kernel(const ReduceParams p) {
+  __shared__ float part[32][33];
   const int64_t d = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   int64_t total_rows = 0;
   for (int o = 0; o < p.num_outputs; ++o) total_rows += p.out_rows[o];
@@ -1058,16 +1060,25 @@ __global__ void __launch_bounds__(256) reduce_partials_kernel(const ReduceParams
     float s = 0.f;
     if (d < p.D) {
       const int64_t n = p.blocks_per_out[o];
-      for (int64_t b = j * n + threadIdx.y; b < (j + 1) * n; b += 8) {
-        s += p.partials[(b * p.num_slots + p.slot[o]) * p.D + d];
+      const int64_t stride = static_cast<int64_t>(p.num_slots) * p.D;
+      const float* src = p.partials + (j * n * p.num_slots + p.slot[o]) * p.D + d;
+      int64_t b = threadIdx.y;
+      for (; b + 96 < n; b += 128) {
+        const float v0 = src[b * stride], v1 = src[(b + 32) * stride];
+        const float v2 = src[(b + 64) * stride], v3 = src[(b + 96) * stride];
+        s += v0;
+        s += v1;
+        s += v2;
+        s += v3;
       }
+      for (; b < n; b += 32) s += src[b * stride];
     }
     part[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && d < p.D) {
       float t = 0.f;
 #pragma unroll
-      for (int k = 0; k < 8; ++k) t += part[k][threadIdx.x];
+      for (int k = 0; k < 32; ++k) t += part[k][threadIdx.x];
       store1(p.out[o], p.kind[o], j * p.D + d, t);
     }
     __syncthreads();
@@ -1300,26 +1311,36 @@ void launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cuda
                                 : layer_norm_modulate_bwd_kernel<T, VPT, DYB, false, false>);
   const auto* props = at::cuda::getCurrentDeviceProperties();
   const int tt = static_cast<int>(threads_for(nvec, VPT));
-  // Small rows: several teams (rows) per block, up to 512 threads.
-  const int teams = env_knob("ADAPTIVELOAD_BWD_TEAMS", std::max(1, std::min(4, 512 / tt)), 1,
-                             std::max(1, 1024 / tt));
-  const int threads = teams * tt;
+  // Small rows: several teams (rows) per block, up to 512 threads by default; never more than
+  // the kernel's registers allow in one block.
+  cudaFuncAttributes attr{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const int max_teams = std::max(1, attr.maxThreadsPerBlock / tt);
+  int teams = std::min(
+      max_teams, env_knob("ADAPTIVELOAD_BWD_TEAMS", std::max(1, std::min(4, 512 / tt)), 1, 8));
   p.team_threads = tt;
   p.stage = p.scale.map.inner_stride == 0;
   p.ring_offset = p.stage ? (affine ? 2 : 1) * p.D * static_cast<int64_t>(sizeof(float)) : 0;
   const int64_t slot_bytes = p.D * static_cast<int64_t>(sizeof(T) + p.dy_bytes);
-  auto smem_for = [&](int stages) { return p.ring_offset + stages * teams * slot_bytes; };
+  auto smem_for = [&](int stages, int teams) {
+    return p.ring_offset + stages * teams * slot_bytes;
+  };
   // Ring depth: three rows (two in flight while one is reduced) when two blocks still fit on an
-  // SM, else fewer; one (no prefetch) always fits the vector path's largest rows.
+  // SM, else fewer. Knob values that do not fit one block are lowered, stages first.
   const int64_t per_sm = static_cast<int64_t>(props->sharedMemPerMultiprocessor) - 4096;
+  const int64_t per_block =
+      static_cast<int64_t>(props->sharedMemPerBlockOptin) - static_cast<int64_t>(attr.sharedSizeBytes);
   int stages = 3;
-  while (stages > 1 && smem_for(stages) * 2 > per_sm) --stages;
-  p.stages = env_knob("ADAPTIVELOAD_BWD_STAGES", stages, 1, 3);
-  const int64_t smem64 = smem_for(p.stages);
-  TORCH_CHECK(smem64 <= static_cast<int64_t>(props->sharedMemPerBlockOptin),
-              "layer_norm_modulate backward: ", smem64,
+  while (stages > 1 && smem_for(stages, teams) * 2 > per_sm) --stages;
+  stages = env_knob("ADAPTIVELOAD_BWD_STAGES", stages, 1, 3);
+  while (stages > 1 && smem_for(stages, teams) > per_block) --stages;
+  while (teams > 1 && smem_for(stages, teams) > per_block) --teams;
+  p.stages = stages;
+  const int threads = teams * tt;
+  const int64_t smem64 = smem_for(stages, teams);
+  TORCH_CHECK(smem64 <= per_block, "layer_norm_modulate backward: ", smem64,
               " bytes of shared memory needed, more than the device's per-block limit (",
-              props->sharedMemPerBlockOptin, "); lower ADAPTIVELOAD_BWD_TEAMS/_STAGES");
+              per_block, ")");
   const int smem = static_cast<int>(smem64);
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -1375,7 +1396,7 @@ void reduce_partials(const BwdParams& p, const BwdTargets& tg, cudaStream_t stre
   int64_t total = 0;
   for (int o = 0; o < r.num_outputs; ++o) total += r.out_rows[o];
   const dim3 grid((p.D + 31) / 32, std::min<int64_t>(total, 65535));
-  reduce_partials_kernel<<<grid, dim3(32, 8), 0, stream>>>(r);
+  reduce_partials_kernel<<<grid, dim3(32, 32), 0, stream>>>(r);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
