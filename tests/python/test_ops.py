@@ -135,6 +135,9 @@ def test_hidden_sizes(device, d, dtype):
         (torch.float32, torch.float32, torch.bfloat16),  # fp32 stream, bf16 out (Wan)
         (torch.float32, torch.float32, None),
         (torch.bfloat16, torch.float32, torch.float32),
+        (torch.float32, torch.float32, torch.float16),  # dy fp16 under fp32 x: widened
+        (torch.bfloat16, torch.float32, torch.float16),  # dy of another 16-bit type
+        (torch.float16, torch.float32, torch.bfloat16),
     ],
 )
 def test_dtypes_and_broadcast(device, mod_kind, dtype, mod_dtype, out_dtype):

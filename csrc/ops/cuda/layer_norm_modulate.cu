@@ -713,15 +713,17 @@ __device__ __forceinline__ void team_sum2(float& a, float& b, int team_threads, 
 // blocks, hence fewer fp32 partials to write and sum for small D). Thread t of a team owns the
 // same VPT vectors of every row, so the gradients of broadcast operands accumulate in its
 // registers. x and dy rows travel through a ring of p.stages shared-memory buffers per team,
-// filled with cp.async p.stages - 1 rows ahead, so two rows' loads are in flight while one is
-// reduced without holding them in registers. DYB: bytes per dy element in registers.
+// filled with cp.async p.stages - 1 rows ahead, so the next rows' loads are in flight while one
+// is reduced, without holding them in registers. DYK: dy's element kind, fixed at compile time
+// so that unpacking dy costs no per-element branch.
 // Note: the register caps keep two blocks of up to 384 (VPT 1) or 320 (VPT 2) threads on an SM;
 // the fused and affine variants need more to avoid spilling.
-template <typename T, int VPT, int DYB, bool FUSED, bool AFFINE>
+template <typename T, int VPT, int DYK, bool FUSED, bool AFFINE>
 __global__ void __maxnreg__(FUSED || AFFINE ? 128 : VPT == 1 ? 80 : 96)
     layer_norm_modulate_bwd_kernel(const BwdParams p) {
   constexpr int VEC = 16 / sizeof(T);
   constexpr int XK = KindOf<T>::value;
+  constexpr int DYB = DYK == kF32 ? 4 : 2;  // bytes per dy element
   using XRaw = Raw<VEC, sizeof(T)>;
   using DyRaw = Raw<VEC, DYB>;
   const int64_t nvec = p.D / VEC;
@@ -778,7 +780,7 @@ __global__ void __maxnreg__(FUSED || AFFINE ? 128 : VPT == 1 ? 80 : 96)
 
   // Ring slot s of team j: [x row (D * sizeof(T) bytes) | dy row (D * dy_bytes)].
   const int stages = p.stages;
-  const int dy_bytes = p.dy_bytes;
+  constexpr int dy_bytes = DYB;
   const int64_t x_row_bytes = p.D * static_cast<int64_t>(sizeof(T));
   const int64_t slot_bytes = x_row_bytes + p.D * dy_bytes;
   const int64_t iters = first < last ? (last - first + teams - 1) / teams : 0;
@@ -816,6 +818,7 @@ __global__ void __maxnreg__(FUSED || AFFINE ? 128 : VPT == 1 ? 80 : 96)
     const float mean = active ? p.mean[row] : 0.f;
     const float rstd = active ? p.rstd[row] : 0.f;
     const int64_t scale_row = active ? p.scale.map(row) : 0;
+    const float neg_mean_rstd = -mean * rstd;
 
     // g = dy * (1 + scale) * weight is the gradient with respect to xhat.
     auto load_g = [&](int64_t c, float(&xh)[VEC], float(&dy)[VEC], float(&s1)[VEC],
@@ -823,9 +826,9 @@ __global__ void __maxnreg__(FUSED || AFFINE ? 128 : VPT == 1 ? 80 : 96)
       XRaw xr;
       DyRaw dr;
       load_raw(xr, sx, XK, c * VEC);
-      load_raw(dr, sdy, p.dy_kind, c * VEC);
+      load_raw(dr, sdy, DYK, c * VEC);
       unpack(xr, XK, xh);
-      unpack(dr, p.dy_kind, dy);
+      unpack(dr, DYK, dy);
       if (staged) {
 #pragma unroll
         for (int k = 0; k < VEC; k += 4) {
@@ -843,7 +846,7 @@ __global__ void __maxnreg__(FUSED || AFFINE ? 128 : VPT == 1 ? 80 : 96)
         if (AFFINE && p.weight != nullptr) load_vec(w, p.weight, p.weight_kind, c * VEC);
       }
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) xh[k] = (xh[k] - mean) * rstd;
+      for (int k = 0; k < VEC; ++k) xh[k] = fmaf(xh[k], rstd, neg_mean_rstd);
     };
     float sg = 0.f, sgx = 0.f;
     if (active) {
@@ -864,8 +867,9 @@ __global__ void __maxnreg__(FUSED || AFFINE ? 128 : VPT == 1 ? 80 : 96)
     }
     team_sum2(sg, sgx, tt, red, red_buf);
     if (!active) continue;
-    sg *= inv_d;
-    sgx *= inv_d;
+    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), as two FMAs per element.
+    const float c0 = -sg * inv_d * rstd;
+    const float c1 = -sgx * inv_d * rstd;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int64_t c = tid + static_cast<int64_t>(i) * tt;
@@ -874,7 +878,7 @@ __global__ void __maxnreg__(FUSED || AFFINE ? 128 : VPT == 1 ? 80 : 96)
       float xh[VEC], dy[VEC], s1[VEC], w[VEC], dx[VEC];
       load_g(c, xh, dy, s1, w);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) dx[k] = rstd * (dy[k] * s1[k] * w[k] - sg - xh[k] * sgx);
+      for (int k = 0; k < VEC; ++k) dx[k] = fmaf(dy[k] * s1[k] * w[k], rstd, fmaf(xh[k], c1, c0));
       if constexpr (FUSED) {
         if (p.dr != nullptr) {
           float dr[VEC];
@@ -1302,13 +1306,13 @@ void fwd_cuda(const at::Tensor& x, const at::Tensor* h, const Operand* gate, at:
              [&](auto tag) { dispatch_fwd<decltype(tag)>(p, vector_path, group, stream); });
 }
 
-template <typename T, int VPT, int DYB>
+template <typename T, int VPT, int DYK>
 void launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cudaStream_t stream,
                        int64_t& blocks_out, std::function<void(int64_t)> set_grid) {
-  auto kernel = fused ? (affine ? layer_norm_modulate_bwd_kernel<T, VPT, DYB, true, true>
-                                : layer_norm_modulate_bwd_kernel<T, VPT, DYB, true, false>)
-                      : (affine ? layer_norm_modulate_bwd_kernel<T, VPT, DYB, false, true>
-                                : layer_norm_modulate_bwd_kernel<T, VPT, DYB, false, false>);
+  auto kernel = fused ? (affine ? layer_norm_modulate_bwd_kernel<T, VPT, DYK, true, true>
+                                : layer_norm_modulate_bwd_kernel<T, VPT, DYK, true, false>)
+                      : (affine ? layer_norm_modulate_bwd_kernel<T, VPT, DYK, false, true>
+                                : layer_norm_modulate_bwd_kernel<T, VPT, DYK, false, false>);
   const auto* props = at::cuda::getCurrentDeviceProperties();
   const int tt = static_cast<int>(threads_for(nvec, VPT));
   // Small rows: several teams (rows) per block, up to 512 threads by default; never more than
@@ -1321,16 +1325,18 @@ void launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cuda
   p.team_threads = tt;
   p.stage = p.scale.map.inner_stride == 0;
   p.ring_offset = p.stage ? (affine ? 2 : 1) * p.D * static_cast<int64_t>(sizeof(float)) : 0;
-  const int64_t slot_bytes = p.D * static_cast<int64_t>(sizeof(T) + p.dy_bytes);
+  const int64_t slot_bytes = p.D * static_cast<int64_t>(sizeof(T) + (DYK == kF32 ? 4 : 2));
   auto smem_for = [&](int stages, int teams) {
     return p.ring_offset + stages * teams * slot_bytes;
   };
-  // Ring depth: three rows (two in flight while one is reduced) when two blocks still fit on an
-  // SM, else fewer. Knob values that do not fit one block are lowered, stages first.
+  // Ring depth: two rows (one in flight while one is reduced) when two blocks still fit on an
+  // SM, else one. Knob values that do not fit one block are lowered, stages first.
+  // Note: a third row in flight measured no faster for 16-bit rows and slower for fp32 rows
+  // (D = 5120: 75% against 80% of copy bandwidth), its larger ring halving the blocks per SM.
   const int64_t per_sm = static_cast<int64_t>(props->sharedMemPerMultiprocessor) - 4096;
   const int64_t per_block =
       static_cast<int64_t>(props->sharedMemPerBlockOptin) - static_cast<int64_t>(attr.sharedSizeBytes);
-  int stages = 3;
+  int stages = 2;
   while (stages > 1 && smem_for(stages, teams) * 2 > per_sm) --stages;
   stages = env_knob("ADAPTIVELOAD_BWD_STAGES", stages, 1, 3);
   while (stages > 1 && smem_for(stages, teams) > per_block) --stages;
@@ -1407,10 +1413,15 @@ void bwd_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor* dr, c
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t D = x.size(-1);
   const bool fused = h != nullptr;
+  // The vector kernel reads dy as x's own 16-bit type, as bf16 under fp32 x, or as fp32; any
+  // other 16-bit dy is widened to fp32 first (exact).
+  const auto dst = dy.scalar_type(), xst = x.scalar_type();
+  const bool dy_ok = dst == xst || dst == at::kFloat || (xst == at::kFloat && dst == at::kBFloat16);
+  const at::Tensor dyv = dy_ok ? dy : dy.to(at::kFloat);
   BwdParams p{};
-  p.dy = dy.data_ptr();
-  p.dy_kind = kind_of(dy.scalar_type());
-  p.dy_bytes = static_cast<int>(dy.element_size());
+  p.dy = dyv.data_ptr();
+  p.dy_kind = kind_of(dyv.scalar_type());
+  p.dy_bytes = static_cast<int>(dyv.element_size());
   p.x = x.data_ptr();
   p.dx = dx.numel() > 0 ? dx.data_ptr() : nullptr;
   p.scale = mod_arg(scale);
@@ -1450,7 +1461,7 @@ void bwd_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor* dr, c
   const bool vector_path =
       D % vec == 0 && nvec <= kMaxBwdVectors &&
       vector_ok(vec,
-                {&x, &dy, &dx, &w, &b, fused ? h : &none, fused ? dr : &none, fused ? dh : &none,
+                {&x, &dyv, &dx, &w, &b, fused ? h : &none, fused ? dr : &none, fused ? dh : &none,
                  bufs[0], bufs[1], bufs[2], bufs[3], bufs[4]},
                 {&scale, &g});
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -1460,45 +1471,34 @@ void bwd_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor* dr, c
     partials = plan_chunks(p, tg, target, x, blocks);
     p.partials = partials.data_ptr<float>();
   };
-  const bool wide_dy = dy.element_size() > x.element_size();
   dispatch_x(x.scalar_type(), [&](auto tag) {
-    {
-      using T = decltype(tag);
-      constexpr int TB = sizeof(T);
-      if (!vector_path) {
-        const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-        set_grid(static_cast<int64_t>(sms) * 4);
-        layer_norm_modulate_bwd_loop_kernel<T><<<blocks, 256, 0, stream>>>(p);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-        return;
-      }
-      // Smallest VPT that keeps the row at <= 512 threads.
-      const int vpt = nvec <= 512 ? 1 : nvec <= 1024 ? 2 : 4;
-      auto go = [&](auto vpt_c, auto dyb_c) {
-        launch_bwd_vector<T, decltype(vpt_c)::value, decltype(dyb_c)::value>(
-            p, fused, affine, nvec, stream, blocks, set_grid);
-      };
-      using I1 = std::integral_constant<int, 1>;
-      using I2 = std::integral_constant<int, 2>;
-      using I4 = std::integral_constant<int, 4>;
-      using DNarrow = std::integral_constant<int, TB>;
-      if (wide_dy) {
-        if constexpr (TB == 2) {
-          if (vpt == 1)
-            go(I1{}, I4{});
-          else if (vpt == 2)
-            go(I2{}, I4{});
-          else
-            go(I4{}, I4{});
-        }
+    using T = decltype(tag);
+    if (!vector_path) {
+      const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+      set_grid(static_cast<int64_t>(sms) * 4);
+      layer_norm_modulate_bwd_loop_kernel<T><<<blocks, 256, 0, stream>>>(p);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
+    // Smallest VPT that keeps the row at <= 512 threads.
+    const int vpt = nvec <= 512 ? 1 : nvec <= 1024 ? 2 : 4;
+    auto go = [&](auto dyk_c) {
+      constexpr int DYK = decltype(dyk_c)::value;
+      if (vpt == 1) {
+        launch_bwd_vector<T, 1, DYK>(p, fused, affine, nvec, stream, blocks, set_grid);
+      } else if (vpt == 2) {
+        launch_bwd_vector<T, 2, DYK>(p, fused, affine, nvec, stream, blocks, set_grid);
       } else {
-        if (vpt == 1)
-          go(I1{}, DNarrow{});
-        else if (vpt == 2)
-          go(I2{}, DNarrow{});
-        else
-          go(I4{}, DNarrow{});
+        launch_bwd_vector<T, 4, DYK>(p, fused, affine, nvec, stream, blocks, set_grid);
       }
+    };
+    constexpr int XK = KindOf<T>::value;
+    // The narrow kind: x's own for 16-bit x, bf16 for fp32 x (fp32 stream, bf16 output).
+    constexpr int NARROW = XK == kF32 ? kBF16 : XK;
+    if (p.dy_kind == NARROW) {
+      go(std::integral_constant<int, NARROW>{});
+    } else {
+      go(std::integral_constant<int, kF32>{});
     }
   });
   reduce_partials(p, tg, stream);
