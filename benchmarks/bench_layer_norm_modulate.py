@@ -249,6 +249,19 @@ def sweep_knobs(ceiling, lines):
         lines.append(row)
         del case, graphs
         torch.cuda.empty_cache()
+    lines.append("")
+    for k in fwd_knobs:
+        os.environ[keys[0]] = str(k)
+        rows = []
+        bench_fused_residual(rows)
+        for name, tf, bf, ts, _ in rows:
+            text = (
+                f"- {name}, forward prefetch {k}: fused {tf:.3f} ms "
+                f"({100 * bf / tf / 1e6 / ceiling:.1f}% of copy), add + op {ts:.3f} ms"
+            )
+            print(text)
+            lines.append(text)
+    os.environ.pop(keys[0])
 
 
 def main() -> int:

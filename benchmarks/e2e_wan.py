@@ -9,8 +9,9 @@ the same synthetic latent data, one epoch per arm, for four arms:
     both         AdaptiveBatchSampler + fused ops
 
 and reports, per arm: measured imbalance (per step, 1 - mean/max of the ranks' compute
-times), samples/s and tokens/s after warm-up, peak memory against the budget, OOMs, and
-how well the calibrated cost model predicted each micro-batch's time.
+times), epoch time and the speedup it gives over the baseline, samples/s and tokens/s over
+the epoch, peak memory against the budget, OOMs, and how well the calibrated cost model
+predicted each micro-batch's time (steps after the warm-up).
 
     python benchmarks/e2e_wan.py --gpus 2 --layers 6 --calibrate --write
 
@@ -61,11 +62,15 @@ def summarize(records, warmup, seq_lens, cost_model, budget_bytes):
     compute = [np.array(r["compute_ms"]) for r in steady]
     imbalance = np.array([1 - c.mean() / c.max() for c in compute])
     peak = max(max(r["peak_bytes"]) for r in records)
+    epoch_s = float(np.sum([r["step_ms"] for r in records]) / 1000)
     out = {
         "steps": len(records),
         "steady_steps": len(steady),
-        "samples_per_s": sum(r["samples"] for r in steady) / step_s.sum(),
-        "tokens_per_s": sum(r["tokens"] for r in steady) / step_s.sum(),
+        # Whole-epoch rates: every arm trains the same samples, so these (and the speedup, from
+        # epoch time) do not depend on which steps a warm-up cut would leave out.
+        "samples_per_s": sum(r["samples"] for r in records) / epoch_s,
+        "tokens_per_s": sum(r["tokens"] for r in records) / epoch_s,
+        "steady_samples_per_s": sum(r["samples"] for r in steady) / step_s.sum(),
         "imbalance": float(imbalance.mean()),
         "spread": float(np.mean([(c.max() - c.min()) / c.max() for c in compute])),
         "peak_gib": peak / 2**30,
@@ -73,7 +78,7 @@ def summarize(records, warmup, seq_lens, cost_model, budget_bytes):
         "mean_peak_util": float(np.mean([np.mean(r["peak_bytes"]) for r in steady]) / budget_bytes)
         if budget_bytes
         else None,
-        "epoch_s": float(np.sum([r["step_ms"] for r in records]) / 1000),
+        "epoch_s": epoch_s,
     }
     if cost_model is not None:
         # One micro-batch per rank per step: its compute time is the micro-batch's time.
@@ -268,7 +273,7 @@ def main():
         f"Wan-2.1-1.3B configuration, {args.layers} of 30 blocks, bf16, eager diffusers; {len(seq_lens)} "
         f"samples of the '{args.mix}' mix (synthetic latents, 512 text tokens); one epoch per arm; "
         f"max_tokens = {max_tokens}; memory budget {args.memory_budget:g} GiB per GPU; first "
-        f"{args.warmup_steps} steps left out of the rates. {torch.cuda.get_device_name()}, torch "
+        f"{args.warmup_steps} steps left out of imbalance and prediction error. {torch.cuda.get_device_name()}, torch "
         f"{torch.__version__}, {date.today()}. Command: `python benchmarks/e2e_wan.py "
         f"--gpus {' '.join(map(str, args.gpus))} --layers {args.layers} --calibrate`.",
         "",
@@ -277,9 +282,7 @@ def main():
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for gpus in args.gpus:
-        base = results.get(f"baseline ({gpus} GPU{'s' if gpus > 1 else ''})", {}).get(
-            "samples_per_s"
-        )
+        base = results.get(f"baseline ({gpus} GPU{'s' if gpus > 1 else ''})", {}).get("epoch_s")
         for name, r in results.items():
             if (
                 not name.endswith(f"({gpus} GPU{'s' if gpus > 1 else ''})")
@@ -291,7 +294,7 @@ def main():
                 for k in ("pred", "pred_model")
                 if r.get(k + "_median_err") is not None
             )
-            speedup = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
+            speedup = f"{base / r['epoch_s']:.2f}x" if base else "-"
             lines.append(
                 f"| {name} | {r['imbalance']:.1%} | {r['samples_per_s']:.2f} | {r['tokens_per_s']:.0f} | "
                 f"{speedup} | {r['epoch_s']:.1f} | {r['peak_gib']:.1f} | "
