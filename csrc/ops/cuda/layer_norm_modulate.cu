@@ -718,8 +718,13 @@ __device__ __forceinline__ void team_sum2(float& a, float& b, int team_threads, 
 // so that unpacking dy costs no per-element branch.
 // Note: the register caps keep two blocks of up to 384 (VPT 1) or 320 (VPT 2) threads on an SM;
 // the fused and affine variants need more to avoid spilling.
+template <int VPT, bool WIDE>
+constexpr int bwd_max_registers() {
+  return WIDE ? 128 : VPT == 1 ? 80 : 96;
+}
+
 template <typename T, int VPT, int DYK, bool FUSED, bool AFFINE>
-__global__ void __maxnreg__(FUSED || AFFINE ? 128 : VPT == 1 ? 80 : 96)
+__global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
     layer_norm_modulate_bwd_kernel(const BwdParams p) {
   constexpr int VEC = 16 / sizeof(T);
   constexpr int XK = KindOf<T>::value;
@@ -1129,8 +1134,8 @@ int env_knob(const char* name, int fallback, int lo, int hi) {
   if (v == nullptr || *v == '\0') return fallback;
   char* end = nullptr;
   const long n = std::strtol(v, &end, 10);
-  TORCH_CHECK(end != v && *end == '\0' && n >= lo && n <= hi, name, " must be an integer in [",
-              lo, ", ", hi, "], got '", v, "'");
+  TORCH_CHECK(end != v && *end == '\0' && n >= lo && n <= hi, name, " must be an integer in [", lo,
+              ", ", hi, "], got '", v, "'");
   return static_cast<int>(n);
 }
 
@@ -1336,8 +1341,8 @@ void launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cuda
   // Note: a third row in flight measured no faster for 16-bit rows and slower for fp32 rows
   // (D = 5120: 75% against 80% of copy bandwidth), its larger ring halving the blocks per SM.
   const int64_t per_sm = static_cast<int64_t>(props->sharedMemPerMultiprocessor) - 4096;
-  const int64_t per_block =
-      static_cast<int64_t>(props->sharedMemPerBlockOptin) - static_cast<int64_t>(attr.sharedSizeBytes);
+  const int64_t per_block = static_cast<int64_t>(props->sharedMemPerBlockOptin) -
+                            static_cast<int64_t>(attr.sharedSizeBytes);
   int stages = 2;
   while (stages > 1 && smem_for(stages, teams) * 2 > per_sm) --stages;
   stages = env_knob("ADAPTIVELOAD_BWD_STAGES", stages, 1, 3);
@@ -1347,8 +1352,8 @@ void launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cuda
   const int threads = teams * tt;
   const int64_t smem64 = smem_for(stages, teams);
   TORCH_CHECK(smem64 <= per_block, "layer_norm_modulate backward: ", smem64,
-              " bytes of shared memory needed, more than the device's per-block limit (",
-              per_block, ")");
+              " bytes of shared memory needed, more than the device's per-block limit (", per_block,
+              ")");
   const int smem = static_cast<int>(smem64);
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
