@@ -469,6 +469,18 @@ def test_cuda_tuning_knobs_gated(monkeypatch, teams, stages):
         assert_close(name, g, rf, lp, torch.bfloat16)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("d", [12, 1540])
+@pytest.mark.parametrize("teams,stages", [(None, None), (1, 1), (4, 2)])
+def test_fp32_stream_rows_not_a_multiple_of_8(monkeypatch, device, d, teams, stages):
+    # fp32 x with bf16 y (the Wan case): an x row plus a bf16 dy row is 6 * D bytes, not a
+    # multiple of 16 when D % 8 == 4; the backward's shared-memory row slots must stay aligned.
+    if teams is not None:
+        monkeypatch.setenv("ADAPTIVELOAD_BWD_TEAMS", str(teams))
+        monkeypatch.setenv("ADAPTIVELOAD_BWD_STAGES", str(stages))
+    run_and_check((3, 21, d), torch.float32, torch.float32, torch.bfloat16, "per_sample", device)
+
+
 @cuda_only
 def test_cuda_tuning_knob_errors(monkeypatch):
     x = torch.randn(2, 8, 1536, device="cuda", requires_grad=True)

@@ -681,6 +681,13 @@ __device__ __forceinline__ void chunk_range(const BwdParams& p, int64_t& first, 
   last = min(first + p.chunk_rows, group_end);
 }
 
+// Bytes of one ring slot (an x row and a dy row), rounded up to 16 so that every slot, and the
+// x row at its start, is 16-byte aligned (fp32 x with bf16 dy and D % 8 == 4 would not be).
+__host__ __device__ constexpr int64_t ring_slot_bytes(int64_t D, int64_t x_bytes,
+                                                      int64_t dy_bytes) {
+  return (D * (x_bytes + dy_bytes) + 15) / 16 * 16;
+}
+
 // Sums (a, b) over each team of `team_threads` consecutive threads (a multiple of 32), in a
 // fixed order. Every thread of the block calls it. `red` holds two buffers of 32 float2 used in
 // turn (`buf` flips), so a call needs one barrier: the buffer written now was last read before
@@ -783,11 +790,11 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
   }
   __syncthreads();
 
-  // Ring slot s of team j: [x row (D * sizeof(T) bytes) | dy row (D * dy_bytes)].
+  // Ring slot s of team j: [x row (D * sizeof(T) bytes) | dy row (D * dy_bytes) | padding].
   const int stages = p.stages;
   constexpr int dy_bytes = DYB;
   const int64_t x_row_bytes = p.D * static_cast<int64_t>(sizeof(T));
-  const int64_t slot_bytes = x_row_bytes + p.D * dy_bytes;
+  const int64_t slot_bytes = ring_slot_bytes(p.D, sizeof(T), dy_bytes);
   const int64_t iters = first < last ? (last - first + teams - 1) / teams : 0;
   auto slot = [&](int64_t it) {
     return ring + (static_cast<int64_t>(it % stages) * teams + team) * slot_bytes;
@@ -1313,8 +1320,11 @@ void fwd_cuda(const at::Tensor& x, const at::Tensor* h, const Operand* gate, at:
              [&](auto tag) { dispatch_fwd<decltype(tag)>(p, vector_path, group, stream); });
 }
 
+// Launches the vector backward kernel; returns false (launching nothing) when even its
+// smallest configuration needs more shared memory than a block of this device gets, so that
+// the caller takes the loop kernel instead.
 template <typename T, int VPT, int DYK>
-void launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cudaStream_t stream,
+bool launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cudaStream_t stream,
                        int64_t& blocks_out, std::function<void(int64_t)> set_grid) {
   auto kernel = fused ? (affine ? layer_norm_modulate_bwd_kernel<T, VPT, DYK, true, true>
                                 : layer_norm_modulate_bwd_kernel<T, VPT, DYK, true, false>)
@@ -1332,17 +1342,22 @@ void launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cuda
   p.team_threads = tt;
   p.stage = p.scale.map.inner_stride == 0;
   p.ring_offset = p.stage ? (affine ? 2 : 1) * p.D * static_cast<int64_t>(sizeof(float)) : 0;
-  const int64_t slot_bytes = p.D * static_cast<int64_t>(sizeof(T) + (DYK == kF32 ? 4 : 2));
+  const int64_t slot_bytes = ring_slot_bytes(p.D, sizeof(T), DYK == kF32 ? 4 : 2);
   auto smem_for = [&](int stages, int teams) {
     return p.ring_offset + stages * teams * slot_bytes;
   };
+  const int64_t per_block = static_cast<int64_t>(props->sharedMemPerBlockOptin) -
+                            static_cast<int64_t>(attr.sharedSizeBytes);
+  if (smem_for(1, 1) > per_block && p.stage) {  // give up staging 1 + scale before the kernel
+    p.stage = false;
+    p.ring_offset = 0;
+  }
+  if (smem_for(1, 1) > per_block) return false;
   // Ring depth: two rows (one in flight while one is reduced) when two blocks still fit on an
   // SM, else one. Knob values that do not fit one block are lowered, stages first.
   // Note: a third row in flight measured no faster for 16-bit rows and slower for fp32 rows
   // (D = 5120: 75% against 80% of copy bandwidth), its larger ring halving the blocks per SM.
   const int64_t per_sm = static_cast<int64_t>(props->sharedMemPerMultiprocessor) - 4096;
-  const int64_t per_block = static_cast<int64_t>(props->sharedMemPerBlockOptin) -
-                            static_cast<int64_t>(attr.sharedSizeBytes);
   int stages = 2;
   while (stages > 1 && smem_for(stages, teams) * 2 > per_sm) --stages;
   stages = env_knob("ADAPTIVELOAD_BWD_STAGES", stages, 1, 3);
@@ -1350,11 +1365,7 @@ void launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cuda
   while (teams > 1 && smem_for(stages, teams) > per_block) --teams;
   p.stages = stages;
   const int threads = teams * tt;
-  const int64_t smem64 = smem_for(stages, teams);
-  TORCH_CHECK(smem64 <= per_block, "layer_norm_modulate backward: ", smem64,
-              " bytes of shared memory needed, more than the device's per-block limit (", per_block,
-              ")");
-  const int smem = static_cast<int>(smem64);
+  const int smem = static_cast<int>(smem_for(stages, teams));
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
@@ -1364,6 +1375,7 @@ void launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cuda
   set_grid(static_cast<int64_t>(std::max(blocks_per_sm, 1)) * props->multiProcessorCount);
   kernel<<<blocks_out, threads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
 }
 
 struct BwdTargets {
@@ -1480,32 +1492,29 @@ void bwd_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor* dr, c
   };
   dispatch_x(x.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
-    if (!vector_path) {
-      const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-      set_grid(static_cast<int64_t>(sms) * 4);
-      layer_norm_modulate_bwd_loop_kernel<T><<<blocks, 256, 0, stream>>>(p);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      return;
-    }
     // Smallest VPT that keeps the row at <= 512 threads.
     const int vpt = nvec <= 512 ? 1 : nvec <= 1024 ? 2 : 4;
     auto go = [&](auto dyk_c) {
       constexpr int DYK = decltype(dyk_c)::value;
-      if (vpt == 1) {
-        launch_bwd_vector<T, 1, DYK>(p, fused, affine, nvec, stream, blocks, set_grid);
-      } else if (vpt == 2) {
-        launch_bwd_vector<T, 2, DYK>(p, fused, affine, nvec, stream, blocks, set_grid);
-      } else {
-        launch_bwd_vector<T, 4, DYK>(p, fused, affine, nvec, stream, blocks, set_grid);
-      }
+      if (vpt == 1)
+        return launch_bwd_vector<T, 1, DYK>(p, fused, affine, nvec, stream, blocks, set_grid);
+      if (vpt == 2)
+        return launch_bwd_vector<T, 2, DYK>(p, fused, affine, nvec, stream, blocks, set_grid);
+      return launch_bwd_vector<T, 4, DYK>(p, fused, affine, nvec, stream, blocks, set_grid);
     };
     constexpr int XK = KindOf<T>::value;
     // The narrow kind: x's own for 16-bit x, bf16 for fp32 x (fp32 stream, bf16 output).
     constexpr int NARROW = XK == kF32 ? kBF16 : XK;
-    if (p.dy_kind == NARROW) {
-      go(std::integral_constant<int, NARROW>{});
-    } else {
-      go(std::integral_constant<int, kF32>{});
+    bool launched = false;
+    if (vector_path) {
+      launched = p.dy_kind == NARROW ? go(std::integral_constant<int, NARROW>{})
+                                     : go(std::integral_constant<int, kF32>{});
+    }
+    if (!launched) {
+      const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+      set_grid(static_cast<int64_t>(sms) * 4);
+      layer_norm_modulate_bwd_loop_kernel<T><<<blocks, 256, 0, stream>>>(p);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   });
   reduce_partials(p, tg, stream);
