@@ -2,8 +2,8 @@
 
 Measures, in one run and at Wan 2.1 shapes: a device-to-device copy (the ceiling), eager
 PyTorch, torch.compile (default, and max-autotune without Inductor's CUDA graphs) and
-adaptiveload's op, for forward, backward
-and forward+backward; plus the fused gated-residual op against add + our op.
+adaptiveload's op, for forward, backward and forward+backward; plus the fused gated-residual
+op against add + our op.
 
 Byte model (bf16 stream): forward reads x and writes y (4 bytes/element), backward reads x and
 dy and writes dx (6 bytes/element); per-token modulation adds its bytes, per-sample modulation
