@@ -18,10 +18,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_residual_layer_
   check_residual_pair(op, residual, h_in);
   const at::Tensor h = h_in.contiguous();
   auto r = at::empty_like(residual, at::MemoryFormat::Contiguous);
-  auto y = at::empty(residual.sizes(),
-                     residual.options().dtype(resolve_out_dtype(op, residual, out_dtype)));
-  auto mean = at::empty(leading(residual), residual.options().dtype(stats_dtype(residual)));
-  auto rstd = at::empty_like(mean);
+  auto [y, mean, rstd] = make_forward_outputs(op, residual, out_dtype);
   if (residual.numel() == 0) return {r, y, mean, rstd};
   const Operand g = prepare_operand(gate, residual);
   const Operand sh = prepare_operand(shift, residual), sc = prepare_operand(scale, residual);
@@ -42,14 +39,12 @@ gated_residual_layer_norm_modulate_backward_cpu(const std::optional<at::Tensor>&
   constexpr const char* op = "_gated_residual_layer_norm_modulate_backward";
   check_inputs(op, "r", r, {{"gate", gate}, {"shift", shift}, {"scale", scale}}, weight, bias);
   check_residual_pair(op, r, h_in);
-  TORCH_CHECK(dy_in.sizes() == r.sizes(), op, ": dy must have r's shape ", r.sizes(), ", got ",
-              dy_in.sizes());
+  check_grad_input(op, "dy", dy_in, "r", r);
   const at::Tensor h = h_in.contiguous();
   const at::Tensor dy = dy_in.contiguous();
   at::Tensor dr;
   if (dr_in.has_value() && dr_in->defined()) {
-    TORCH_CHECK(dr_in->sizes() == r.sizes(), op, ": dr must have r's shape ", r.sizes(), ", got ",
-                dr_in->sizes());
+    check_grad_input(op, "dr", *dr_in, "r", r);
     dr = dr_in->contiguous();
   }
   const auto acc = stats_dtype(r);

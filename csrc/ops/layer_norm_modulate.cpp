@@ -209,9 +209,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_modulate_cpu(
     std::optional<at::ScalarType> out_dtype) {
   constexpr const char* op = "layer_norm_modulate";
   check_inputs(op, "x", x, {{"shift", shift}, {"scale", scale}}, weight, bias);
-  auto y = at::empty(x.sizes(), x.options().dtype(resolve_out_dtype(op, x, out_dtype)));
-  auto mean = at::empty(leading(x), x.options().dtype(stats_dtype(x)));
-  auto rstd = at::empty_like(mean);
+  auto [y, mean, rstd] = make_forward_outputs(op, x, out_dtype);
   if (x.numel() == 0) return {y, mean, rstd};
   const Operand sh = prepare_operand(shift, x), sc = prepare_operand(scale, x);
   layer_norm_modulate_fwd_cpu_impl(x, nullptr, sh, sc, weight, bias, eps, y, mean, rstd);
@@ -226,8 +224,7 @@ layer_norm_modulate_backward_cpu(const at::Tensor& dy_in, const at::Tensor& x,
                                  const at::Tensor& rstd, std::array<bool, 5> mask) {
   constexpr const char* op = "_layer_norm_modulate_backward";
   check_inputs(op, "x", x, {{"shift", shift}, {"scale", scale}}, weight, bias);
-  TORCH_CHECK(dy_in.sizes() == x.sizes(), op, ": dy must have x's shape ", x.sizes(), ", got ",
-              dy_in.sizes());
+  check_grad_input(op, "dy", dy_in, "x", x);
   const at::Tensor dy = dy_in.contiguous();
   const auto acc = stats_dtype(x);
   at::Tensor dx =

@@ -139,6 +139,29 @@ inline at::ScalarType stats_dtype(const at::Tensor& x) {
   return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
+// A gradient input of a backward op (dy, dr) must have the normalized tensor's shape and device.
+inline void check_grad_input(const char* op, const char* name, const at::Tensor& g,
+                             const char* x_name, const at::Tensor& x) {
+  TORCH_CHECK(g.sizes() == x.sizes() && g.device() == x.device(), op, ": ", name, " must have ",
+              x_name, "'s shape ", x.sizes(), " and device ", x.device(), ", got ", g.sizes(),
+              " on ", g.device());
+}
+
+// A forward op's outputs, CPU and CUDA alike: y in the resolved output dtype, and the per-row
+// mean and rstd in stats_dtype(x).
+struct ForwardOutputs {
+  at::Tensor y, mean, rstd;
+};
+
+inline ForwardOutputs make_forward_outputs(const char* op, const at::Tensor& x,
+                                           std::optional<at::ScalarType> out_dtype) {
+  ForwardOutputs o;
+  o.y = at::empty(x.sizes(), x.options().dtype(resolve_out_dtype(op, x, out_dtype)));
+  o.mean = at::empty(leading(x), x.options().dtype(stats_dtype(x)));
+  o.rstd = at::empty_like(o.mean);
+  return o;
+}
+
 // A broadcast operand ready for the kernels: stride 1 in D and a RowMap over x's rows. Patterns
 // that do not reduce to two dims are materialized (a correct, slower path).
 struct Operand {

@@ -1134,6 +1134,20 @@ ModArg mod_arg(const Operand& o) {
 }
 
 // Calls f with a value of x's element type (float, at::BFloat16 or at::Half).
+// Grid for a kernel sized by occupancy: allows it `smem` bytes of dynamic shared memory (above
+// the default 48 KB when needed) and returns how many blocks of `threads` an SM then holds times
+// the SM count (at least one block per SM).
+template <typename Kernel>
+int64_t resident_grid(Kernel kernel, int threads, int smem) {
+  if (smem > 48 * 1024) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  }
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  return static_cast<int64_t>(std::max(per_sm, 1)) *
+         at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+}
+
 // A positive integer from the environment, or `fallback`: tuning knobs for benchmarks
 // (ADAPTIVELOAD_FWD_PREFETCH, ADAPTIVELOAD_BWD_TEAMS, ADAPTIVELOAD_BWD_STAGES; see docs/ops.md).
 int env_knob(const char* name, int fallback, int lo, int hi) {
@@ -1219,13 +1233,7 @@ void launch_fwd_warp(const FwdParams& p, int64_t group, cudaStream_t stream) {
   q.prefetch = env_knob("ADAPTIVELOAD_FWD_PREFETCH", 0, 0, 1) == 1;
   const int smem = static_cast<int>(
       q.ring_offset + (q.prefetch ? kThreads / 32 * p.D * static_cast<int64_t>(sizeof(T)) : 0));
-  if (smem > 48 * 1024) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  }
-  int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t target = std::max(per_sm, 1) * sms;
+  const int64_t target = resident_grid(kernel, kThreads, smem);
   RowChunks c{};
   c.group = group;
   const int64_t groups = (p.rows + c.group - 1) / c.group;
@@ -1366,13 +1374,7 @@ bool launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cuda
   p.stages = stages;
   const int threads = teams * tt;
   const int smem = static_cast<int>(smem_for(stages, teams));
-  if (smem > 48 * 1024) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  }
-  int blocks_per_sm = 0;
-  C10_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, smem));
-  set_grid(static_cast<int64_t>(std::max(blocks_per_sm, 1)) * props->multiProcessorCount);
+  set_grid(resident_grid(kernel, threads, smem));
   kernel<<<blocks_out, threads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
@@ -1538,9 +1540,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_modulate_cuda(
     std::optional<at::ScalarType> out_dtype) {
   constexpr const char* op = "layer_norm_modulate";
   check_inputs(op, "x", x, {{"shift", shift}, {"scale", scale}}, weight, bias);
-  auto y = at::empty(x.sizes(), x.options().dtype(resolve_out_dtype(op, x, out_dtype)));
-  auto mean = at::empty(leading(x), x.options().dtype(at::kFloat));
-  auto rstd = at::empty_like(mean);
+  auto [y, mean, rstd] = make_forward_outputs(op, x, out_dtype);
   if (x.numel() == 0) return {y, mean, rstd};
   const Operand sh = prepare_operand(shift, x), sc = prepare_operand(scale, x);
   fwd_cuda(x, nullptr, nullptr, nullptr, sh, sc, weight, bias, eps, y, mean, rstd);
@@ -1555,9 +1555,7 @@ layer_norm_modulate_backward_cuda(const at::Tensor& dy_in, const at::Tensor& x,
                                   const at::Tensor& rstd, std::array<bool, 5> mask) {
   constexpr const char* op = "_layer_norm_modulate_backward";
   check_inputs(op, "x", x, {{"shift", shift}, {"scale", scale}}, weight, bias);
-  TORCH_CHECK(dy_in.sizes() == x.sizes() && dy_in.device() == x.device(), op,
-              ": dy must have x's shape ", x.sizes(), " and device ", x.device(), ", got ",
-              dy_in.sizes(), " on ", dy_in.device());
+  check_grad_input(op, "dy", dy_in, "x", x);
   check_cuda_stats(op, mean, rstd, x);
   const at::Tensor dy = dy_in.contiguous();
   at::Tensor dx =
@@ -1591,10 +1589,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_residual_layer_
   check_residual_pair(op, residual, h_in);
   const at::Tensor h = h_in.contiguous();
   auto r = at::empty_like(residual, at::MemoryFormat::Contiguous);
-  auto y = at::empty(residual.sizes(),
-                     residual.options().dtype(resolve_out_dtype(op, residual, out_dtype)));
-  auto mean = at::empty(leading(residual), residual.options().dtype(at::kFloat));
-  auto rstd = at::empty_like(mean);
+  auto [y, mean, rstd] = make_forward_outputs(op, residual, out_dtype);
   if (residual.numel() == 0) return {r, y, mean, rstd};
   const Operand g = prepare_operand(gate, residual);
   const Operand sh = prepare_operand(shift, residual), sc = prepare_operand(scale, residual);
@@ -1614,16 +1609,13 @@ gated_residual_layer_norm_modulate_backward_cuda(const std::optional<at::Tensor>
   constexpr const char* op = "_gated_residual_layer_norm_modulate_backward";
   check_inputs(op, "r", r, {{"gate", gate}, {"shift", shift}, {"scale", scale}}, weight, bias);
   check_residual_pair(op, r, h_in);
-  TORCH_CHECK(dy_in.sizes() == r.sizes() && dy_in.device() == r.device(), op,
-              ": dy must have r's shape ", r.sizes(), " and device ", r.device(), ", got ",
-              dy_in.sizes(), " on ", dy_in.device());
+  check_grad_input(op, "dy", dy_in, "r", r);
   check_cuda_stats(op, mean, rstd, r);
   const at::Tensor h = h_in.contiguous();
   const at::Tensor dy = dy_in.contiguous();
   at::Tensor dr;
   if (dr_in.has_value() && dr_in->defined()) {
-    TORCH_CHECK(dr_in->sizes() == r.sizes() && dr_in->device() == r.device(), op,
-                ": dr must have r's shape ", r.sizes(), " and device ", r.device());
+    check_grad_input(op, "dr", *dr_in, "r", r);
     // The kernel reads dr in r's dtype.
     dr = dr_in->to(r.scalar_type()).contiguous();
   }
