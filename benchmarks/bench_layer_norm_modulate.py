@@ -112,27 +112,36 @@ def bench(fn, sets, calls=10, replays=15):
     return triton.testing.do_bench(step, warmup=10, rep=60, return_mode="median")
 
 
-def measure(impl, case, out_dtype):
-    """(fwd ms, bwd ms, fwd+bwd ms, peak bytes, saved bytes) of one implementation."""
+def forward_only(impl, out_dtype):
+    """A step that runs impl's forward without autograd, over one input set."""
 
     def fwd(x, shift, scale, dy):
         with torch.no_grad():
             impl(x, shift, scale, out_dtype)
 
-    # autograd.grad, not .backward: accumulating into .grad would add a pass over x.
+    return fwd
+
+
+def autograd_graphs(impl, case, out_dtype):
+    """(y, dy, inputs) per input set, for timing the backward alone with backward_only."""
+    return [(impl(x, sh, sc, out_dtype), dy, (x, sh, sc)) for x, sh, sc, dy in case.sets]
+
+
+# autograd.grad, not .backward: accumulating into .grad would add a pass over x.
+def backward_only(y, dy, inputs):
+    torch.autograd.grad(y, inputs, dy, retain_graph=True)
+
+
+def measure(impl, case, out_dtype):
+    """(fwd ms, bwd ms, fwd+bwd ms, peak bytes, saved bytes) of one implementation."""
+
     def fwd_bwd(x, shift, scale, dy):
         y = impl(x, shift, scale, out_dtype)
         torch.autograd.grad(y, (x, shift, scale), dy)
 
-    graphs = []
-    for x, shift, scale, dy in case.sets:
-        graphs.append((impl(x, shift, scale, out_dtype), dy, (x, shift, scale)))
-
-    def bwd(y, dy, inputs):
-        torch.autograd.grad(y, inputs, dy, retain_graph=True)
-
-    t_fwd = bench(fwd, case.sets)
-    t_bwd = bench(bwd, graphs)
+    t_fwd = bench(forward_only(impl, out_dtype), case.sets)
+    graphs = autograd_graphs(impl, case, out_dtype)
+    t_bwd = bench(backward_only, graphs)
     del graphs
     t_all = bench(fwd_bwd, case.sets)
 
@@ -224,15 +233,8 @@ def sweep_knobs(ceiling, lines):
     print(head)
     for b, s, d, stream in shapes:
         case = Case(b, s, d, stream, "per_sample", copies=2)
-        graphs = [(ours(x, sh, sc, case.out_dtype), dy, (x, sh, sc)) for x, sh, sc, dy in case.sets]
-
-        def fwd(x, shift, scale, dy, out_dtype=case.out_dtype):
-            with torch.no_grad():
-                ours(x, shift, scale, out_dtype)
-
-        def bwd(y, dy, inputs):
-            torch.autograd.grad(y, inputs, dy, retain_graph=True)
-
+        fwd = forward_only(ours, case.out_dtype)
+        graphs = autograd_graphs(ours, case, case.out_dtype)
         cells = []
         for k in fwd_knobs:
             os.environ[keys[0]] = str(k)
@@ -240,11 +242,11 @@ def sweep_knobs(ceiling, lines):
         os.environ.pop(keys[0])
         for t, st in bwd_knobs:
             os.environ[keys[1]], os.environ[keys[2]] = str(t), str(st)
-            cells.append(100 * case.bwd_bytes / bench(bwd, graphs) / 1e6 / ceiling)
+            cells.append(100 * case.bwd_bytes / bench(backward_only, graphs) / 1e6 / ceiling)
         os.environ.pop(keys[1])
         os.environ.pop(keys[2])
         cells.append(100 * case.fwd_bytes / bench(fwd, case.sets) / 1e6 / ceiling)
-        cells.append(100 * case.bwd_bytes / bench(bwd, graphs) / 1e6 / ceiling)
+        cells.append(100 * case.bwd_bytes / bench(backward_only, graphs) / 1e6 / ceiling)
         row = f"| {case.name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |"
         print(row)
         lines.append(row)
