@@ -219,7 +219,7 @@ def sweep_knobs(ceiling, lines):
         (1, 32760, 5120, "fp32"),
     ]
     fwd_knobs = [0, 1]
-    bwd_knobs = [(1, 1), (1, 2), (1, 3), (2, 2), (2, 3), (4, 3)]
+    bwd_knobs = [(1, 1), (1, 2), (1, 3), (2, 2), (3, 2), (4, 2)]
     keys = ("ADAPTIVELOAD_FWD_PREFETCH", "ADAPTIVELOAD_BWD_TEAMS", "ADAPTIVELOAD_BWD_STAGES")
     head = (
         "| shape | "

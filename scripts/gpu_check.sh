@@ -2,7 +2,7 @@
 # On a CUDA machine with torch preinstalled and no network: build the extensions in
 # place, run the GPU tests and the benchmarks, and print a short table last.
 #
-#   bash scripts/gpu_check.sh [build] [test] [sweep] [bench] [e2e]   (default: build test bench)
+#   bash scripts/gpu_check.sh [build] [test] [sweep] [bench] [profile] [e2e]   (default: build test bench)
 #
 # Logs and result tables go to $OUT (or ./out). TORCH_CUDA_ARCH_LIST defaults to 9.0
 # (H100/H200) here to keep the build short. Python wheels carried in .whl/ (packages the
@@ -75,6 +75,15 @@ PY
     sweep)
       run_step sweep timeout "${SWEEP_TIMEOUT:-240}" $PY benchmarks/bench_layer_norm_modulate.py \
         --sweep --out "$OUT/sweep.md"
+      ;;
+    profile)
+      # Hardware counters of our kernels (Nsight Compute; works on the Firecracker machines).
+      run_step profile timeout "${PROFILE_TIMEOUT:-240}" ncu --profile-from-start off \
+        --clock-control none -k 'regex:layer_norm_modulate|reduce_partials' --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+        --section SchedulerStats --section WarpStateStats --section InstructionStats \
+        --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+        $PY benchmarks/profile_layer_norm_modulate.py ${PROFILE_ARGS:-}
       ;;
     e2e)
       eval "extra=(${E2E_ARGS:-})"

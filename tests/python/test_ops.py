@@ -481,6 +481,15 @@ def test_fp32_stream_rows_not_a_multiple_of_8(monkeypatch, device, d, teams, sta
     run_and_check((3, 21, d), torch.float32, torch.float32, torch.bfloat16, "per_sample", device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("d", [3072, 3080])
+def test_fp32_stream_at_the_default_shared_memory_limit(device, d):
+    # fp32 x, bf16 dy, D = 3072: the backward's staged scale and two ring slots take exactly
+    # 48 KB of dynamic shared memory, which with the kernel's static bytes is over the default
+    # per-block limit; the launch must opt in to more (it failed with "invalid argument").
+    run_and_check((2, 40, d), torch.float32, torch.float32, torch.bfloat16, "per_sample", device)
+
+
 @cuda_only
 def test_cuda_tuning_knob_errors(monkeypatch):
     x = torch.randn(2, 8, 1536, device="cuda", requires_grad=True)

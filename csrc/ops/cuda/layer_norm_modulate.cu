@@ -796,13 +796,16 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
   const int64_t x_row_bytes = p.D * static_cast<int64_t>(sizeof(T));
   const int64_t slot_bytes = ring_slot_bytes(p.D, sizeof(T), dy_bytes);
   const int64_t iters = first < last ? (last - first + teams - 1) / teams : 0;
-  auto slot = [&](int64_t it) {
-    return ring + (static_cast<int64_t>(it % stages) * teams + team) * slot_bytes;
-  };
+  // Ring slots are counted, not computed as it % stages: a 64-bit remainder (like the row
+  // maps' divisions) is a software routine of many instructions, paid per row by every thread.
+  auto slot = [&](int s) { return ring + (static_cast<int64_t>(s) * teams + team) * slot_bytes; };
+  int fill_slot = 0;  // the slot issue() fills next: (rows issued so far) % stages
+  int read_slot = 0;  // the slot of the current row: it % stages
   auto issue = [&](int64_t it) {
     const int64_t row = first + it * teams + team;
+    char* sx = slot(fill_slot);
+    if (++fill_slot == stages) fill_slot = 0;
     if (it < iters && row < last) {
-      char* sx = slot(it);
       char* sdy = sx + x_row_bytes;
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
@@ -818,18 +821,31 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
     copy_commit();  // possibly empty, so that group counts stay in step
   };
   for (int k = 0; k + 1 < stages; ++k) issue(k);
+  float row_mean = 0.f, row_rstd = 0.f;
+  if (first + team < last) {
+    row_mean = p.mean[first + team];
+    row_rstd = p.rstd[first + team];
+  }
 
   for (int64_t it = 0; it < iters; ++it) {
     issue(it + stages - 1);
     copy_wait(stages - 1);
     const int64_t row = first + it * teams + team;
     const bool active = row < last;
-    const char* sx = slot(it);
+    const char* sx = slot(read_slot);
+    if (++read_slot == stages) read_slot = 0;
     const char* sdy = sx + x_row_bytes;
     const int64_t base = row * p.D;
-    const float mean = active ? p.mean[row] : 0.f;
-    const float rstd = active ? p.rstd[row] : 0.f;
-    const int64_t scale_row = active ? p.scale.map(row) : 0;
+    // This row's statistics were loaded one row ahead; load the next row's now, so that their
+    // global-memory latency is not paid here, between the ring wait and the first use.
+    const float mean = active ? row_mean : 0.f;
+    const float rstd = active ? row_rstd : 0.f;
+    if (row + teams < last) {
+      row_mean = p.mean[row + teams];
+      row_rstd = p.rstd[row + teams];
+    }
+    const int64_t scale_row = active && !staged ? p.scale.map(row) : 0;
+    const int64_t gate_row = FUSED && active && p.dh != nullptr ? p.gate.map(row) : 0;
     const float neg_mean_rstd = -mean * rstd;
 
     // g = dy * (1 + scale) * weight is the gradient with respect to xhat.
@@ -912,7 +928,7 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
         }
         if (p.dh != nullptr) {
           float g[VEC];
-          load_vec(g, p.gate.ptr, p.gate.kind, p.gate.map(row) + c * VEC);
+          load_vec(g, p.gate.ptr, p.gate.kind, gate_row + c * VEC);
 #pragma unroll
           for (int k = 0; k < VEC; ++k) g[k] *= dx[k];
           store_vec(p.dh, XK, idx, g);
@@ -932,7 +948,7 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           e[k] = q == kShift    ? dy[k]
-                 : q == kScale  ? dy[k] * fmaf(xh[k], w[k], b[k])
+                 : q == kScale  ? dy[k] * (AFFINE ? fmaf(xh[k], w[k], b[k]) : xh[k])
                  : q == kWeight ? dy[k] * s1[k] * xh[k]
                                 : dy[k] * s1[k];
         }
@@ -1137,9 +1153,14 @@ ModArg mod_arg(const Operand& o) {
 // Grid for a kernel sized by occupancy: allows it `smem` bytes of dynamic shared memory (above
 // the default 48 KB when needed) and returns how many blocks of `threads` an SM then holds times
 // the SM count (at least one block per SM).
+// Note: the 48 KB default bounds static plus dynamic shared memory: the fp32-stream backward at
+// D = 3072 asks for exactly 48 KB of dynamic memory beside its static 512 bytes, and failed to
+// launch ("invalid argument") while the opt-in was keyed on the dynamic bytes alone.
 template <typename Kernel>
 int64_t resident_grid(Kernel kernel, int threads, int smem) {
-  if (smem > 48 * 1024) {
+  cudaFuncAttributes attr{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  if (smem + static_cast<int64_t>(attr.sharedSizeBytes) > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
   int per_sm = 0;
@@ -1344,9 +1365,14 @@ bool launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cuda
   // the kernel's registers allow in one block.
   cudaFuncAttributes attr{};
   C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  // By default, as many teams (up to 4) as keep three blocks' registers on an SM, so that one
+  // block's barrier does not leave the SM idle.
+  // Note: at D = 1536 (two vectors per thread, 96 threads a row) 2 teams ran at 71.5% of copy
+  // bandwidth, 3 teams (two blocks per SM, the same rows in flight) at 69.7%, 4 at 63.8%.
   const int max_teams = std::max(1, attr.maxThreadsPerBlock / tt);
-  int teams = std::min(
-      max_teams, env_knob("ADAPTIVELOAD_BWD_TEAMS", std::max(1, std::min(4, 512 / tt)), 1, 8));
+  const int three_blocks = props->regsPerMultiprocessor / (3 * std::max(1, attr.numRegs));
+  const int fit = std::max(1, std::min({4, 512 / tt, three_blocks / tt}));
+  int teams = std::min(max_teams, env_knob("ADAPTIVELOAD_BWD_TEAMS", fit, 1, 8));
   p.team_threads = tt;
   p.stage = p.scale.map.inner_stride == 0;
   p.ring_offset = p.stage ? (affine ? 2 : 1) * p.D * static_cast<int64_t>(sizeof(float)) : 0;
@@ -1494,8 +1520,11 @@ void bwd_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor* dr, c
   };
   dispatch_x(x.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
-    // Smallest VPT that keeps the row at <= 512 threads.
-    const int vpt = nvec <= 512 ? 1 : nvec <= 1024 ? 2 : 4;
+    // Two vectors per thread from D = 1032 (bf16) up: a row's fixed costs (its reductions, the
+    // ring's bookkeeping) are then shared by 16 elements instead of 8. Four past 1024 vectors.
+    // Note: one vector per thread ran at 62-64% of copy bandwidth at D = 1536 and 3072 against
+    // 77% with two at D = 5120; the SM was issuing an instruction 71% of the cycles.
+    const int vpt = nvec <= 128 ? 1 : nvec <= 1024 ? 2 : 4;
     auto go = [&](auto dyk_c) {
       constexpr int DYK = decltype(dyk_c)::value;
       if (vpt == 1)
