@@ -141,6 +141,12 @@ def main():
     ap.add_argument("--arms", nargs="+", default=list(ARMS))
     ap.add_argument("--warmup-steps", type=int, default=2)
     ap.add_argument("--activation-checkpointing", action="store_true")
+    ap.add_argument(
+        "--cold-shapes",
+        action="store_true",
+        help="time each arm's first run of every micro-batch shape too (by default each arm "
+        "runs its shapes once, untimed, before its epoch: train_wan.py --warm-shapes)",
+    )
     ap.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     args = ap.parse_args()
 
@@ -253,11 +259,20 @@ def main():
                 cmd += ["--cost-model", cost_path]
             if args.activation_checkpointing:
                 cmd.append("--activation-checkpointing")
+            if not args.cold_shapes:
+                cmd.append("--warm-shapes")
             rc, secs = run(cmd, os.path.join(args.out, f"{arm}_{gpus}gpu.log"), env)
-            recs = read_jsonl(log)
+            lines_in = read_jsonl(log)
+            recs = [r for r in lines_in if "step" in r]
+            warm = [r for r in lines_in if "warm_shapes" in r]
             oom = "OutOfMemoryError" in open(os.path.join(args.out, f"{arm}_{gpus}gpu.log")).read()
             res = summarize(recs, args.warmup_steps, seq_lens, cost, budget) or {}
             res.update(rc=rc, wall_s=secs, oom=oom)
+            if warm:
+                res.update(
+                    warm_shapes=sum(r["warm_shapes"] for r in warm),
+                    warm_s=sum(r["warm_s"] for r in warm),
+                )
             results[name] = res
             logs[name] = recs
             print(
@@ -274,12 +289,19 @@ def main():
         f"samples of the '{args.mix}' mix (synthetic latents, 512 text tokens); one epoch per arm; "
         f"max_tokens = {max_tokens}; memory budget {args.memory_budget:g} GiB per GPU; first "
         f"{args.warmup_steps} steps left out of imbalance and prediction error. {torch.cuda.get_device_name()}, torch "
-        f"{torch.__version__}, {date.today()}. Command: `python benchmarks/e2e_wan.py "
-        f"--gpus {' '.join(map(str, args.gpus))} --layers {args.layers} --calibrate`.",
+        f"{torch.__version__}, {date.today()}. "
+        + (
+            "Each arm first ran each of its distinct micro-batch shapes once, untimed "
+            "(train_wan.py --warm-shapes). "
+            if not args.cold_shapes
+            else "First runs of each micro-batch shape are timed (--cold-shapes). "
+        )
+        + f"Command: `python benchmarks/e2e_wan.py {' '.join(sys.argv[1:])}`.",
         "",
         "| arm | imbalance | samples/s | tokens/s | speedup | epoch (s) | peak GiB | peak / budget "
-        "| mean peak / budget | OOM | cost-model error median / p90 (step; model only) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mean peak / budget | OOM | cost-model error median / p90 (step; model only) "
+        "| shapes warmed (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for gpus in args.gpus:
         base = results.get(f"baseline ({gpus} GPU{'s' if gpus > 1 else ''})", {}).get("epoch_s")
@@ -299,7 +321,8 @@ def main():
                 f"| {name} | {r['imbalance']:.1%} | {r['samples_per_s']:.2f} | {r['tokens_per_s']:.0f} | "
                 f"{speedup} | {r['epoch_s']:.1f} | {r['peak_gib']:.1f} | "
                 f"{r['peak_over_budget']:.0%} | {r['mean_peak_util']:.0%} | "
-                f"{'yes' if r['oom'] else 'no'} | {err or '-'} |"
+                f"{'yes' if r['oom'] else 'no'} | {err or '-'} | "
+                + (f"{r['warm_shapes']} ({r['warm_s']:.1f}) |" if "warm_s" in r else "- |")
             )
     text = "\n".join(lines)
     print(text)

@@ -117,6 +117,11 @@ def parse_args(argv=None):
     ap.add_argument("--log-file", default=None, help="JSON lines, one per optimizer step (rank 0)")
     ap.add_argument("--warmup-steps", type=int, default=0, help="steps left out of the summary")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument(
+        "--warm-shapes",
+        action="store_true",
+        help="before each epoch, run each new micro-batch shape once, untimed (see warm_shapes)",
+    )
     return ap.parse_args(argv)
 
 
@@ -200,6 +205,44 @@ def flow_matching_loss(model, batch, device, dtype, normalizer, marks=None):
         hidden_states=x_t, timestep=t * 1000, encoder_hidden_states=text, return_dict=False
     )[0]
     return ((pred.float() - target) ** 2).sum() / normalizer
+
+
+def warm_shapes(model, plan, rank, shapes, text_len, device, seen):
+    """Runs forward+backward once, on random inputs, for each micro-batch shape of this rank's
+    plan that the model has not run yet (``seen``: (batch, frames, height, width) tuples), and
+    returns how many it ran.
+
+    PyTorch's default attention on Hopper (cuDNN) builds an execution plan the first time it
+    meets a shape: about 0.2 s each, measured on the H200 (benchmarks/bench_cold_shapes.py).
+    A long run pays that once per shape; a short timed epoch with a cost-capped sampler, whose
+    micro-batch sizes vary, would pay it on most image steps. Every rank runs the same number
+    of passes (padded with its smallest shape), so that FSDP's collectives stay matched; DDP
+    runs them without gradient sync. Gradients are cleared afterwards.
+    """
+    from adaptiveload.models.wan import random_batch
+
+    inner = model.module if hasattr(model, "module") else model
+    mine = []  # this rank's distinct shapes, in plan order
+    for idx in plan.rank_micro_batches(rank):
+        key = (len(idx), *(int(v) for v in shapes[idx[0]]))
+        if key not in mine:
+            mine.append(key)
+    todo = [k for k in mine if k not in seen]
+    count = torch.tensor([len(todo)], device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    if count.item() == 0:
+        return 0
+    smallest = min(mine, key=lambda k: k[0] * math.prod(k[1:]))
+    runs = todo + [smallest] * (int(count.item()) - len(todo))
+    sync = model.no_sync() if hasattr(model, "no_sync") else nullcontext()
+    with sync:
+        for b, f, h, w in runs:
+            inputs = random_batch(inner, b, f, h, w, text_len=text_len)
+            model(**inputs, return_dict=False)[0].float().square().mean().backward()
+    for p in model.parameters():
+        p.grad = None
+    seen.update(todo)
+    return len(todo)
 
 
 def checkpoint_state(model, optimizer):
@@ -298,11 +341,23 @@ def main(argv=None):
     progress = None
     stop = False
     epoch, step = start_epoch, -1
+    seen_shapes: set = set()
+    text_len = data[0]["text"].shape[0] if args.warm_shapes else 0
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
         data.epoch = epoch  # before the DataLoader forks its workers
         plan = sampler.plan()
         step_tokens = plan.tokens.reshape(plan.num_steps, W * K).sum(axis=1)
+        if args.warm_shapes:
+            t_warm = time.perf_counter()
+            warmed = warm_shapes(model, plan, rank, data.shapes, text_len, device, seen_shapes)
+            if on_cuda:
+                torch.cuda.synchronize(device)
+            warm_s = time.perf_counter() - t_warm
+            if rank == 0:
+                print(f"epoch {epoch}: warmed {warmed} new micro-batch shapes in {warm_s:.1f} s")
+                if log:
+                    log.write(json.dumps({"epoch": epoch, "warm_shapes": warmed, "warm_s": warm_s}) + "\n")
         loader = DataLoader(
             data,
             batch_sampler=sampler,

@@ -132,3 +132,23 @@ def test_fsdp2_trains_on_cpu(dataset, tmp_path):
     torchrun("--data", dataset, "--parallel", "fsdp", "--max-steps", "2", "--log-file", log)
     recs = read_log(log)
     assert len(recs) == 2 and all(r["loss"] > 0 for r in recs)
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_warm_shapes_changes_nothing_but_the_clock(dataset, tmp_path, parallel):
+    # --warm-shapes runs every new micro-batch shape once before the epoch, on random inputs,
+    # and clears the gradients: the run's batches and losses are those of a run without it,
+    # and FSDP's collectives stay matched although the ranks have different shape counts.
+    plain, warm = str(tmp_path / "plain.jsonl"), str(tmp_path / "warm.jsonl")
+    common = ("--data", dataset, "--parallel", parallel, "--max-steps", "3")
+    torchrun(*common, "--log-file", plain)
+    torchrun(*common, "--log-file", warm, "--warm-shapes")
+    plain_log, warm_log = read_log(plain), read_log(warm)
+    marks = [r for r in warm_log if "warm_shapes" in r]
+    steps = [r for r in warm_log if "step" in r]
+    assert marks[0]["epoch"] == 0 and marks[0]["warm_shapes"] >= 1  # then one per epoch begun
+    assert [m["epoch"] for m in marks] == sorted({r["epoch"] for r in steps})
+    assert len(steps) == len(plain_log) == 3
+    for a, b in zip(plain_log, steps, strict=True):
+        assert a["batches"] == b["batches"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6), f"step {a['global_step']}"
