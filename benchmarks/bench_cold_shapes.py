@@ -46,8 +46,12 @@ def main() -> None:
         "wan2.1-1.3B", layers=args.layers, device="cuda", dtype=torch.bfloat16, fused=args.fused
     )
     print(f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
-    print("default backend choice: images B=48 S=1560:", chosen_backend(48, 1560),
-          "| video B=1 S=32760:", chosen_backend(1, 32760))
+    print(
+        "default backend choice: images B=48 S=1560:",
+        chosen_backend(48, 1560),
+        "| video B=1 S=32760:",
+        chosen_backend(1, 32760),
+    )
     settings = {
         "default": None,
         "flash": [SDPBackend.FLASH_ATTENTION],
@@ -70,8 +74,11 @@ def main() -> None:
                 else:
                     with sdpa_kernel(backends):
                         first, again = fwd_bwd_ms(model, inputs), fwd_bwd_ms(model, inputs)
-                print(f"| {name} | {b}x{f}x{h}x{w} | {first:.1f} | {again:.1f} | "
-                      f"{first - again:+.1f} |", flush=True)
+                print(
+                    f"| {name} | {b}x{f}x{h}x{w} | {first:.1f} | {again:.1f} | "
+                    f"{first - again:+.1f} |",
+                    flush=True,
+                )
             except RuntimeError as e:
                 print(f"| {name} | {b}x{f}x{h}x{w} | failed: {str(e).splitlines()[0][:80]} | | |")
             model.zero_grad(set_to_none=True)

@@ -357,7 +357,9 @@ def main(argv=None):
             if rank == 0:
                 print(f"epoch {epoch}: warmed {warmed} new micro-batch shapes in {warm_s:.1f} s")
                 if log:
-                    log.write(json.dumps({"epoch": epoch, "warm_shapes": warmed, "warm_s": warm_s}) + "\n")
+                    log.write(
+                        json.dumps({"epoch": epoch, "warm_shapes": warmed, "warm_s": warm_s}) + "\n"
+                    )
         loader = DataLoader(
             data,
             batch_sampler=sampler,
