@@ -82,6 +82,7 @@ PY
         --clock-control none -k 'regex:layer_norm_modulate|reduce_partials' --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
         --section SchedulerStats --section WarpStateStats --section InstructionStats \
+        --section SourceCounters \
         --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
         $PY benchmarks/profile_layer_norm_modulate.py ${PROFILE_ARGS:-}
       ;;
