@@ -1149,17 +1149,21 @@ ModArg mod_arg(const Operand& o) {
   return {o.tensor.data_ptr(), kind_of(o.tensor.scalar_type()), to_device(o.map)};
 }
 
-// Calls f with a value of x's element type (float, at::BFloat16 or at::Half).
+template <typename Kernel>
+cudaFuncAttributes attributes_of(Kernel kernel) {
+  cudaFuncAttributes attr{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  return attr;
+}
+
 // Grid for a kernel sized by occupancy: allows it `smem` bytes of dynamic shared memory (above
 // the default 48 KB when needed) and returns how many blocks of `threads` an SM then holds times
-// the SM count (at least one block per SM).
+// the SM count (at least one block per SM). `attr`: the kernel's attributes_of.
 // Note: the 48 KB default bounds static plus dynamic shared memory: the fp32-stream backward at
 // D = 3072 asks for exactly 48 KB of dynamic memory beside its static 512 bytes, and failed to
 // launch ("invalid argument") while the opt-in was keyed on the dynamic bytes alone.
 template <typename Kernel>
-int64_t resident_grid(Kernel kernel, int threads, int smem) {
-  cudaFuncAttributes attr{};
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+int64_t resident_grid(Kernel kernel, const cudaFuncAttributes& attr, int threads, int smem) {
   if (smem + static_cast<int64_t>(attr.sharedSizeBytes) > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
@@ -1181,6 +1185,7 @@ int env_knob(const char* name, int fallback, int lo, int hi) {
   return static_cast<int>(n);
 }
 
+// Calls f with a value of x's element type (float, at::BFloat16 or at::Half).
 template <typename F>
 void dispatch_x(at::ScalarType st, F&& f) {
   switch (st) {
@@ -1254,7 +1259,7 @@ void launch_fwd_warp(const FwdParams& p, int64_t group, cudaStream_t stream) {
   q.prefetch = env_knob("ADAPTIVELOAD_FWD_PREFETCH", 0, 0, 1) == 1;
   const int smem = static_cast<int>(
       q.ring_offset + (q.prefetch ? kThreads / 32 * p.D * static_cast<int64_t>(sizeof(T)) : 0));
-  const int64_t target = resident_grid(kernel, kThreads, smem);
+  const int64_t target = resident_grid(kernel, attributes_of(kernel), kThreads, smem);
   RowChunks c{};
   c.group = group;
   const int64_t groups = (p.rows + c.group - 1) / c.group;
@@ -1363,8 +1368,7 @@ bool launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cuda
   const int tt = static_cast<int>(threads_for(nvec, VPT));
   // Small rows: several teams (rows) per block, up to 512 threads by default; never more than
   // the kernel's registers allow in one block.
-  cudaFuncAttributes attr{};
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const cudaFuncAttributes attr = attributes_of(kernel);
   // By default, as many teams (up to 4) as keep three blocks' registers on an SM, so that one
   // block's barrier does not leave the SM idle.
   // Note: at D = 1536 (two vectors per thread, 96 threads a row) 2 teams ran at 71.5% of copy
@@ -1400,7 +1404,7 @@ bool launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cuda
   p.stages = stages;
   const int threads = teams * tt;
   const int smem = static_cast<int>(smem_for(stages, teams));
-  set_grid(resident_grid(kernel, threads, smem));
+  set_grid(resident_grid(kernel, attr, threads, smem));
   kernel<<<blocks_out, threads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
