@@ -206,45 +206,72 @@ def bench_fused_residual(rows):
     rows.append(("fused residual fwd, 1x32760x5120 bf16", t_fused, 8 * elem, t_sep, 10 * elem))
 
 
-def sweep_knobs(ceiling, lines):
-    """Our kernels under each setting of the tuning knobs (docs/ops.md), per-sample modulation."""
+# Knob settings the sweep compares (docs/ops.md): name -> environment.
+FWD_SWEEP = {
+    "chunks": {"ADAPTIVELOAD_ROW_ORDER": "0"},
+    "tiles": {"ADAPTIVELOAD_ROW_ORDER": "1"},
+    "tiles 1 row/warp": {"ADAPTIVELOAD_ROW_ORDER": "1", "ADAPTIVELOAD_FWD_LAYOUT": "1"},
+}
+BWD_SWEEP = {
+    "general tiles": {"ADAPTIVELOAD_BWD_LEAN": "0", "ADAPTIVELOAD_ROW_ORDER": "1"},
+    "lean chunks": {"ADAPTIVELOAD_ROW_ORDER": "0"},
+    "lean tiles": {"ADAPTIVELOAD_ROW_ORDER": "1"},
+    "lean t=1 s=2": {"ADAPTIVELOAD_BWD_TEAMS": "1", "ADAPTIVELOAD_BWD_STAGES": "2"},
+    "lean t=2 s=2": {"ADAPTIVELOAD_BWD_TEAMS": "2", "ADAPTIVELOAD_BWD_STAGES": "2"},
+    "lean t=3 s=2": {"ADAPTIVELOAD_BWD_TEAMS": "3", "ADAPTIVELOAD_BWD_STAGES": "2"},
+    "lean t=1 s=3": {"ADAPTIVELOAD_BWD_TEAMS": "1", "ADAPTIVELOAD_BWD_STAGES": "3"},
+}
+KNOB_NAMES = (
+    "ADAPTIVELOAD_ROW_ORDER",
+    "ADAPTIVELOAD_FWD_LAYOUT",
+    "ADAPTIVELOAD_BWD_LEAN",
+    "ADAPTIVELOAD_BWD_TEAMS",
+    "ADAPTIVELOAD_BWD_STAGES",
+)
+
+
+def set_env(env):
     import os
 
+    for k in KNOB_NAMES:
+        os.environ.pop(k, None)
+    os.environ.update(env)
+
+
+def sweep_knobs(ceiling, lines):
+    """Our kernels under each setting of the tuning knobs (docs/ops.md), per-sample modulation."""
     shapes = [
         (1, 32760, 1536, "bf16"),
         (1, 75600, 1536, "bf16"),
         (1, 32760, 3072, "bf16"),
         (1, 32760, 5120, "bf16"),
         (2, 32760, 5120, "bf16"),
+        (1, 32760, 1536, "fp32"),
+        (1, 32760, 3072, "fp32"),
         (1, 32760, 5120, "fp32"),
     ]
-    fwd_knobs = [0, 1]
-    bwd_knobs = [(1, 1), (1, 2), (1, 3), (2, 2), (3, 2), (4, 2)]
-    keys = ("ADAPTIVELOAD_FWD_PREFETCH", "ADAPTIVELOAD_BWD_TEAMS", "ADAPTIVELOAD_BWD_STAGES")
     head = (
         "| shape | "
-        + " | ".join(f"fwd pf={k}" for k in fwd_knobs)
+        + " | ".join(f"fwd {k}" for k in FWD_SWEEP)
         + " | "
-        + " | ".join(f"bwd t={t} s={s}" for t, s in bwd_knobs)
+        + " | ".join(f"bwd {k}" for k in BWD_SWEEP)
         + " | default fwd | default bwd |"
     )
     lines += ["", "Tuning knobs, % of copy bandwidth (ours, per-sample modulation):", "", head]
-    lines.append("|" + "---|" * (len(fwd_knobs) + len(bwd_knobs) + 3))
+    lines.append("|" + "---|" * (len(FWD_SWEEP) + len(BWD_SWEEP) + 3))
     print(head)
     for b, s, d, stream in shapes:
         case = Case(b, s, d, stream, "per_sample", copies=2)
         fwd = forward_only(ours, case.out_dtype)
         graphs = autograd_graphs(ours, case, case.out_dtype)
         cells = []
-        for k in fwd_knobs:
-            os.environ[keys[0]] = str(k)
+        for env in FWD_SWEEP.values():
+            set_env(env)
             cells.append(100 * case.fwd_bytes / bench(fwd, case.sets) / 1e6 / ceiling)
-        os.environ.pop(keys[0])
-        for t, st in bwd_knobs:
-            os.environ[keys[1]], os.environ[keys[2]] = str(t), str(st)
+        for env in BWD_SWEEP.values():
+            set_env(env)
             cells.append(100 * case.bwd_bytes / bench(backward_only, graphs) / 1e6 / ceiling)
-        os.environ.pop(keys[1])
-        os.environ.pop(keys[2])
+        set_env({})
         cells.append(100 * case.fwd_bytes / bench(fwd, case.sets) / 1e6 / ceiling)
         cells.append(100 * case.bwd_bytes / bench(backward_only, graphs) / 1e6 / ceiling)
         row = f"| {case.name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |"
@@ -253,18 +280,18 @@ def sweep_knobs(ceiling, lines):
         del case, graphs
         torch.cuda.empty_cache()
     lines.append("")
-    for k in fwd_knobs:
-        os.environ[keys[0]] = str(k)
+    for name, env in FWD_SWEEP.items():
+        set_env(env)
         rows = []
         bench_fused_residual(rows)
-        for name, tf, bf, ts, _ in rows:
+        for label, tf, bf, ts, _ in rows:
             text = (
-                f"- {name}, forward prefetch {k}: fused {tf:.3f} ms "
+                f"- {label}, forward {name}: fused {tf:.3f} ms "
                 f"({100 * bf / tf / 1e6 / ceiling:.1f}% of copy), add + op {ts:.3f} ms"
             )
             print(text)
             lines.append(text)
-    os.environ.pop(keys[0])
+    set_env({})
 
 
 def main() -> int:

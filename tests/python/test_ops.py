@@ -423,13 +423,34 @@ def test_cuda_matches_cpu_bitwise_stats_close():
 
 
 # Every setting of the CUDA kernels' tuning knobs (docs/ops.md) must give correct results:
-# teams (rows per block in the backward), ring depth (rows prefetched), forward prefetch on/off.
+# teams (rows per block in the backward), ring depth (rows prefetched), the forward's row layout
+# (one or two rows per warp at D <= 1536), row order (contiguous chunks or interleaved tiles) and
+# the lean backward kernel on/off.
 # 37 rows per sample is not a multiple of any team count, so teams idle in the last pass.
-KNOBS = [(1, 1, 0), (1, 2, 1), (1, 3, 1), (2, 3, 0), (3, 2, 1), (4, 3, 1)]
+KNOBS = [
+    (1, 1, 0, 0, 0),
+    (1, 2, 1, 1, 1),
+    (1, 3, 1, 0, 1),
+    (2, 3, 0, 1, 0),
+    (3, 2, 1, 0, 1),
+    (4, 3, 1, 1, 1),
+    (2, 2, 0, 1, 1),
+]
+
+
+def set_knobs(monkeypatch, teams, stages, layout=0, order=1, lean=1):
+    for name, v in [
+        ("ADAPTIVELOAD_BWD_TEAMS", teams),
+        ("ADAPTIVELOAD_BWD_STAGES", stages),
+        ("ADAPTIVELOAD_FWD_LAYOUT", layout),
+        ("ADAPTIVELOAD_ROW_ORDER", order),
+        ("ADAPTIVELOAD_BWD_LEAN", lean),
+    ]:
+        monkeypatch.setenv(name, str(v))
 
 
 @cuda_only
-@pytest.mark.parametrize("teams,stages,prefetch", KNOBS)
+@pytest.mark.parametrize("teams,stages,layout,order,lean", KNOBS)
 @pytest.mark.parametrize(
     "shape,dtype,mod_kind,affine",
     [
@@ -437,20 +458,63 @@ KNOBS = [(1, 1, 0), (1, 2, 1), (1, 3, 1), (2, 3, 0), (3, 2, 1), (4, 3, 1)]
         ((2, 37, 768), torch.bfloat16, "chunk", True),
         ((2, 19, 5120), torch.float32, "per_sample", False),
         ((2, 9, 3072), torch.bfloat16, "per_token", False),
+        ((3, 29, 1024), torch.float16, "shared", False),
+        ((2, 23, 5120), torch.bfloat16, "per_sample", False),
+        ((2, 21, 3072), torch.float32, "chunk", False),
     ],
 )
-def test_cuda_tuning_knobs(monkeypatch, teams, stages, prefetch, shape, dtype, mod_kind, affine):
-    monkeypatch.setenv("ADAPTIVELOAD_BWD_TEAMS", str(teams))
-    monkeypatch.setenv("ADAPTIVELOAD_BWD_STAGES", str(stages))
-    monkeypatch.setenv("ADAPTIVELOAD_FWD_PREFETCH", str(prefetch))
+def test_cuda_tuning_knobs(
+    monkeypatch, teams, stages, layout, order, lean, shape, dtype, mod_kind, affine
+):
+    set_knobs(monkeypatch, teams, stages, layout, order, lean)
     run_and_check(shape, dtype, torch.float32, None, mod_kind, "cuda", affine=affine, seed=teams)
+
+
+# Which gradients are asked for changes how the backward groups rows (dshift and dscale may
+# each be summed per sample, over everything, or not at all) and, on CUDA, which kernel runs.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("lean", [0, 1])
+@pytest.mark.parametrize(
+    "shift_kind,scale_kind",
+    [("per_sample", "per_sample"), ("shared", "per_sample"), ("per_sample", "shared")],
+)
+@pytest.mark.parametrize("wanted", ["x", "shift", "scale", "x,scale", "shift,scale"])
+def test_backward_subsets_of_gradients(monkeypatch, device, lean, shift_kind, scale_kind, wanted):
+    if device == "cpu" and lean == 1:
+        pytest.skip("the lean kernel is CUDA only")
+    monkeypatch.setenv("ADAPTIVELOAD_BWD_LEAN", str(lean))
+    gen = torch.Generator().manual_seed(len(wanted) + 7 * lean)
+    shape = (3, 41, 1536)
+    x = rand(shape, torch.bfloat16, device, gen, 2.0, 0.3)
+    shift = make_mod(shift_kind, shape, torch.float32, device, gen)
+    scale = make_mod(scale_kind, shape, torch.float32, device, gen)
+    names = wanted.split(",")
+    inputs = {"x": x, "shift": shift, "scale": scale}
+    for name in names:
+        inputs[name].requires_grad_()
+    y = ops.layer_norm_modulate(inputs["x"], inputs["shift"], inputs["scale"])
+    dy = rand(shape, torch.bfloat16, device, gen)
+    got = torch.autograd.grad(y, [inputs[n] for n in names], dy)
+    lowp_in = {k: v.detach().clone().requires_grad_(v.requires_grad) for k, v in inputs.items()}
+    lowp = torch.autograd.grad(
+        reference(lowp_in["x"], lowp_in["shift"], lowp_in["scale"]),
+        [lowp_in[n] for n in names],
+        dy,
+    )
+    ref_in = dict(zip(inputs, f64(*inputs.values()), strict=True))
+    ref = torch.autograd.grad(
+        reference(ref_in["x"], ref_in["shift"], ref_in["scale"]),
+        [ref_in[n] for n in names],
+        dy.double(),
+    )
+    for name, g, r, lp in zip(names, got, ref, lowp, strict=True):
+        assert_close("d" + name, g, r, lp, torch.bfloat16)
 
 
 @cuda_only
 @pytest.mark.parametrize("teams,stages", [(1, 1), (2, 3), (4, 2)])
 def test_cuda_tuning_knobs_gated(monkeypatch, teams, stages):
-    monkeypatch.setenv("ADAPTIVELOAD_BWD_TEAMS", str(teams))
-    monkeypatch.setenv("ADAPTIVELOAD_BWD_STAGES", str(stages))
+    set_knobs(monkeypatch, teams, stages, order=stages % 2)
     gen = torch.Generator().manual_seed(teams * 10 + stages)
     shape = (2, 37, 1536)
     inputs = [rand(shape, torch.bfloat16, "cuda", gen).requires_grad_() for _ in range(2)]
@@ -494,10 +558,10 @@ def test_fp32_stream_at_the_default_shared_memory_limit(device, d):
 def test_cuda_tuning_knob_errors(monkeypatch):
     x = torch.randn(2, 8, 1536, device="cuda", requires_grad=True)
     m = torch.randn(2, 1, 1536, device="cuda", requires_grad=True)
-    monkeypatch.setenv("ADAPTIVELOAD_FWD_PREFETCH", "yes")
-    with pytest.raises(RuntimeError, match="ADAPTIVELOAD_FWD_PREFETCH must be an integer"):
+    monkeypatch.setenv("ADAPTIVELOAD_FWD_LAYOUT", "yes")
+    with pytest.raises(RuntimeError, match="ADAPTIVELOAD_FWD_LAYOUT must be an integer"):
         ops.layer_norm_modulate(x.detach(), m.detach(), m.detach())
-    monkeypatch.delenv("ADAPTIVELOAD_FWD_PREFETCH")
+    monkeypatch.delenv("ADAPTIVELOAD_FWD_LAYOUT")
     y = ops.layer_norm_modulate(x, m, m)
     monkeypatch.setenv("ADAPTIVELOAD_BWD_STAGES", "7")
     with pytest.raises(

@@ -121,6 +121,33 @@ __device__ __forceinline__ void unpack(const Raw<N, BYTES>& r, int kind, float (
   }
 }
 
+// unpack for the forward's passes over a row held packed in registers: pass 0 as unpack, passes 1
+// and 2 (bf16) with byte permutes written differently, so that the compiler cannot reuse an
+// earlier pass's fp32 values; reusing them kept the whole row live in fp32 across the
+// reductions, twice the registers of the packed row, and spilled it.
+template <int PASS, int N, int BYTES>
+__device__ __forceinline__ void unpack_pass(const Raw<N, BYTES>& r, int kind, float (&out)[N]) {
+  if constexpr (BYTES == 2 && PASS > 0) {
+    if (kind == kBF16) {
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) {
+        uint32_t lo, hi;
+        if constexpr (PASS == 1) {
+          asm("prmt.b32 %0, %1, 0, 0x1044;" : "=r"(lo) : "r"(r.w[i]));
+          asm("prmt.b32 %0, %1, 0, 0x3244;" : "=r"(hi) : "r"(r.w[i]));
+        } else {
+          asm("prmt.b32 %0, 0, %1, 0x5400;" : "=r"(lo) : "r"(r.w[i]));
+          asm("prmt.b32 %0, 0, %1, 0x7600;" : "=r"(hi) : "r"(r.w[i]));
+        }
+        out[2 * i] = __uint_as_float(lo);
+        out[2 * i + 1] = __uint_as_float(hi);
+      }
+      return;
+    }
+  }
+  unpack(r, kind, out);
+}
+
 // Rounds v to 16-bit `kind` (or keeps fp32) into raw bits.
 template <int N, int BYTES>
 __device__ __forceinline__ void pack(Raw<N, BYTES>& r, int kind, const float (&v)[N]) {
@@ -301,9 +328,6 @@ struct FwdParams {
   float* rstd;
   int64_t rows, D;
   float eps;
-  // Warp kernel only: prefetch the next row through shared memory at ring_offset bytes.
-  bool prefetch;
-  int64_t ring_offset;
 };
 
 // One block per row (grid-stride), the row held in registers as packed x values (half the
@@ -405,65 +429,136 @@ __global__ void __launch_bounds__(VPT <= 4 ? 256 : 512, VPT <= 2   ? 4
   }
 }
 
-// Rows of one block for the warp kernel: contiguous, and inside one stretch of `group` rows
-// over which every modulation operand is constant (so it can be staged once per block).
+// Rows of one block for the warp kernel, all inside one stretch of `group` rows over which
+// every modulation operand is constant (so it can be staged once per block). In order 0 a block
+// owns a contiguous chunk of rows; in order 1 (interleaved) the group's blocks take turns in
+// tiles of one row per warp, so that at any moment the whole GPU works on one narrow window of
+// memory, as a copy does, instead of on as many scattered streams as there are warps.
 struct RowChunks {
   int64_t group;      // rows per group
   int64_t per_group;  // blocks per group
   int64_t chunk_rows;
+  bool interleave;
 };
 
-__device__ __forceinline__ void block_rows(const RowChunks& c, int64_t rows, int64_t& first,
-                                           int64_t& last) {
-  const int64_t g = blockIdx.x / c.per_group;
-  const int64_t group_end = min((g + 1) * c.group, rows);
-  first = min(g * c.group + (blockIdx.x % c.per_group) * c.chunk_rows, group_end);
-  last = min(first + c.chunk_rows, group_end);
+// Rows `slot` of `nslots` (a warp, or a team) of this block visits: start, start + step, ...
+// while < end. start >= end when it has none; block_start >= end when the block has none.
+struct RowRange {
+  int64_t start, step, end, block_start;
+};
+
+__device__ __forceinline__ RowRange block_rows(int64_t group, int64_t per_group, int64_t chunk_rows,
+                                               bool interleave, int64_t rows, int slot,
+                                               int nslots) {
+  const int64_t g = blockIdx.x / per_group, b = blockIdx.x % per_group;
+  const int64_t group_end = min((g + 1) * group, rows);
+  RowRange r;
+  if (interleave) {
+    r.block_start = g * group + b * nslots;
+    r.step = per_group * nslots;
+    r.end = group_end;
+  } else {
+    r.block_start = min(g * group + b * chunk_rows, group_end);
+    r.step = nslots;
+    r.end = min(r.block_start + chunk_rows, group_end);
+  }
+  r.start = r.block_start + slot;
+  return r;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-  using WarpReduce = cub::WarpReduce<float>;
-  __shared__ typename WarpReduce::TempStorage temp[8];
-  const float total = WarpReduce(temp[threadIdx.x / 32]).Sum(v);  // valid in lane 0
-  return __shfl_sync(0xffffffffu, total, 0);
+// Sums v[0..R) over the team of WPR warps (1, 2 or 4) that shares a row; every lane gets the
+// same totals, added in a fixed order. A butterfly of shuffles in each warp, then, for teams
+// of several warps, the warps' sums through shared memory (`buf` in [2][8 warps][R], the half
+// given by `half`: the sum and the square sum of one row use different halves, so that a warp
+// rewriting one for its next row never races a team mate still reading it) and a named barrier
+// for the team alone.
+template <int R, int WPR>
+__device__ __forceinline__ void team_sum(float (&v)[R], float* buf, int half) {
+#pragma unroll
+  for (int m = 16; m >= 1; m /= 2) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) v[r] += __shfl_xor_sync(0xffffffffu, v[r], m);
+  }
+  if constexpr (WPR > 1) {
+    const int warp = threadIdx.x / 32, first = warp - warp % WPR;
+    float* b = buf + half * 8 * R;
+    if (threadIdx.x % 32 == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) b[warp * R + r] = v[r];
+    }
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + warp / WPR), "r"(32 * WPR) : "memory");
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float t = 0.f;
+#pragma unroll
+      for (int w = 0; w < WPR; ++w) t += b[(first + w) * R + r];
+      v[r] = t;
+    }
+  }
 }
 
-// One warp per row, 4 or 8 rows of a block in flight at once, the row in registers (VPW
-// 16-byte vectors per lane). The block's rows share one modulation row (shared or per-sample
-// modulation), which the kernel folds, once per block, into shared memory as
+// Rows in registers, a team of WPR warps per row (the row split into WPR contiguous parts of
+// 32 x VPW vectors), R rows per team at a time (R > 1 only for one-warp teams), 8 warps per
+// block. The block's rows share one modulation row (shared or per-sample modulation), which the
+// kernel folds, once per block, into shared memory as
 //   a = weight * (1 + scale),  b = bias * (1 + scale) + shift   (and the gate, FUSED)
 // so that y = xhat * a + b costs no modulation traffic per row.
 // Note: reading per-sample modulation from L2 for every row moved 2-3x more bytes through L2
 // than x itself and held the block-per-row kernel near half the copy bandwidth.
-// Note: a lane holds VPW x 16 bytes of the row, 80 registers at VPW 20. Blocks of 4 warps with
-// a 170-register cap keep 12 rows in flight per SM there without spilling; 8-warp blocks capped
-// at 128 registers spilled 216 bytes per lane and ran at 57% of copy bandwidth (D = 5120).
-template <int VPW>
-constexpr int fwd_warp_threads() {
-  return VPW > 12 ? 128 : 256;
+// Note: on the H200 the bandwidth followed the row bytes a warp holds: 3 KB (bf16 D = 1536, one
+// row of 6 vectors per lane) ran at 77% of copy bandwidth, 6 KB (D = 3072, 12 vectors) at 87%,
+// while 10 KB (D = 5120, 20 vectors, one warp) needed 168 registers, spilled and ran at 77%.
+// Hence two rows per warp at D = 1536 and two warps per row at D = 5120: 32-48 data registers
+// per lane.
+template <int VPW, int R>
+constexpr int fwd_warp_min_blocks() {
+  return R * VPW * 4 <= 24 ? 3 : 2;  // registers per thread: <= 85 or <= 128 at 256 threads
 }
 
-template <typename T, int VPW, bool FUSED>
-__global__ void __launch_bounds__(fwd_warp_threads<VPW>(), VPW <= 4    ? 4
-                                                           : VPW <= 8  ? 3
-                                                           : VPW <= 12 ? 2
-                                                                       : 3)
+template <typename T, int VPW, int R, int WPR, bool FUSED>
+__global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
     layer_norm_modulate_fwd_warp_kernel(const FwdParams p, const RowChunks chunks) {
+  static_assert(R == 1 || WPR == 1, "several rows per team only for one-warp teams");
   constexpr int VEC = 16 / sizeof(T);
   constexpr int XK = KindOf<T>::value;
   using XRaw = Raw<VEC, sizeof(T)>;
   extern __shared__ float4 smem4[];
+  __shared__ float red[2 * 8 * R];
   float* sa = reinterpret_cast<float*>(smem4);
   float* sb = sa + p.D;
   float* sg = sb + p.D;  // FUSED only
-  const int64_t nvec = p.D / VEC;
+  const int nvec = static_cast<int>(p.D / VEC);
   const float inv_d = 1.f / static_cast<float>(p.D);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-  int64_t first, last;
-  block_rows(chunks, p.rows, first, last);
-  if (first >= last) return;  // uniform over the block
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int teams = blockDim.x / 32 / WPR;
+  const RowRange rr = block_rows(chunks.group, chunks.per_group, chunks.chunk_rows,
+                                 chunks.interleave, p.rows, warp / WPR, teams);
+  if (rr.block_start >= rr.end) return;  // uniform over the block
+
+  // Vector i of this lane: column col0 + 32 * i of the row.
+  const int col0 = (warp % WPR) * 32 * VPW + lane;
+  XRaw xr[R][VPW];
+  bool live[R];
+  auto load_rows = [&](int64_t row0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = row0 + r * rr.step;
+      live[r] = row < rr.end;
+#pragma unroll
+      for (int i = 0; i < VPW; ++i) {
+        const int c = col0 + 32 * i;
+#pragma unroll
+        for (int k = 0; k < XRaw::kWords; ++k) xr[r][i].w[k] = 0u;
+        if (live[r] && c < nvec) load_raw(xr[r][i], p.x, XK, row * p.D + c * VEC);
+      }
+    }
+  };
+  // The first rows' loads are issued before the modulation is staged, so that memory is busy
+  // from the start instead of after the staging's own loads and barrier.
+  load_rows(rr.start);
 
   {
+    const int64_t first = rr.block_start;
     const int64_t sh_row = p.shift.map(first), sc_row = p.scale.map(first);
     const int64_t g_row = FUSED ? p.gate.map(first) : 0;
     for (int64_t c = threadIdx.x; c < nvec; c += blockDim.x) {
@@ -489,101 +584,104 @@ __global__ void __launch_bounds__(fwd_warp_threads<VPW>(), VPW <= 4    ? 4
     __syncthreads();
   }
 
-  // With p.prefetch, each warp copies its next row into its own shared-memory buffer
-  // (cp.async) as soon as the current one is in registers, so the load overlaps this row's
-  // reductions and stores.
-  char* buf = reinterpret_cast<char*>(smem4) + p.ring_offset +
-              static_cast<int64_t>(warp) * p.D * static_cast<int64_t>(sizeof(T));
-  auto issue = [&](int64_t row) {
-    if (row < last) {
-#pragma unroll
-      for (int i = 0; i < VPW; ++i) {
-        const int64_t c = lane + 32 * i;
-        if (c < nvec) {
-          copy_async(buf + c * 16, static_cast<const T*>(p.x) + row * p.D + c * VEC, 16);
-        }
-      }
-    }
-    copy_commit();
-  };
-  if (p.prefetch) issue(first + warp);
-
-  for (int64_t row = first + warp; row < last; row += nwarps) {
-    const int64_t base = row * p.D;
-    XRaw xr[VPW];
-    if (p.prefetch) copy_wait(0);
-    // One generic load path for either source keeps register use as without the prefetch.
-    const T* src = p.prefetch ? reinterpret_cast<const T*>(buf) : static_cast<const T*>(p.x) + base;
-#pragma unroll
-    for (int i = 0; i < VPW; ++i) {
-      const int64_t c = lane + 32 * i;
-#pragma unroll
-      for (int k = 0; k < XRaw::kWords; ++k) xr[i].w[k] = 0u;
-      if (c < nvec) load_raw(xr[i], src, XK, c * VEC);
-    }
-    if (p.prefetch) {
-      __syncwarp();  // the lanes' reads of buf are done before it is refilled
-      issue(row + nwarps);
-    }
+  for (int64_t row0 = rr.start; row0 < rr.end; row0 += R * rr.step) {
+    if (row0 != rr.start) load_rows(row0);
     if constexpr (FUSED) {
+      // r = residual + gate * h, rounded to T: the rounded r is what gets normalized, returned
+      // and saved for backward.
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int64_t base = (row0 + r * rr.step) * p.D;
+#pragma unroll
+        for (int i = 0; i < VPW; ++i) {
+          const int c = col0 + 32 * i;
+          if (live[r] && c < nvec) {
+            float v[VEC], hv[VEC];
+            unpack(xr[r][i], XK, v);
+            load_vec(hv, p.h, XK, base + c * VEC);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) v[k] = fmaf(sg[c * VEC + k], hv[k], v[k]);
+            pack(xr[r][i], XK, v);
+            store_raw_vec(p.r, xr[r][i], base + c * VEC);
+          }
+        }
+      }
+    }
+    float mean[R], rstd[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      mean[r] = 0.f;
 #pragma unroll
       for (int i = 0; i < VPW; ++i) {
-        const int64_t c = lane + 32 * i;
-        if (c < nvec) {
-          float v[VEC], hv[VEC];
-          unpack(xr[i], XK, v);
-          load_vec(hv, p.h, XK, base + c * VEC);
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) v[k] = fmaf(sg[c * VEC + k], hv[k], v[k]);
-          pack(xr[i], XK, v);  // r rounded to T is what is normalized and saved
-          store_raw_vec(p.r, xr[i], base + c * VEC);
-        }
-      }
-    }
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < VPW; ++i) {
-      float v[VEC];
-      unpack(xr[i], XK, v);  // padding vectors are zero
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) sum += v[k];
-    }
-    const float mean = warp_sum(sum) * inv_d;
-    float sq = 0.f;
-#pragma unroll
-    for (int i = 0; i < VPW; ++i) {
-      if (lane + 32 * i < nvec) {
         float v[VEC];
-        unpack(xr[i], XK, v);
+        unpack(xr[r][i], XK, v);  // padding vectors are zero
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const float d = v[k] - mean;
-          sq = fmaf(d, d, sq);
+        for (int k = 0; k < VEC; ++k) mean[r] += v[k];
+      }
+    }
+    team_sum<R, WPR>(mean, red, 0);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      mean[r] *= inv_d;
+      rstd[r] = 0.f;
+#pragma unroll
+      for (int i = 0; i < VPW; ++i) {
+        if (col0 + 32 * i < nvec) {
+          float v[VEC];
+          unpack_pass<1>(xr[r][i], XK, v);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            const float d = v[k] - mean[r];
+            rstd[r] = fmaf(d, d, rstd[r]);
+          }
         }
       }
     }
-    const float rstd = rsqrtf(warp_sum(sq) * inv_d + p.eps);
+    team_sum<R, WPR>(rstd, red, 1);
 #pragma unroll
-    for (int i = 0; i < VPW; ++i) {
-      const int64_t c = lane + 32 * i;
-      if (c < nvec) {
-        float v[VEC];
-        unpack(xr[i], XK, v);
+    for (int r = 0; r < R; ++r) rstd[r] = rsqrtf(rstd[r] * inv_d + p.eps);
+    // y's dtype is decided once per row, outside the vector loop: a run-time kind inside it
+    // made the compiler keep every branch's values live and spill (D = 3072).
+    auto finish = [&](auto yk_c) {
+      constexpr int YK = decltype(yk_c)::value;
 #pragma unroll
-        for (int k = 0; k < VEC; k += 4) {
-          const float4 a4 = *reinterpret_cast<const float4*>(sa + c * VEC + k);
-          const float4 b4 = *reinterpret_cast<const float4*>(sb + c * VEC + k);
-          v[k] = fmaf((v[k] - mean) * rstd, a4.x, b4.x);
-          v[k + 1] = fmaf((v[k + 1] - mean) * rstd, a4.y, b4.y);
-          v[k + 2] = fmaf((v[k + 2] - mean) * rstd, a4.z, b4.z);
-          v[k + 3] = fmaf((v[k + 3] - mean) * rstd, a4.w, b4.w);
+      for (int r = 0; r < R; ++r) {
+        const int64_t base = (row0 + r * rr.step) * p.D;
+#pragma unroll
+        for (int i = 0; i < VPW; ++i) {
+          const int c = col0 + 32 * i;
+          if (live[r] && c < nvec) {
+            float v[VEC];
+            unpack_pass<2>(xr[r][i], XK, v);
+#pragma unroll
+            for (int k = 0; k < VEC; k += 4) {
+              const float4 a4 = *reinterpret_cast<const float4*>(sa + c * VEC + k);
+              const float4 b4 = *reinterpret_cast<const float4*>(sb + c * VEC + k);
+              v[k] = fmaf((v[k] - mean[r]) * rstd[r], a4.x, b4.x);
+              v[k + 1] = fmaf((v[k + 1] - mean[r]) * rstd[r], a4.y, b4.y);
+              v[k + 2] = fmaf((v[k + 2] - mean[r]) * rstd[r], a4.z, b4.z);
+              v[k + 3] = fmaf((v[k + 3] - mean[r]) * rstd[r], a4.w, b4.w);
+            }
+            store_vec(p.y, YK, base + c * VEC, v);
+          }
         }
-        store_vec(p.y, p.y_kind, base + c * VEC, v);
       }
+    };
+    if (p.y_kind == kF32) {
+      finish(std::integral_constant<int, kF32>{});
+    } else if (p.y_kind == kBF16) {
+      finish(std::integral_constant<int, kBF16>{});
+    } else {
+      finish(std::integral_constant<int, kF16>{});
     }
-    if (lane == 0) {
-      p.mean[row] = mean;
-      p.rstd[row] = rstd;
+    if (lane == 0 && warp % WPR == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (live[r]) {
+          p.mean[row0 + r * rr.step] = mean[r];
+          p.rstd[row0 + r * rr.step] = rstd[r];
+        }
+      }
     }
   }
 }
@@ -672,6 +770,7 @@ struct BwdParams {
   int stages;
   int64_t ring_offset;
   int dy_bytes;
+  bool interleave;  // vector kernels: rows dealt in interleaved tiles (see RowChunks)
 };
 
 __device__ __forceinline__ void chunk_range(const BwdParams& p, int64_t& first, int64_t& last) {
@@ -715,6 +814,50 @@ __device__ __forceinline__ void team_sum2(float& a, float& b, int team_threads, 
   buf ^= 1;
 }
 
+// Writes a block's partial sums of one gradient slot: teams 1.. hand their sums to team 0
+// through the (idle) ring, which adds them in team order; team 0 writes the block's partials.
+// Every thread of the block calls it (it has barriers); the ring's copies must be complete.
+template <int VEC, int VPT>
+__device__ __forceinline__ void write_partials(const BwdParams& p, float (&acc)[VPT][VEC], int slot,
+                                               char* ring, int teams, int team, int tid) {
+  const int tt = p.team_threads;
+  const int64_t nvec = p.D / VEC;
+  float* hand = reinterpret_cast<float*>(ring);  // (teams - 1) x D floats
+  if (teams > 1) {
+    __syncthreads();
+    if (team > 0) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t c = tid + static_cast<int64_t>(i) * tt;
+        if (c < nvec) store_vec(hand + (team - 1) * p.D, kF32, c * VEC, acc[i]);
+      }
+    }
+    __syncthreads();
+    if (team == 0) {
+      for (int j = 1; j < teams; ++j) {
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+          const int64_t c = tid + static_cast<int64_t>(i) * tt;
+          if (c < nvec) {
+            float v[VEC];
+            load_vec(v, hand + (j - 1) * p.D, kF32, c * VEC);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) acc[i][k] += v[k];
+          }
+        }
+      }
+    }
+  }
+  if (team == 0) {
+    float* out = p.partials + (static_cast<int64_t>(blockIdx.x) * p.num_slots + slot) * p.D;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int64_t c = tid + static_cast<int64_t>(i) * tt;
+      if (c < nvec) store_vec(out, kF32, c * VEC, acc[i]);
+    }
+  }
+}
+
 // One block per chunk of rows, split into teams of p.team_threads threads; each team works on
 // its own row, so a block has `teams` rows in progress (more rows per block means fewer
 // blocks, hence fewer fp32 partials to write and sum for small D). Thread t of a team owns the
@@ -740,12 +883,12 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
   using DyRaw = Raw<VEC, DYB>;
   const int64_t nvec = p.D / VEC;
   const float inv_d = 1.f / static_cast<float>(p.D);
-  int64_t first, last;
-  chunk_range(p, first, last);
   const int tt = p.team_threads;
   const int teams = blockDim.x / tt;
   const int team = threadIdx.x / tt;
   const int tid = threadIdx.x % tt;
+  const RowRange rr =
+      block_rows(p.group, p.per_group, p.chunk_rows, p.interleave, p.rows, team, teams);
 
   // Only the slots this variant can use: shift and scale, plus gate (FUSED), weight and bias
   // (AFFINE). Unused slots would still cost registers, as their use is decided at run time.
@@ -769,10 +912,10 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
   char* ring = reinterpret_cast<char*>(bwd_smem4) + p.ring_offset;
   __shared__ float2 red[64];
   int red_buf = 0;
-  const bool staged = p.stage && first < last && p.scale.map.inner_stride == 0 &&
-                      p.scale.map(first) == p.scale.map(last - 1);
+  const bool staged = p.stage && rr.block_start < rr.end && p.scale.map.inner_stride == 0 &&
+                      p.scale.map(rr.block_start) == p.scale.map(rr.end - 1);
   if (staged) {
-    const int64_t sc_row = p.scale.map(first);
+    const int64_t sc_row = p.scale.map(rr.block_start);
     for (int64_t c = threadIdx.x; c < nvec; c += blockDim.x) {
       float sc[VEC];
       load_vec(sc, p.scale.ptr, p.scale.kind, sc_row + c * VEC);
@@ -795,17 +938,18 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
   constexpr int dy_bytes = DYB;
   const int64_t x_row_bytes = p.D * static_cast<int64_t>(sizeof(T));
   const int64_t slot_bytes = ring_slot_bytes(p.D, sizeof(T), dy_bytes);
-  const int64_t iters = first < last ? (last - first + teams - 1) / teams : 0;
+  const int64_t iters =
+      rr.block_start < rr.end ? (rr.end - rr.block_start + rr.step - 1) / rr.step : 0;
   // Ring slots are counted, not computed as it % stages: a 64-bit remainder (like the row
   // maps' divisions) is a software routine of many instructions, paid per row by every thread.
   auto slot = [&](int s) { return ring + (static_cast<int64_t>(s) * teams + team) * slot_bytes; };
   int fill_slot = 0;  // the slot issue() fills next: (rows issued so far) % stages
   int read_slot = 0;  // the slot of the current row: it % stages
   auto issue = [&](int64_t it) {
-    const int64_t row = first + it * teams + team;
+    const int64_t row = rr.start + it * rr.step;
     char* sx = slot(fill_slot);
     if (++fill_slot == stages) fill_slot = 0;
-    if (it < iters && row < last) {
+    if (it < iters && row < rr.end) {
       char* sdy = sx + x_row_bytes;
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
@@ -822,16 +966,16 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
   };
   for (int k = 0; k + 1 < stages; ++k) issue(k);
   float row_mean = 0.f, row_rstd = 0.f;
-  if (first + team < last) {
-    row_mean = p.mean[first + team];
-    row_rstd = p.rstd[first + team];
+  if (rr.start < rr.end) {
+    row_mean = p.mean[rr.start];
+    row_rstd = p.rstd[rr.start];
   }
 
   for (int64_t it = 0; it < iters; ++it) {
     issue(it + stages - 1);
     copy_wait(stages - 1);
-    const int64_t row = first + it * teams + team;
-    const bool active = row < last;
+    const int64_t row = rr.start + it * rr.step;
+    const bool active = row < rr.end;
     const char* sx = slot(read_slot);
     if (++read_slot == stages) read_slot = 0;
     const char* sdy = sx + x_row_bytes;
@@ -840,9 +984,9 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
     // global-memory latency is not paid here, between the ring wait and the first use.
     const float mean = active ? row_mean : 0.f;
     const float rstd = active ? row_rstd : 0.f;
-    if (row + teams < last) {
-      row_mean = p.mean[row + teams];
-      row_rstd = p.rstd[row + teams];
+    if (row + rr.step < rr.end) {
+      row_mean = p.mean[row + rr.step];
+      row_rstd = p.rstd[row + rr.step];
     }
     const int64_t scale_row = active && !staged ? p.scale.map(row) : 0;
     const int64_t gate_row = FUSED && active && p.dh != nullptr ? p.gate.map(row) : 0;
@@ -962,49 +1106,176 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
     }
   }
 
-  // Teams 1.. hand their sums to team 0 through the (now idle) ring, which adds them in team
-  // order; team 0 writes the block's partials. Every block writes all its slots, zeros for an
-  // empty chunk, so stage two reads no garbage.
+  // Every block writes all its slots, zeros for an empty chunk, so stage two reads no garbage.
   copy_wait(0);
-  float* hand = reinterpret_cast<float*>(ring);  // (teams - 1) x D floats
 #pragma unroll
   for (int q = 0; q < NS; ++q) {
-    if (!grouped[q]) continue;
-    if (teams > 1) {
-      __syncthreads();
-      if (team > 0) {
+    if (grouped[q]) write_partials<VEC, VPT>(p, acc[q], p.grad[q].slot, ring, teams, team, tid);
+  }
+}
+
+// The common case of the plain op, without the general kernel's run-time branches: no weight or
+// bias, a scale row shared by the block's rows (shared or per-sample modulation, staged in
+// shared memory as 1 + scale), dshift and dscale summed per group (or not needed), at most 16
+// elements of a row per thread. Same teams, ring and row dealing as the general kernel. Pass 1
+// keeps xhat and g = dy * (1 + scale) in registers and accumulates dshift and dscale, which need
+// no row statistic but the saved ones; pass 2 only forms dx.
+// Note: the general kernel ran about 38 instructions per element at D = 1536 (its SM issuing
+// 61% of cycles, memory barely stalled): two passes over the ring with the gradient modes and
+// operand kinds decided per vector at run time, and 64-bit index math per vector.
+// Note: 96 registers keep two blocks of 320 threads (D = 5120) on an SM; uncapped it took 122,
+// one block per SM, and every team_sum2 barrier then left the SM idle.
+template <typename T, int VPT, int DYK>
+__global__ void __maxnreg__(VPT * 16 / sizeof(T) <= 8 ? 64 : 96)
+    layer_norm_modulate_bwd_lean_kernel(const BwdParams p) {
+  constexpr int VEC = 16 / sizeof(T);
+  constexpr int XK = KindOf<T>::value;
+  constexpr int DYB = DYK == kF32 ? 4 : 2;  // bytes per dy element
+  using XRaw = Raw<VEC, sizeof(T)>;
+  using DyRaw = Raw<VEC, DYB>;
+  const int nvec = static_cast<int>(p.D / VEC);  // <= kMaxBwdVectors
+  const float inv_d = 1.f / static_cast<float>(p.D);
+  const int tt = p.team_threads;
+  const int teams = blockDim.x / tt;
+  const int team = threadIdx.x / tt;
+  const int tid = threadIdx.x % tt;
+  const RowRange rr =
+      block_rows(p.group, p.per_group, p.chunk_rows, p.interleave, p.rows, team, teams);
+  const int64_t iters =
+      rr.block_start < rr.end ? (rr.end - rr.block_start + rr.step - 1) / rr.step : 0;
+
+  extern __shared__ float4 bwd_smem4[];
+  float* s1s = reinterpret_cast<float*>(bwd_smem4);
+  char* ring = reinterpret_cast<char*>(bwd_smem4) + p.ring_offset;
+  __shared__ float2 red[64];
+  int red_buf = 0;
+  if (iters > 0) {
+    const int64_t sc_row = p.scale.map(rr.block_start);
+    for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
+      float sc[VEC];
+      load_vec(sc, p.scale.ptr, p.scale.kind, sc_row + c * VEC);
 #pragma unroll
-        for (int i = 0; i < VPT; ++i) {
-          const int64_t c = tid + static_cast<int64_t>(i) * tt;
-          if (c < nvec) store_vec(hand + (team - 1) * p.D, kF32, c * VEC, acc[q][i]);
-        }
-      }
-      __syncthreads();
-      if (team == 0) {
-        for (int j = 1; j < teams; ++j) {
-#pragma unroll
-          for (int i = 0; i < VPT; ++i) {
-            const int64_t c = tid + static_cast<int64_t>(i) * tt;
-            if (c < nvec) {
-              float v[VEC];
-              load_vec(v, hand + (j - 1) * p.D, kF32, c * VEC);
-#pragma unroll
-              for (int k = 0; k < VEC; ++k) acc[q][i][k] += v[k];
-            }
-          }
-        }
-      }
-    }
-    if (team == 0) {
-      float* out =
-          p.partials + (static_cast<int64_t>(blockIdx.x) * p.num_slots + p.grad[q].slot) * p.D;
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int64_t c = tid + static_cast<int64_t>(i) * tt;
-        if (c < nvec) store_vec(out, kF32, c * VEC, acc[q][i]);
-      }
+      for (int k = 0; k < VEC; ++k) s1s[c * VEC + k] = 1.f + sc[k];
     }
   }
+  __syncthreads();
+
+  // Byte offsets of this thread's vectors in an x row and a dy row (< 2^16), and whether each
+  // exists (the last team threads may own fewer than VPT).
+  int xoff[VPT], dyoff[VPT];
+  bool has[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int c = tid + i * tt;
+    has[i] = c < nvec;
+    xoff[i] = c * VEC * static_cast<int>(sizeof(T));
+    dyoff[i] = c * VEC * DYB;
+  }
+  const int64_t x_row_bytes = p.D * static_cast<int64_t>(sizeof(T));
+  const int64_t dy_row_bytes = p.D * static_cast<int64_t>(DYB);
+  const int64_t slot_stride = teams * ring_slot_bytes(p.D, sizeof(T), DYB);
+  char* my_ring = ring + team * ring_slot_bytes(p.D, sizeof(T), DYB);
+  const int stages = p.stages;
+  int fill_slot = 0, read_slot = 0;  // counted, as in the general kernel
+  auto issue = [&](int64_t it) {
+    const int64_t row = rr.start + it * rr.step;
+    char* sx = my_ring + fill_slot * slot_stride;
+    if (++fill_slot == stages) fill_slot = 0;
+    if (it < iters && row < rr.end) {
+      const char* gx = static_cast<const char*>(p.x) + row * x_row_bytes;
+      const char* gdy = static_cast<const char*>(p.dy) + row * dy_row_bytes;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        if (has[i]) {
+          copy_async(sx + xoff[i], gx + xoff[i], VEC * sizeof(T));
+          copy_async(sx + x_row_bytes + dyoff[i], gdy + dyoff[i], VEC * DYB);
+        }
+      }
+    }
+    copy_commit();  // possibly empty, so that group counts stay in step
+  };
+  for (int k = 0; k + 1 < stages; ++k) issue(k);
+  float row_mean = 0.f, row_rstd = 0.f;
+  if (rr.start < rr.end) {
+    row_mean = p.mean[rr.start];
+    row_rstd = p.rstd[rr.start];
+  }
+
+  float acc_shift[VPT][VEC], acc_scale[VPT][VEC];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) acc_shift[i][k] = 0.f, acc_scale[i][k] = 0.f;
+
+  for (int64_t it = 0; it < iters; ++it) {
+    issue(it + stages - 1);
+    copy_wait(stages - 1);
+    const int64_t row = rr.start + it * rr.step;
+    const bool active = row < rr.end;
+    const char* sx = my_ring + read_slot * slot_stride;
+    if (++read_slot == stages) read_slot = 0;
+    const char* sdy = sx + x_row_bytes;
+    const float mean = row_mean, rstd = row_rstd;
+    if (row + rr.step < rr.end) {
+      row_mean = p.mean[row + rr.step];
+      row_rstd = p.rstd[row + rr.step];
+    }
+    const float neg_mean_rstd = -mean * rstd;
+    float xh[VPT][VEC], g[VPT][VEC];
+    float sg = 0.f, sgx = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (!(active && has[i])) {
+        // Never read by pass 2; set only so that no value is carried from the last row
+        // (left unset, the compiler kept them live across rows and spilled).
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) xh[i][k] = 0.f, g[i][k] = 0.f;
+      } else {
+        XRaw xr;
+        DyRaw dr;
+        load_raw(xr, sx + xoff[i], XK, 0);
+        load_raw(dr, sdy + dyoff[i], DYK, 0);
+        float xv[VEC], dy[VEC];
+        unpack(xr, XK, xv);
+        unpack(dr, DYK, dy);
+        const float* s1 = s1s + (xoff[i] / static_cast<int>(sizeof(T)));
+#pragma unroll
+        for (int k = 0; k < VEC; k += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(s1 + k);
+          g[i][k] = dy[k] * v.x, g[i][k + 1] = dy[k + 1] * v.y;
+          g[i][k + 2] = dy[k + 2] * v.z, g[i][k + 3] = dy[k + 3] * v.w;
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          xh[i][k] = fmaf(xv[k], rstd, neg_mean_rstd);
+          sg += g[i][k];
+          sgx = fmaf(g[i][k], xh[i][k], sgx);
+          acc_shift[i][k] += dy[k];
+          acc_scale[i][k] = fmaf(dy[k], xh[i][k], acc_scale[i][k]);
+        }
+      }
+    }
+    team_sum2(sg, sgx, tt, red, red_buf);
+    if (!active || p.dx == nullptr) continue;
+    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), as two FMAs per element.
+    const float c0 = -sg * inv_d * rstd;
+    const float c1 = -sgx * inv_d * rstd;
+    char* gdx = static_cast<char*>(p.dx) + row * x_row_bytes;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (!has[i]) continue;
+      float dx[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) dx[k] = fmaf(g[i][k], rstd, fmaf(xh[i][k], c1, c0));
+      store_vec(gdx + xoff[i], XK, 0, dx);
+    }
+  }
+
+  copy_wait(0);
+  if (p.grad[kShift].mode == 1)
+    write_partials<VEC, VPT>(p, acc_shift, p.grad[kShift].slot, ring, teams, team, tid);
+  if (p.grad[kScale].mode == 1)
+    write_partials<VEC, VPT>(p, acc_scale, p.grad[kScale].slot, ring, teams, team, tid);
 }
 
 // Any D, any alignment. Partials are accumulated in place in this block's slice of the partial
@@ -1174,7 +1445,8 @@ int64_t resident_grid(Kernel kernel, const cudaFuncAttributes& attr, int threads
 }
 
 // A positive integer from the environment, or `fallback`: tuning knobs for benchmarks
-// (ADAPTIVELOAD_FWD_PREFETCH, ADAPTIVELOAD_BWD_TEAMS, ADAPTIVELOAD_BWD_STAGES; see docs/ops.md).
+// (ADAPTIVELOAD_ROW_ORDER, ADAPTIVELOAD_FWD_LAYOUT, ADAPTIVELOAD_BWD_LEAN, ADAPTIVELOAD_BWD_TEAMS,
+// ADAPTIVELOAD_BWD_STAGES; see docs/ops.md).
 int env_knob(const char* name, int fallback, int lo, int hi) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
@@ -1184,6 +1456,10 @@ int env_knob(const char* name, int fallback, int lo, int hi) {
               ", ", hi, "], got '", v, "'");
   return static_cast<int>(n);
 }
+
+// How rows are dealt to the blocks of the row-per-warp forward and the vector backward:
+// 1 (default) interleaved tiles, 0 contiguous chunks (ADAPTIVELOAD_ROW_ORDER; see RowChunks).
+int row_order() { return env_knob("ADAPTIVELOAD_ROW_ORDER", 1, 0, 1); }
 
 // Calls f with a value of x's element type (float, at::BFloat16 or at::Half).
 template <typename F>
@@ -1231,8 +1507,9 @@ void launch_fwd_vector(const FwdParams& p, int64_t nvec, cudaStream_t stream) {
   }
 }
 
-// Largest row the warp kernel keeps in registers: 20 vectors per lane (bf16 D = 5120).
-constexpr int64_t kMaxWarpVectors = 32 * 20;
+// Largest row the warp kernel keeps in registers: 4 warps of 10 vectors per lane (bf16
+// D = 10240, fp32 D = 5120).
+constexpr int64_t kMaxWarpVectors = 4 * 32 * 10;
 
 // How many rows every operand stays constant over: 0 if some operand changes from row to row.
 int64_t staging_group(std::initializer_list<const Operand*> operands, int64_t rows) {
@@ -1248,47 +1525,44 @@ int64_t staging_group(std::initializer_list<const Operand*> operands, int64_t ro
 }
 
 // group: rows over which every modulation operand is constant (> 0).
-template <typename T, int VPW, bool FUSED>
+template <typename T, int VPW, int R, int WPR, bool FUSED>
 void launch_fwd_warp(const FwdParams& p, int64_t group, cudaStream_t stream) {
-  auto kernel = layer_norm_modulate_fwd_warp_kernel<T, VPW, FUSED>;
-  constexpr int kThreads = fwd_warp_threads<VPW>();
-  FwdParams q = p;
-  q.ring_offset = (FUSED ? 3 : 2) * p.D * static_cast<int64_t>(sizeof(float));
-  // Off by default: on the H200 the prefetch measured no faster (D = 1536, 3072) or slower
-  // (D = 5120: 71% against 74% of copy bandwidth, its buffers costing a block per SM).
-  q.prefetch = env_knob("ADAPTIVELOAD_FWD_PREFETCH", 0, 0, 1) == 1;
-  const int smem = static_cast<int>(
-      q.ring_offset + (q.prefetch ? kThreads / 32 * p.D * static_cast<int64_t>(sizeof(T)) : 0));
+  auto kernel = layer_norm_modulate_fwd_warp_kernel<T, VPW, R, WPR, FUSED>;
+  constexpr int kThreads = 256;
+  const int smem = static_cast<int>((FUSED ? 3 : 2) * p.D * static_cast<int64_t>(sizeof(float)));
   const int64_t target = resident_grid(kernel, attributes_of(kernel), kThreads, smem);
   RowChunks c{};
   c.group = group;
+  c.interleave = row_order() == 1;
   const int64_t groups = (p.rows + c.group - 1) / c.group;
-  // At least one row per warp and block; enough blocks to fill every SM once.
-  constexpr int64_t kWarps = kThreads / 32;
+  // At least one row per team and block; enough blocks to fill every SM once.
+  constexpr int64_t kTeams = kThreads / 32 / WPR;
   c.per_group = std::max<int64_t>(
-      1, std::min((target + groups - 1) / groups, (c.group + kWarps - 1) / kWarps));
+      1, std::min((target + groups - 1) / groups, (c.group + kTeams - 1) / kTeams));
   c.chunk_rows = (c.group + c.per_group - 1) / c.per_group;
-  c.per_group = (c.group + c.chunk_rows - 1) / c.chunk_rows;
+  if (!c.interleave) c.per_group = (c.group + c.chunk_rows - 1) / c.chunk_rows;
   const int64_t blocks = groups * c.per_group;
   TORCH_CHECK(blocks < (int64_t{1} << 31), "layer_norm_modulate: too many rows for one launch");
-  kernel<<<blocks, kThreads, smem, stream>>>(q, c);
+  kernel<<<blocks, kThreads, smem, stream>>>(p, c);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Registers per lane and row split for a row of nvec vectors: about 6-12 vectors of a row per
+// lane, two rows per warp for short rows, two or four warps per row for long ones (see the
+// kernel's note). ADAPTIVELOAD_FWD_LAYOUT=1: one row per warp up to D = 1536 (16-bit types)
+// too, for comparison.
 template <typename T, bool FUSED>
 void launch_fwd_warp_any(const FwdParams& p, int64_t nvec, int64_t group, cudaStream_t stream) {
-  const int64_t vpw = (nvec + 31) / 32;
-  if (vpw <= 4) {
-    launch_fwd_warp<T, 4, FUSED>(p, group, stream);
-  } else if (vpw <= 6) {  // D = 1536 in 16-bit types
-    launch_fwd_warp<T, 6, FUSED>(p, group, stream);
-  } else if (vpw <= 8) {
-    launch_fwd_warp<T, 8, FUSED>(p, group, stream);
-  } else if (vpw <= 12) {
-    launch_fwd_warp<T, 12, FUSED>(p, group, stream);
-  } else {
-    launch_fwd_warp<T, 20, FUSED>(p, group, stream);
+  const int64_t vpl = (nvec + 31) / 32;  // vectors per lane with one warp per row
+  if (env_knob("ADAPTIVELOAD_FWD_LAYOUT", 0, 0, 1) == 1 && vpl <= 6) {
+    return launch_fwd_warp<T, 6, 1, 1, FUSED>(p, group, stream);
   }
+  if (vpl <= 4) return launch_fwd_warp<T, 4, 2, 1, FUSED>(p, group, stream);
+  if (vpl <= 6) return launch_fwd_warp<T, 6, 2, 1, FUSED>(p, group, stream);  // D = 1536, bf16
+  if (vpl <= 12) return launch_fwd_warp<T, 12, 1, 1, FUSED>(p, group, stream);
+  if (vpl <= 20) return launch_fwd_warp<T, 10, 1, 2, FUSED>(p, group, stream);  // D = 5120, bf16
+  if (vpl <= 24) return launch_fwd_warp<T, 12, 1, 2, FUSED>(p, group, stream);
+  launch_fwd_warp<T, 10, 1, 4, FUSED>(p, group, stream);
 }
 
 // group: rows over which every modulation operand is constant (0: not constant).
@@ -1354,16 +1628,30 @@ void fwd_cuda(const at::Tensor& x, const at::Tensor* h, const Operand* gate, at:
              [&](auto tag) { dispatch_fwd<decltype(tag)>(p, vector_path, group, stream); });
 }
 
-// Launches the vector backward kernel; returns false (launching nothing) when even its
-// smallest configuration needs more shared memory than a block of this device gets, so that
-// the caller takes the loop kernel instead.
+// Launches a vector backward kernel (the lean one when `lean`); returns false (launching
+// nothing) when even its smallest configuration needs more shared memory than a block of this
+// device gets, so that the caller takes another kernel instead. set_grid(target blocks, rows per
+// tile) plans the chunks.
 template <typename T, int VPT, int DYK>
-bool launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cudaStream_t stream,
-                       int64_t& blocks_out, std::function<void(int64_t)> set_grid) {
-  auto kernel = fused ? (affine ? layer_norm_modulate_bwd_kernel<T, VPT, DYK, true, true>
-                                : layer_norm_modulate_bwd_kernel<T, VPT, DYK, true, false>)
-                      : (affine ? layer_norm_modulate_bwd_kernel<T, VPT, DYK, false, true>
-                                : layer_norm_modulate_bwd_kernel<T, VPT, DYK, false, false>);
+constexpr auto lean_kernel() {
+  if constexpr (VPT * (16 / sizeof(T)) <= 16) {
+    return layer_norm_modulate_bwd_lean_kernel<T, VPT, DYK>;
+  } else {
+    return static_cast<void (*)(BwdParams)>(nullptr);  // never launched (see bwd_cuda)
+  }
+}
+
+template <typename T, int VPT, int DYK>
+bool launch_bwd_vector(BwdParams& p, bool fused, bool affine, bool lean, int64_t nvec,
+                       cudaStream_t stream, int64_t& blocks_out,
+                       std::function<void(int64_t, int64_t)> set_grid) {
+  constexpr auto lean_k = lean_kernel<T, VPT, DYK>();
+  TORCH_INTERNAL_ASSERT(!lean || lean_k != nullptr);
+  auto kernel = lean    ? lean_k
+                : fused ? (affine ? layer_norm_modulate_bwd_kernel<T, VPT, DYK, true, true>
+                                  : layer_norm_modulate_bwd_kernel<T, VPT, DYK, true, false>)
+                        : (affine ? layer_norm_modulate_bwd_kernel<T, VPT, DYK, false, true>
+                                  : layer_norm_modulate_bwd_kernel<T, VPT, DYK, false, false>);
   const auto* props = at::cuda::getCurrentDeviceProperties();
   const int tt = static_cast<int>(threads_for(nvec, VPT));
   // Small rows: several teams (rows) per block, up to 512 threads by default; never more than
@@ -1375,7 +1663,11 @@ bool launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cuda
   // bandwidth, 3 teams (two blocks per SM, the same rows in flight) at 69.7%, 4 at 63.8%.
   const int max_teams = std::max(1, attr.maxThreadsPerBlock / tt);
   const int three_blocks = props->regsPerMultiprocessor / (3 * std::max(1, attr.numRegs));
-  const int fit = std::max(1, std::min({4, 512 / tt, three_blocks / tt}));
+  // The lean kernel: up to 3 teams and 640 threads, even at one block per SM.
+  // Note: H200, lean kernel, % of copy bandwidth with 1 / 2 / 3 teams: D = 1536 85.0 / 87.5 /
+  // 88.4, D = 3072 92.2 / 82.6 (384 threads, one block per SM) / 94.2, D = 5120 91.3 / 96.8.
+  const int fit = lean ? std::max(1, std::min(3, 640 / tt))
+                       : std::max(1, std::min({4, 512 / tt, three_blocks / tt}));
   int teams = std::min(max_teams, env_knob("ADAPTIVELOAD_BWD_TEAMS", fit, 1, 8));
   p.team_threads = tt;
   p.stage = p.scale.map.inner_stride == 0;
@@ -1386,7 +1678,7 @@ bool launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cuda
   };
   const int64_t per_block = static_cast<int64_t>(props->sharedMemPerBlockOptin) -
                             static_cast<int64_t>(attr.sharedSizeBytes);
-  if (smem_for(1, 1) > per_block && p.stage) {  // give up staging 1 + scale before the kernel
+  if (smem_for(1, 1) > per_block && p.stage && !lean) {  // give up staging 1 + scale first
     p.stage = false;
     p.ring_offset = 0;
   }
@@ -1396,15 +1688,20 @@ bool launch_bwd_vector(BwdParams& p, bool fused, bool affine, int64_t nvec, cuda
   // Note: a third row in flight measured no faster for 16-bit rows and slower for fp32 rows
   // (D = 5120: 75% against 80% of copy bandwidth), its larger ring halving the blocks per SM.
   const int64_t per_sm = static_cast<int64_t>(props->sharedMemPerMultiprocessor) - 4096;
+  // The lean kernel runs one block per SM at its larger team counts anyway: two rows whenever
+  // they fit one block.
+  // Note: fp32 x, D = 3072 and 5120: the two-block rule gave the lean kernel one row (82% and
+  // 86% of copy bandwidth) against 87-93% with two.
   int stages = 2;
-  while (stages > 1 && smem_for(stages, teams) * 2 > per_sm) --stages;
+  while (!lean && stages > 1 && smem_for(stages, teams) * 2 > per_sm) --stages;
   stages = env_knob("ADAPTIVELOAD_BWD_STAGES", stages, 1, 3);
   while (stages > 1 && smem_for(stages, teams) > per_block) --stages;
   while (teams > 1 && smem_for(stages, teams) > per_block) --teams;
   p.stages = stages;
+  p.interleave = row_order() == 1;
   const int threads = teams * tt;
   const int smem = static_cast<int>(smem_for(stages, teams));
-  set_grid(resident_grid(kernel, attr, threads, smem));
+  set_grid(resident_grid(kernel, attr, threads, smem), p.interleave ? teams : 1);
   kernel<<<blocks_out, threads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
@@ -1414,14 +1711,15 @@ struct BwdTargets {
   GradTarget* t[kNumSlots];
 };
 
-// Chooses the chunking for `target_blocks` blocks, allocates the partials and fills p.
-at::Tensor plan_chunks(BwdParams& p, const BwdTargets& tg, int64_t target_blocks,
+// Chooses the chunking for `target_blocks` blocks, allocates the partials and fills p. Chunks
+// never straddle a group of `gmin` rows (see row_group); a block takes at least `tile` rows of a
+// group (its teams' rows at a time when they are interleaved).
+at::Tensor plan_chunks(BwdParams& p, int64_t gmin, int64_t target_blocks, int64_t tile,
                        const at::Tensor& x, int64_t& blocks) {
   const int64_t rows = p.rows;
-  const int64_t gmin = min_group({tg.t[0], tg.t[1], tg.t[2], tg.t[3], tg.t[4]}, rows);
   const int64_t groups = rows / gmin;
   int64_t per_group = std::max<int64_t>(1, (target_blocks + groups - 1) / groups);
-  per_group = std::min(per_group, gmin);
+  per_group = std::min(per_group, (gmin + tile - 1) / tile);
   const int64_t chunk = (gmin + per_group - 1) / per_group;
   per_group = (gmin + chunk - 1) / chunk;  // no empty chunks
   blocks = groups * per_group;
@@ -1515,11 +1813,24 @@ void bwd_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor* dr, c
                 {&x, &dyv, &dx, &w, &b, fused ? h : &none, fused ? dr : &none, fused ? dh : &none,
                  bufs[0], bufs[1], bufs[2], bufs[3], bufs[4]},
                 {&scale, &g});
+  // Rows per chunk group: every grouped gradient's groups are whole numbers of them, and for
+  // the lean kernel so are the stretches of rows that share one scale row.
+  int64_t gmin = min_group({tg.t[0], tg.t[1], tg.t[2], tg.t[3], tg.t[4]}, p.rows);
+  bool lean = vector_path && !fused && !affine && scale.map.inner_stride == 0 &&
+              tg.t[kShift]->mode != GradMode::kElementwise &&
+              tg.t[kScale]->mode != GradMode::kElementwise &&
+              env_knob("ADAPTIVELOAD_BWD_LEAN", 1, 0, 1) == 1;
+  if (lean && scale.map.outer_stride != 0) {
+    const int64_t per_scale = scale.map.inner;
+    const int64_t lo = std::min(gmin, per_scale), hi = std::max(gmin, per_scale);
+    lean = hi % lo == 0 && p.rows % lo == 0;
+    if (lean) gmin = lo;
+  }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   at::Tensor partials;
   int64_t blocks = 0;
-  auto set_grid = [&](int64_t target) {
-    partials = plan_chunks(p, tg, target, x, blocks);
+  auto set_grid = [&](int64_t target, int64_t tile) {
+    partials = plan_chunks(p, gmin, target, tile, x, blocks);
     p.partials = partials.data_ptr<float>();
   };
   dispatch_x(x.scalar_type(), [&](auto tag) {
@@ -1532,22 +1843,41 @@ void bwd_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor* dr, c
     auto go = [&](auto dyk_c) {
       constexpr int DYK = decltype(dyk_c)::value;
       if (vpt == 1)
-        return launch_bwd_vector<T, 1, DYK>(p, fused, affine, nvec, stream, blocks, set_grid);
+        return launch_bwd_vector<T, 1, DYK>(p, fused, affine, false, nvec, stream, blocks,
+                                            set_grid);
       if (vpt == 2)
-        return launch_bwd_vector<T, 2, DYK>(p, fused, affine, nvec, stream, blocks, set_grid);
-      return launch_bwd_vector<T, 4, DYK>(p, fused, affine, nvec, stream, blocks, set_grid);
+        return launch_bwd_vector<T, 2, DYK>(p, fused, affine, false, nvec, stream, blocks,
+                                            set_grid);
+      return launch_bwd_vector<T, 4, DYK>(p, fused, affine, false, nvec, stream, blocks, set_grid);
+    };
+    // The lean kernel: 8 elements per thread up to D = 1024, else 16 (D <= 8192 in 16-bit
+    // types; registers hold xhat, g and two accumulators per element).
+    constexpr int kVec = 16 / sizeof(T);
+    const bool lean_fits = nvec * kVec <= 16 * 512;
+    const int lean_vpt = (nvec * kVec <= 1024 ? 8 : 16) / kVec;
+    auto go_lean = [&](auto dyk_c) {
+      constexpr int DYK = decltype(dyk_c)::value;
+      if (lean_vpt == 8 / kVec)
+        return launch_bwd_vector<T, 8 / kVec, DYK>(p, false, false, true, nvec, stream, blocks,
+                                                   set_grid);
+      return launch_bwd_vector<T, 16 / kVec, DYK>(p, false, false, true, nvec, stream, blocks,
+                                                  set_grid);
     };
     constexpr int XK = KindOf<T>::value;
     // The narrow kind: x's own for 16-bit x, bf16 for fp32 x (fp32 stream, bf16 output).
     constexpr int NARROW = XK == kF32 ? kBF16 : XK;
     bool launched = false;
-    if (vector_path) {
+    if (lean && lean_fits) {
+      launched = p.dy_kind == NARROW ? go_lean(std::integral_constant<int, NARROW>{})
+                                     : go_lean(std::integral_constant<int, kF32>{});
+    }
+    if (vector_path && !launched) {
       launched = p.dy_kind == NARROW ? go(std::integral_constant<int, NARROW>{})
                                      : go(std::integral_constant<int, kF32>{});
     }
     if (!launched) {
       const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-      set_grid(static_cast<int64_t>(sms) * 4);
+      set_grid(static_cast<int64_t>(sms) * 4, 1);
       layer_norm_modulate_bwd_loop_kernel<T><<<blocks, 256, 0, stream>>>(p);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
