@@ -294,6 +294,12 @@ def sweep_knobs(ceiling, lines):
     set_env({})
 
 
+def vs_compile(ratio):
+    if ratio != ratio:  # NaN: torch.compile was not run (--no-compile) or failed
+        return "torch.compile not measured"
+    return f"{ratio:.2f}x vs best torch.compile"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a reduced set of shapes")
@@ -406,7 +412,7 @@ def main() -> int:
             f"add + op {ts:.3f} ms; speedup {ts / tf:.2f}x (byte ratio {bs / bf:.2f}x)"
         )
     for name, ve, vc in speedups:
-        print(f"fwd+bwd speedup at {name}: {ve:.1f}x vs eager, {vc:.2f}x vs best torch.compile")
+        print(f"fwd+bwd speedup at {name}: {ve:.1f}x vs eager, {vs_compile(vc)}")
 
     if args.out:
         lines = [
@@ -428,9 +434,7 @@ def main() -> int:
                 f"({ts / tf:.2f}x; bytes {bs / bf:.2f}x)"
             )
         for name, ve, vc in speedups:
-            lines.append(
-                f"- fwd+bwd at {name}: {ve:.1f}x vs eager, {vc:.2f}x vs best torch.compile"
-            )
+            lines.append(f"- fwd+bwd at {name}: {ve:.1f}x vs eager, {vs_compile(vc)}")
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
         print(f"wrote {args.out}")
