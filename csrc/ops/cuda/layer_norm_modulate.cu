@@ -1123,8 +1123,9 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
 // Note: the general kernel ran about 38 instructions per element at D = 1536 (its SM issuing
 // 61% of cycles, memory barely stalled): two passes over the ring with the gradient modes and
 // operand kinds decided per vector at run time, and 64-bit index math per vector.
-// Note: 96 registers keep two blocks of 320 threads (D = 5120) on an SM; uncapped it took 122,
-// one block per SM, and every team_sum2 barrier then left the SM idle.
+// Note: at 96 registers a block holds up to 640 threads (two teams of 320 at D = 5120, the
+// default there); uncapped it took 122, which allows one team of 320 per block and one block
+// per SM, so every team_sum2 barrier left the SM idle.
 template <typename T, int VPT, int DYK>
 __global__ void __maxnreg__(VPT * 16 / sizeof(T) <= 8 ? 64 : 96)
     layer_norm_modulate_bwd_lean_kernel(const BwdParams p) {
