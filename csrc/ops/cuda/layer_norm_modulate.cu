@@ -764,12 +764,11 @@ struct BwdParams {
   int64_t per_group;  // chunks (= blocks) per group
   int64_t chunk_rows;
   bool stage;  // dynamic shared memory holds (1 + scale) [and weight] for the chunk
-  // Vector kernel only: threads per team (one row each), ring depth, where the ring starts in
-  // dynamic shared memory, and dy's element size.
+  // Vector kernels only: threads per team (one row each), ring depth, and where the ring starts
+  // in dynamic shared memory (dy's element size is the kernels' DYK).
   int team_threads;
   int stages;
   int64_t ring_offset;
-  int dy_bytes;
   bool interleave;  // vector kernels: rows dealt in interleaved tiles (see RowChunks)
 };
 
@@ -1771,7 +1770,6 @@ void bwd_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor* dr, c
   BwdParams p{};
   p.dy = dyv.data_ptr();
   p.dy_kind = kind_of(dyv.scalar_type());
-  p.dy_bytes = static_cast<int>(dyv.element_size());
   p.x = x.data_ptr();
   p.dx = dx.numel() > 0 ? dx.data_ptr() : nullptr;
   p.scale = mod_arg(scale);
