@@ -424,33 +424,35 @@ def test_cuda_matches_cpu_bitwise_stats_close():
 
 # Every setting of the CUDA kernels' tuning knobs (docs/ops.md) must give correct results:
 # teams (rows per block in the backward), ring depth (rows prefetched), the forward's row layout
-# (one or two rows per warp at D <= 1536), row order (contiguous chunks or interleaved tiles) and
-# the lean backward kernel on/off.
+# (one or two rows per warp at D <= 1536), row order (contiguous chunks or interleaved tiles),
+# the lean backward kernel on/off and the forward's shared-memory ring (off, or 1-3 rows deep).
 # 37 rows per sample is not a multiple of any team count, so teams idle in the last pass.
 KNOBS = [
-    (1, 1, 0, 0, 0),
-    (1, 2, 1, 1, 1),
-    (1, 3, 1, 0, 1),
-    (2, 3, 0, 1, 0),
-    (3, 2, 1, 0, 1),
-    (4, 3, 1, 1, 1),
-    (2, 2, 0, 1, 1),
+    (1, 1, 0, 0, 0, 0, 8),
+    (1, 2, 1, 1, 1, 2, 4),
+    (1, 3, 1, 0, 1, 3, 8),
+    (2, 3, 0, 1, 0, 1, 8),
+    (3, 2, 1, 0, 1, 0, 4),
+    (4, 3, 1, 1, 1, 2, 8),
+    (2, 2, 0, 1, 1, 3, 4),
 ]
 
 
-def set_knobs(monkeypatch, teams, stages, layout=0, order=1, lean=1):
+def set_knobs(monkeypatch, teams, stages, layout=0, order=1, lean=1, ring=0, warps=8):
     for name, v in [
         ("ADAPTIVELOAD_BWD_TEAMS", teams),
         ("ADAPTIVELOAD_BWD_STAGES", stages),
         ("ADAPTIVELOAD_FWD_LAYOUT", layout),
         ("ADAPTIVELOAD_ROW_ORDER", order),
         ("ADAPTIVELOAD_BWD_LEAN", lean),
+        ("ADAPTIVELOAD_FWD_RING", ring),
+        ("ADAPTIVELOAD_FWD_WARPS", warps),
     ]:
         monkeypatch.setenv(name, str(v))
 
 
 @cuda_only
-@pytest.mark.parametrize("teams,stages,layout,order,lean", KNOBS)
+@pytest.mark.parametrize("teams,stages,layout,order,lean,ring,warps", KNOBS)
 @pytest.mark.parametrize(
     "shape,dtype,mod_kind,affine",
     [
@@ -461,13 +463,32 @@ def set_knobs(monkeypatch, teams, stages, layout=0, order=1, lean=1):
         ((3, 29, 1024), torch.float16, "shared", False),
         ((2, 23, 5120), torch.bfloat16, "per_sample", False),
         ((2, 21, 3072), torch.float32, "chunk", False),
+        ((2, 25, 1536), torch.float32, "per_sample", False),
+        ((3, 31, 3072), torch.bfloat16, "shared", False),
     ],
 )
 def test_cuda_tuning_knobs(
-    monkeypatch, teams, stages, layout, order, lean, shape, dtype, mod_kind, affine
+    monkeypatch, teams, stages, layout, order, lean, ring, warps, shape, dtype, mod_kind, affine
 ):
-    set_knobs(monkeypatch, teams, stages, layout, order, lean)
+    set_knobs(monkeypatch, teams, stages, layout, order, lean, ring, warps)
     run_and_check(shape, dtype, torch.float32, None, mod_kind, "cuda", affine=affine, seed=teams)
+
+
+# Every block size of the forward's warp and ring kernels (1-8 warps, one or two rows per warp):
+# the rows are dealt to fewer or more row slots per block, and idle slots must not write.
+@cuda_only
+@pytest.mark.parametrize("warps", range(1, 9))
+@pytest.mark.parametrize("ring", [0, 2])
+@pytest.mark.parametrize(
+    "shape,dtype,mod_kind,affine",
+    [
+        ((3, 37, 1536), torch.bfloat16, "per_sample", False),
+        ((2, 41, 768), torch.float16, "chunk", True),
+    ],
+)
+def test_cuda_forward_block_warps(monkeypatch, warps, ring, shape, dtype, mod_kind, affine):
+    set_knobs(monkeypatch, 2, 2, ring=ring, warps=warps)
+    run_and_check(shape, dtype, torch.float32, None, mod_kind, "cuda", affine=affine, seed=warps)
 
 
 # Which gradients are asked for changes how the backward groups rows (dshift and dscale may
@@ -562,6 +583,16 @@ def test_cuda_tuning_knob_errors(monkeypatch):
     with pytest.raises(RuntimeError, match="ADAPTIVELOAD_FWD_LAYOUT must be an integer"):
         ops.layer_norm_modulate(x.detach(), m.detach(), m.detach())
     monkeypatch.delenv("ADAPTIVELOAD_FWD_LAYOUT")
+    monkeypatch.setenv("ADAPTIVELOAD_FWD_RING", "4")
+    with pytest.raises(RuntimeError, match=r"ADAPTIVELOAD_FWD_RING must be an integer in \[0, 3\]"):
+        ops.layer_norm_modulate(x.detach(), m.detach(), m.detach())
+    monkeypatch.delenv("ADAPTIVELOAD_FWD_RING")
+    # fp32 D = 5120: four warps per row, so blocks must have a multiple of 4 warps.
+    x5, m5 = (t[..., :1280].repeat(1, 1, 4).contiguous() for t in (x, m))
+    monkeypatch.setenv("ADAPTIVELOAD_FWD_WARPS", "6")
+    with pytest.raises(RuntimeError, match="ADAPTIVELOAD_FWD_WARPS must be a multiple of 4"):
+        ops.layer_norm_modulate(x5.detach(), m5.detach(), m5.detach())
+    monkeypatch.delenv("ADAPTIVELOAD_FWD_WARPS")
     y = ops.layer_norm_modulate(x, m, m)
     monkeypatch.setenv("ADAPTIVELOAD_BWD_STAGES", "7")
     with pytest.raises(

@@ -20,6 +20,7 @@
 
 #include <cstdlib>
 #include <functional>
+#include <type_traits>
 
 namespace adaptiveload {
 namespace {
@@ -497,12 +498,81 @@ __device__ __forceinline__ void team_sum(float (&v)[R], float* buf, int half) {
   }
 }
 
+// Stages the modulation of the block's rows (constant over them) in shared memory, folded as
+//   a = weight * (1 + scale),  b = bias * (1 + scale) + shift   (and the gate, FUSED)
+// so that y = xhat * a + b costs no modulation traffic per row. a and b are float4 quads, in
+// the order [vector][quad] (QUADS false), or [quad][vector] (QUADS true), where lanes reading
+// quad q of their vectors c, c + 1, ... read neighbouring 16 bytes, free of bank conflicts (for
+// 16-bit x [vector][quad] puts them 32 bytes apart: two wavefronts per quarter warp).
+// Note: [quad][vector] lifted the ring kernel by 5 points (bf16, D = 1536) but cost the
+// register kernel 2-4 points at the same shapes (its loads take an extra address each); each
+// keeps the order it measured faster with.
+template <int VEC, bool QUADS>
+__device__ __forceinline__ int quad_index(int nvec, int c, int q) {
+  return QUADS ? q * nvec + c : c * (VEC / 4) + q;
+}
+
+template <int VEC, bool FUSED, bool QUADS>
+__device__ __forceinline__ void stage_modulation(const FwdParams& p, int64_t first, int nvec,
+                                                 float4* sa, float4* sb, float* sg) {
+  const int64_t sh_row = p.shift.map(first), sc_row = p.scale.map(first);
+  const int64_t g_row = FUSED ? p.gate.map(first) : 0;
+  for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
+    float sc[VEC], sh[VEC], w[VEC], b[VEC];
+    load_vec(sc, p.scale.ptr, p.scale.kind, sc_row + int64_t{c} * VEC);
+    load_vec(sh, p.shift.ptr, p.shift.kind, sh_row + int64_t{c} * VEC);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) w[k] = 1.f, b[k] = 0.f;
+    if (p.weight != nullptr) load_vec(w, p.weight, p.weight_kind, int64_t{c} * VEC);
+    if (p.bias != nullptr) load_vec(b, p.bias, p.bias_kind, int64_t{c} * VEC);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      b[k] = fmaf(b[k], 1.f + sc[k], sh[k]);
+      w[k] = w[k] * (1.f + sc[k]);
+    }
+#pragma unroll
+    for (int q = 0; q < VEC / 4; ++q) {
+      const int j = quad_index<VEC, QUADS>(nvec, c, q);
+      sa[j] = make_float4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]);
+      sb[j] = make_float4(b[4 * q], b[4 * q + 1], b[4 * q + 2], b[4 * q + 3]);
+    }
+    if constexpr (FUSED) {
+      float g[VEC];
+      load_vec(g, p.gate.ptr, p.gate.kind, g_row + int64_t{c} * VEC);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) sg[c * VEC + k] = g[k];
+    }
+  }
+  __syncthreads();
+}
+
+// a and b of vector c as staged by stage_modulation.
+template <int VEC, bool QUADS>
+struct ModVec {
+  float4 a[VEC / 4], b[VEC / 4];
+  __device__ __forceinline__ ModVec(const float4* sa, const float4* sb, int nvec, int c) {
+#pragma unroll
+    for (int q = 0; q < VEC / 4; ++q) {
+      const int j = quad_index<VEC, QUADS>(nvec, c, q);
+      a[q] = sa[j], b[q] = sb[j];
+    }
+  }
+  // v = (v - mean) * rstd * a + b
+  __device__ __forceinline__ void apply(float (&v)[VEC], float mean, float rstd) const {
+#pragma unroll
+    for (int q = 0; q < VEC / 4; ++q) {
+      v[4 * q] = fmaf((v[4 * q] - mean) * rstd, a[q].x, b[q].x);
+      v[4 * q + 1] = fmaf((v[4 * q + 1] - mean) * rstd, a[q].y, b[q].y);
+      v[4 * q + 2] = fmaf((v[4 * q + 2] - mean) * rstd, a[q].z, b[q].z);
+      v[4 * q + 3] = fmaf((v[4 * q + 3] - mean) * rstd, a[q].w, b[q].w);
+    }
+  }
+};
+
 // Rows in registers, a team of WPR warps per row (the row split into WPR contiguous parts of
 // 32 x VPW vectors), R rows per team at a time (R > 1 only for one-warp teams), 8 warps per
 // block. The block's rows share one modulation row (shared or per-sample modulation), which the
-// kernel folds, once per block, into shared memory as
-//   a = weight * (1 + scale),  b = bias * (1 + scale) + shift   (and the gate, FUSED)
-// so that y = xhat * a + b costs no modulation traffic per row.
+// kernel stages once per block (stage_modulation).
 // Note: reading per-sample modulation from L2 for every row moved 2-3x more bytes through L2
 // than x itself and held the block-per-row kernel near half the copy bandwidth.
 // Note: on the H200 the bandwidth followed the row bytes a warp holds: 3 KB (bf16 D = 1536, one
@@ -526,9 +596,9 @@ __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
   using XRaw = Raw<VEC, sizeof(T)>;
   extern __shared__ float4 smem4[];
   __shared__ float red[2 * 8 * R];
-  float* sa = reinterpret_cast<float*>(smem4);
-  float* sb = sa + p.D;
-  float* sg = sb + p.D;  // FUSED only
+  const float4* sa = smem4;
+  const float4* sb = smem4 + p.D / 4;
+  float* sg = reinterpret_cast<float*>(smem4 + p.D / 2);  // FUSED only
   const int nvec = static_cast<int>(p.D / VEC);
   const float inv_d = 1.f / static_cast<float>(p.D);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -555,32 +625,7 @@ __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
       }
     }
   };
-  {
-    const int64_t first = rr.block_start;
-    const int64_t sh_row = p.shift.map(first), sc_row = p.scale.map(first);
-    const int64_t g_row = FUSED ? p.gate.map(first) : 0;
-    for (int64_t c = threadIdx.x; c < nvec; c += blockDim.x) {
-      float sc[VEC], sh[VEC], w[VEC], b[VEC];
-      load_vec(sc, p.scale.ptr, p.scale.kind, sc_row + c * VEC);
-      load_vec(sh, p.shift.ptr, p.shift.kind, sh_row + c * VEC);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) w[k] = 1.f, b[k] = 0.f;
-      if (p.weight != nullptr) load_vec(w, p.weight, p.weight_kind, c * VEC);
-      if (p.bias != nullptr) load_vec(b, p.bias, p.bias_kind, c * VEC);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        sa[c * VEC + k] = w[k] * (1.f + sc[k]);
-        sb[c * VEC + k] = fmaf(b[k], 1.f + sc[k], sh[k]);
-      }
-      if constexpr (FUSED) {
-        float g[VEC];
-        load_vec(g, p.gate.ptr, p.gate.kind, g_row + c * VEC);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) sg[c * VEC + k] = g[k];
-      }
-    }
-    __syncthreads();
-  }
+  stage_modulation<VEC, FUSED, false>(p, rr.block_start, nvec, smem4, smem4 + p.D / 4, sg);
 
   // Note: issuing the first rows' loads before the staging (so that memory is busy during it)
   // measured 1-6 points slower on the H200 (bf16, 32,760 rows).
@@ -653,15 +698,7 @@ __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
           if (live[r] && c < nvec) {
             float v[VEC];
             unpack_pass<2>(xr[r][i], XK, v);
-#pragma unroll
-            for (int k = 0; k < VEC; k += 4) {
-              const float4 a4 = *reinterpret_cast<const float4*>(sa + c * VEC + k);
-              const float4 b4 = *reinterpret_cast<const float4*>(sb + c * VEC + k);
-              v[k] = fmaf((v[k] - mean[r]) * rstd[r], a4.x, b4.x);
-              v[k + 1] = fmaf((v[k + 1] - mean[r]) * rstd[r], a4.y, b4.y);
-              v[k + 2] = fmaf((v[k + 2] - mean[r]) * rstd[r], a4.z, b4.z);
-              v[k + 3] = fmaf((v[k + 3] - mean[r]) * rstd[r], a4.w, b4.w);
-            }
+            ModVec<VEC, false>(sa, sb, nvec, c).apply(v, mean[r], rstd[r]);
             store_vec(p.y, YK, base + c * VEC, v);
           }
         }
@@ -684,6 +721,145 @@ __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
       }
     }
   }
+}
+
+// One warp per row, R rows per warp at a time, the rows streamed through a ring of `stages`
+// shared-memory slots per warp (R rows each): each lane copies its own vectors of the next rows
+// with cp.async while the warp normalizes the current ones, so a warp always has loads in
+// flight and the kernel's start and end (the first loads, the last stores) overlap with work.
+// Non-fused rows of up to 32 x VPW vectors whose modulation is constant over the block's rows,
+// as in the warp kernel.
+// Note: the register kernel above loads its rows, waits for them, normalizes and stores them;
+// at bf16 D = 1536 (H200) its time fitted ~7 us plus 1.52 ns per row, about one round of rows
+// of fill and drain. One row per warp through this ring fitted ~1 us plus 1.68 ns per row: the
+// fill and drain were gone, but one row's chain of dependent reductions per warp at a time
+// streamed slower (one row per warp in registers: 1.66 ns). Two rows per warp (R = 2) took 127
+// registers, two blocks per SM, and ran slower still (74% of copy bandwidth at 32,760 rows
+// against 84-86% for R = 1); the host uses R = 1 by default (launch_fwd_warp_any).
+template <typename T, int VPW, int R>
+__global__ void __launch_bounds__(256, R* VPW * 4 <= 24 ? 3 : 2)
+    layer_norm_modulate_fwd_ring_kernel(const FwdParams p, const RowChunks chunks, int stages) {
+  constexpr int VEC = 16 / sizeof(T);
+  constexpr int XK = KindOf<T>::value;
+  using XRaw = Raw<VEC, sizeof(T)>;
+  extern __shared__ float4 smem4[];
+  const float4* sa = smem4;
+  const float4* sb = smem4 + p.D / 4;
+  const int row_bytes = static_cast<int>(p.D * static_cast<int64_t>(sizeof(T)));
+  const int nvec = static_cast<int>(p.D / VEC);
+  const float inv_d = 1.f / static_cast<float>(p.D);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const RowRange rr = block_rows(chunks.group, chunks.per_group, chunks.chunk_rows,
+                                 chunks.interleave, p.rows, warp, blockDim.x / 32);
+  if (rr.block_start >= rr.end) return;  // uniform over the block
+  const int64_t my_rows = rr.start < rr.end ? (rr.end - rr.start + rr.step - 1) / rr.step : 0;
+  const int64_t iters = (my_rows + R - 1) / R;
+
+  char* my_ring = reinterpret_cast<char*>(smem4 + p.D / 2) + warp * stages * R * row_bytes;
+  int fill_slot = 0, read_slot = 0;
+  auto issue = [&](int64_t it) {
+    char* s = my_ring + fill_slot * R * row_bytes;
+    if (++fill_slot == stages) fill_slot = 0;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (it * R + r < my_rows) {
+        const char* g =
+            static_cast<const char*>(p.x) + (rr.start + (it * R + r) * rr.step) * row_bytes;
+#pragma unroll
+        for (int i = 0; i < VPW; ++i) {
+          const int c = lane + 32 * i;
+          if (c < nvec) copy_async(s + r * row_bytes + c * 16, g + c * 16, 16);
+        }
+      }
+    }
+    copy_commit();  // possibly empty, so that group counts stay in step
+  };
+  // The first rows' loads go out before the staging, which they overlap.
+  for (int k = 0; k + 1 < stages; ++k) issue(k);
+  stage_modulation<VEC, false, true>(p, rr.block_start, nvec, smem4, smem4 + p.D / 4, nullptr);
+
+  for (int64_t it = 0; it < iters; ++it) {
+    issue(it + stages - 1);
+    copy_wait(stages - 1);
+    const char* s = my_ring + read_slot * R * row_bytes;
+    if (++read_slot == stages) read_slot = 0;
+    XRaw xr[R][VPW];
+    bool live[R];
+    float mean[R], rstd[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      live[r] = it * R + r < my_rows;
+      mean[r] = 0.f;
+#pragma unroll
+      for (int i = 0; i < VPW; ++i) {
+        const int c = lane + 32 * i;
+#pragma unroll
+        for (int k = 0; k < XRaw::kWords; ++k) xr[r][i].w[k] = 0u;
+        if (live[r] && c < nvec) load_raw(xr[r][i], s + r * row_bytes + c * 16, XK, 0);
+        float v[VEC];
+        unpack(xr[r][i], XK, v);  // padding vectors are zero
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) mean[r] += v[k];
+      }
+    }
+    team_sum<R, 1>(mean, nullptr, 0);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      mean[r] *= inv_d;
+      rstd[r] = 0.f;
+#pragma unroll
+      for (int i = 0; i < VPW; ++i) {
+        if (lane + 32 * i < nvec) {
+          float v[VEC];
+          unpack_pass<1>(xr[r][i], XK, v);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            const float d = v[k] - mean[r];
+            rstd[r] = fmaf(d, d, rstd[r]);
+          }
+        }
+      }
+    }
+    team_sum<R, 1>(rstd, nullptr, 1);
+#pragma unroll
+    for (int r = 0; r < R; ++r) rstd[r] = rsqrtf(rstd[r] * inv_d + p.eps);
+    auto finish = [&](auto yk_c) {
+      constexpr int YK = decltype(yk_c)::value;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (!live[r]) continue;
+        const int64_t base = (rr.start + (it * R + r) * rr.step) * p.D;
+#pragma unroll
+        for (int i = 0; i < VPW; ++i) {
+          const int c = lane + 32 * i;
+          if (c < nvec) {
+            float v[VEC];
+            unpack_pass<2>(xr[r][i], XK, v);
+            ModVec<VEC, true>(sa, sb, nvec, c).apply(v, mean[r], rstd[r]);
+            store_vec(p.y, YK, base + c * VEC, v);
+          }
+        }
+      }
+    };
+    if (p.y_kind == kF32) {
+      finish(std::integral_constant<int, kF32>{});
+    } else if (p.y_kind == kBF16) {
+      finish(std::integral_constant<int, kBF16>{});
+    } else {
+      finish(std::integral_constant<int, kF16>{});
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (live[r]) {
+          const int64_t row = rr.start + (it * R + r) * rr.step;
+          p.mean[row] = mean[r];
+          p.rstd[row] = rstd[r];
+        }
+      }
+    }
+  }
+  copy_wait(0);
 }
 
 // Any D, any alignment: scalar loads, the row re-read from L1/L2 for each pass.
@@ -1144,8 +1320,10 @@ __global__ void __maxnreg__(VPT * 16 / sizeof(T) <= 8 ? 64 : 96)
   const int64_t iters =
       rr.block_start < rr.end ? (rr.end - rr.block_start + rr.step - 1) / rr.step : 0;
 
+  // 1 + scale as float4 quads ordered [quad][vector], as the forward's stage_modulation (no
+  // shared-memory bank conflicts for 16-bit x).
   extern __shared__ float4 bwd_smem4[];
-  float* s1s = reinterpret_cast<float*>(bwd_smem4);
+  float4* s1s = bwd_smem4;
   char* ring = reinterpret_cast<char*>(bwd_smem4) + p.ring_offset;
   __shared__ float2 red[64];
   int red_buf = 0;
@@ -1155,7 +1333,10 @@ __global__ void __maxnreg__(VPT * 16 / sizeof(T) <= 8 ? 64 : 96)
       float sc[VEC];
       load_vec(sc, p.scale.ptr, p.scale.kind, sc_row + c * VEC);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) s1s[c * VEC + k] = 1.f + sc[k];
+      for (int q = 0; q < VEC / 4; ++q) {
+        s1s[q * nvec + c] = make_float4(1.f + sc[4 * q], 1.f + sc[4 * q + 1], 1.f + sc[4 * q + 2],
+                                        1.f + sc[4 * q + 3]);
+      }
     }
   }
   __syncthreads();
@@ -1238,10 +1419,10 @@ __global__ void __maxnreg__(VPT * 16 / sizeof(T) <= 8 ? 64 : 96)
         float xv[VEC], dy[VEC];
         unpack(xr, XK, xv);
         unpack(dr, DYK, dy);
-        const float* s1 = s1s + (xoff[i] / static_cast<int>(sizeof(T)));
+        const float4* s1 = s1s + xoff[i] / 16;  // vector index: 16 bytes of x each
 #pragma unroll
         for (int k = 0; k < VEC; k += 4) {
-          const float4 v = *reinterpret_cast<const float4*>(s1 + k);
+          const float4 v = s1[(k / 4) * nvec];
           g[i][k] = dy[k] * v.x, g[i][k + 1] = dy[k + 1] * v.y;
           g[i][k + 2] = dy[k + 2] * v.z, g[i][k + 3] = dy[k + 3] * v.w;
         }
@@ -1445,8 +1626,8 @@ int64_t resident_grid(Kernel kernel, const cudaFuncAttributes& attr, int threads
 }
 
 // A positive integer from the environment, or `fallback`: tuning knobs for benchmarks
-// (ADAPTIVELOAD_ROW_ORDER, ADAPTIVELOAD_FWD_LAYOUT, ADAPTIVELOAD_BWD_LEAN, ADAPTIVELOAD_BWD_TEAMS,
-// ADAPTIVELOAD_BWD_STAGES; see docs/ops.md).
+// (ADAPTIVELOAD_ROW_ORDER, ADAPTIVELOAD_FWD_LAYOUT, ADAPTIVELOAD_FWD_RING, ADAPTIVELOAD_FWD_WARPS,
+// ADAPTIVELOAD_BWD_LEAN, ADAPTIVELOAD_BWD_TEAMS, ADAPTIVELOAD_BWD_STAGES; see docs/ops.md).
 int env_knob(const char* name, int fallback, int lo, int hi) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
@@ -1524,27 +1705,66 @@ int64_t staging_group(std::initializer_list<const Operand*> operands, int64_t ro
   return group;
 }
 
+// How the rows of the warp and ring kernels are dealt to blocks of `teams` row slots: at least
+// one row per slot and block, and enough blocks to fill the GPU once (`target` resident blocks).
 // group: rows over which every modulation operand is constant (> 0).
-template <typename T, int VPW, int R, int WPR, bool FUSED>
-void launch_fwd_warp(const FwdParams& p, int64_t group, cudaStream_t stream) {
-  auto kernel = layer_norm_modulate_fwd_warp_kernel<T, VPW, R, WPR, FUSED>;
-  constexpr int kThreads = 256;
-  const int smem = static_cast<int>((FUSED ? 3 : 2) * p.D * static_cast<int64_t>(sizeof(float)));
-  const int64_t target = resident_grid(kernel, attributes_of(kernel), kThreads, smem);
+RowChunks fwd_row_chunks(int64_t rows, int64_t group, int64_t target, int64_t teams,
+                         int64_t& blocks) {
   RowChunks c{};
   c.group = group;
   c.interleave = row_order() == 1;
-  const int64_t groups = (p.rows + c.group - 1) / c.group;
-  // At least one row per team and block; enough blocks to fill every SM once.
-  constexpr int64_t kTeams = kThreads / 32 / WPR;
-  c.per_group = std::max<int64_t>(
-      1, std::min((target + groups - 1) / groups, (c.group + kTeams - 1) / kTeams));
+  const int64_t groups = (rows + c.group - 1) / c.group;
+  c.per_group =
+      std::max<int64_t>(1, std::min((target + groups - 1) / groups, (c.group + teams - 1) / teams));
   c.chunk_rows = (c.group + c.per_group - 1) / c.per_group;
   if (!c.interleave) c.per_group = (c.group + c.chunk_rows - 1) / c.chunk_rows;
-  const int64_t blocks = groups * c.per_group;
+  blocks = groups * c.per_group;
   TORCH_CHECK(blocks < (int64_t{1} << 31), "layer_norm_modulate: too many rows for one launch");
-  kernel<<<blocks, kThreads, smem, stream>>>(p, c);
+  return c;
+}
+
+// Warps per block of the forward's warp and ring kernels: 8, or ADAPTIVELOAD_FWD_WARPS (1-8, a
+// multiple of wpr, the warps per row).
+// Note: choosing the block size that lets an SM hold the most warps (6 warps, 3 blocks and 18
+// warps per SM instead of 16 at bf16 D = 1536 and 5120) measured 0.5-2 points slower.
+int fwd_block_warps(int wpr, int fallback = 8) {
+  const int w = env_knob("ADAPTIVELOAD_FWD_WARPS", fallback, 1, 8);
+  TORCH_CHECK(w % wpr == 0, "ADAPTIVELOAD_FWD_WARPS must be a multiple of ", wpr,
+              " (warps per row) for D here, got ", w);
+  return w;
+}
+
+template <typename T, int VPW, int R, int WPR, bool FUSED>
+void launch_fwd_warp(const FwdParams& p, int64_t group, cudaStream_t stream) {
+  auto kernel = layer_norm_modulate_fwd_warp_kernel<T, VPW, R, WPR, FUSED>;
+  const int smem = static_cast<int>((FUSED ? 3 : 2) * p.D * static_cast<int64_t>(sizeof(float)));
+  const int warps = fwd_block_warps(WPR);
+  const int64_t target = resident_grid(kernel, attributes_of(kernel), 32 * warps, smem);
+  int64_t blocks = 0;
+  const RowChunks c = fwd_row_chunks(p.rows, group, target, warps / WPR, blocks);
+  kernel<<<blocks, 32 * warps, smem, stream>>>(p, c);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// False (nothing launched) when the GPU's shared memory per block cannot hold the ring.
+template <typename T, int VPW, int R>
+bool launch_fwd_ring(const FwdParams& p, int64_t group, int stages, cudaStream_t stream,
+                     int warps_fallback = 8) {
+  auto kernel = layer_norm_modulate_fwd_ring_kernel<T, VPW, R>;
+  const int warps = fwd_block_warps(1, warps_fallback);
+  const int64_t smem = 2 * p.D * static_cast<int64_t>(sizeof(float)) +
+                       int64_t{warps} * stages * R * p.D * static_cast<int64_t>(sizeof(T));
+  const auto attr = attributes_of(kernel);
+  if (smem + static_cast<int64_t>(attr.sharedSizeBytes) >
+      static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin)) {
+    return false;
+  }
+  const int64_t target = resident_grid(kernel, attr, 32 * warps, static_cast<int>(smem));
+  int64_t blocks = 0;
+  const RowChunks c = fwd_row_chunks(p.rows, group, target, warps, blocks);
+  kernel<<<blocks, 32 * warps, static_cast<int>(smem), stream>>>(p, c, stages);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
 }
 
 // Registers per lane and row split for a row of nvec vectors: about 6-12 vectors of a row per
@@ -1554,6 +1774,29 @@ void launch_fwd_warp(const FwdParams& p, int64_t group, cudaStream_t stream) {
 template <typename T, bool FUSED>
 void launch_fwd_warp_any(const FwdParams& p, int64_t nvec, int64_t group, cudaStream_t stream) {
   const int64_t vpl = (nvec + 31) / 32;  // vectors per lane with one warp per row
+  // ADAPTIVELOAD_FWD_RING: 0 the register kernel, 1-3 the ring kernel with that many slots;
+  // unset (-1): the ring (2 slots, one row per warp, 7 warps per block) for bf16 rows of 5-6
+  // vectors per lane (bf16 D = 1536) with fewer than kRingRows rows, else the register kernel.
+  // Note: on the H200 (bf16, D = 1536) the register kernel's time fitted ~7 us + 1.52 ns per
+  // row, the ring's ~1 us + 1.68 ns per row: equal near 37,500 rows. Measured: 32,760 rows
+  // 84.2-85.8% of copy bandwidth (ring, three runs) against 82.3-84.0% (registers, five);
+  // 75,600 rows 85.6-86.5% against 88.1-89.4%.
+  constexpr int64_t kRingRows = 37500;
+  const int ring = env_knob("ADAPTIVELOAD_FWD_RING", -1, 0, 3);
+  if constexpr (!FUSED) {
+    if (ring == -1 && std::is_same_v<T, at::BFloat16> && vpl > 4 && vpl <= 6 &&
+        p.rows < kRingRows && launch_fwd_ring<T, 6, 1>(p, group, 2, stream, 7)) {
+      return;
+    }
+    if (ring > 0 && vpl <= 12) {
+      const bool one_row = env_knob("ADAPTIVELOAD_FWD_LAYOUT", 0, 0, 1) == 1;
+      const bool done = vpl <= 4               ? launch_fwd_ring<T, 4, 2>(p, group, ring, stream)
+                        : vpl <= 6 && !one_row ? launch_fwd_ring<T, 6, 2>(p, group, ring, stream)
+                        : vpl <= 6             ? launch_fwd_ring<T, 6, 1>(p, group, ring, stream)
+                                               : launch_fwd_ring<T, 12, 1>(p, group, ring, stream);
+      if (done) return;
+    }
+  }
   if (env_knob("ADAPTIVELOAD_FWD_LAYOUT", 0, 0, 1) == 1 && vpl <= 6) {
     return launch_fwd_warp<T, 6, 1, 1, FUSED>(p, group, stream);
   }
