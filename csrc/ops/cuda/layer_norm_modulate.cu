@@ -732,8 +732,8 @@ __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
 // Note: the register kernel above loads its rows, waits for them, normalizes and stores them;
 // at bf16 D = 1536 (H200) its time fitted ~7 us plus 1.52 ns per row, about one round of rows
 // of fill and drain. One row per warp through this ring fitted ~1 us plus 1.68 ns per row: the
-// fill and drain were gone, but one row's chain of dependent reductions per warp at a time
-// streamed slower (one row per warp in registers: 1.66 ns). Two rows per warp (R = 2) took 127
+// fill and drain were gone, but it streamed slower, as one row per warp in registers did
+// (1.66 ns); why is not measured yet (docs/ops.md). Two rows per warp (R = 2) took 127
 // registers, two blocks per SM, and ran slower still (74% of copy bandwidth at 32,760 rows
 // against 84-86% for R = 1); the host uses R = 1 by default (launch_fwd_warp_any).
 template <typename T, int VPW, int R>
