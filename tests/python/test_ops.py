@@ -425,7 +425,8 @@ def test_cuda_matches_cpu_bitwise_stats_close():
 # Every setting of the CUDA kernels' tuning knobs (docs/ops.md) must give correct results:
 # teams (rows per block in the backward), ring depth (rows prefetched), the forward's row layout
 # (one or two rows per warp at D <= 1536), row order (contiguous chunks or interleaved tiles),
-# the lean backward kernel on/off and the forward's shared-memory ring (off, or 1-3 rows deep).
+# the lean backward kernel on/off, the forward's shared-memory ring (off, or 1-3 slots) and its
+# warps per block.
 # 37 rows per sample is not a multiple of any team count, so teams idle in the last pass.
 KNOBS = [
     (1, 1, 0, 0, 0, 0, 8),
