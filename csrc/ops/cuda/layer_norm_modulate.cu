@@ -580,6 +580,84 @@ struct ModVec {
 // while 10 KB (D = 5120, 20 vectors, one warp) needed 168 registers, spilled and ran at 77%.
 // Hence two rows per warp at D = 1536 and two warps per row at D = 5120: 32-48 data registers
 // per lane.
+// The rest of the forward for R rows a team of WPR warps holds packed in registers (xr, zero
+// where a lane has no vector; live[r]: row r exists, at row index rows[r]), given each lane's
+// sum of its elements of each row in `mean`: the mean, then the sum of squared deviations (a
+// second pass over the registers; both reduced with team_sum), and y = xhat * a + b with a and
+// b as staged by stage_modulation (order QUADS). `writer`: the one lane of the team that stores
+// mean and rstd. Shared by the warp and ring kernels.
+// Note: the lane sums are the callers' so that the ring kernel can add each vector as it reads
+// it from shared memory; a separate pass here took its default (bf16 D = 1536) from 72 to 78
+// registers, 21 warps per SM instead of 28.
+template <typename T, int VPW, int R, int WPR, bool QUADS>
+__device__ __forceinline__ void normalize_rows(const FwdParams& p,
+                                               const Raw<16 / sizeof(T), sizeof(T)> (&xr)[R][VPW],
+                                               const bool (&live)[R], const int64_t (&rows)[R],
+                                               float (&mean)[R], int col0, int nvec,
+                                               const float4* sa, const float4* sb, float* red,
+                                               bool writer) {
+  constexpr int VEC = 16 / sizeof(T);
+  constexpr int XK = KindOf<T>::value;
+  const float inv_d = 1.f / static_cast<float>(p.D);
+  float rstd[R];
+  team_sum<R, WPR>(mean, red, 0);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    mean[r] *= inv_d;
+    rstd[r] = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPW; ++i) {
+      if (col0 + 32 * i < nvec) {
+        float v[VEC];
+        unpack_pass<1>(xr[r][i], XK, v);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float d = v[k] - mean[r];
+          rstd[r] = fmaf(d, d, rstd[r]);
+        }
+      }
+    }
+  }
+  team_sum<R, WPR>(rstd, red, 1);
+#pragma unroll
+  for (int r = 0; r < R; ++r) rstd[r] = rsqrtf(rstd[r] * inv_d + p.eps);
+  // y's dtype is decided once per row, outside the vector loop: a run-time kind inside it
+  // made the compiler keep every branch's values live and spill (D = 3072).
+  auto finish = [&](auto yk_c) {
+    constexpr int YK = decltype(yk_c)::value;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t base = rows[r] * p.D;
+#pragma unroll
+      for (int i = 0; i < VPW; ++i) {
+        const int c = col0 + 32 * i;
+        if (live[r] && c < nvec) {
+          float v[VEC];
+          unpack_pass<2>(xr[r][i], XK, v);
+          ModVec<VEC, QUADS>(sa, sb, nvec, c).apply(v, mean[r], rstd[r]);
+          store_vec(p.y, YK, base + c * VEC, v);
+        }
+      }
+    }
+  };
+  if (p.y_kind == kF32) {
+    finish(std::integral_constant<int, kF32>{});
+  } else if (p.y_kind == kBF16) {
+    finish(std::integral_constant<int, kBF16>{});
+  } else {
+    finish(std::integral_constant<int, kF16>{});
+  }
+  if (writer) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (live[r]) {
+        p.mean[rows[r]] = mean[r];
+        p.rstd[rows[r]] = rstd[r];
+      }
+    }
+  }
+}
+
 template <int VPW, int R>
 constexpr int fwd_warp_min_blocks() {
   // Note: two rows of D = 1536 capped at 85 registers (three blocks, 24 warps per SM) spilled
@@ -600,7 +678,6 @@ __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
   const float4* sb = smem4 + p.D / 4;
   float* sg = reinterpret_cast<float*>(smem4 + p.D / 2);  // FUSED only
   const int nvec = static_cast<int>(p.D / VEC);
-  const float inv_d = 1.f / static_cast<float>(p.D);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int teams = blockDim.x / 32 / WPR;
   const RowRange rr = block_rows(chunks.group, chunks.per_group, chunks.chunk_rows,
@@ -611,17 +688,18 @@ __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
   const int col0 = (warp % WPR) * 32 * VPW + lane;
   XRaw xr[R][VPW];
   bool live[R];
+  int64_t rows[R];
   auto load_rows = [&](int64_t row0) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int64_t row = row0 + r * rr.step;
-      live[r] = row < rr.end;
+      rows[r] = row0 + r * rr.step;
+      live[r] = rows[r] < rr.end;
 #pragma unroll
       for (int i = 0; i < VPW; ++i) {
         const int c = col0 + 32 * i;
 #pragma unroll
         for (int k = 0; k < XRaw::kWords; ++k) xr[r][i].w[k] = 0u;
-        if (live[r] && c < nvec) load_raw(xr[r][i], p.x, XK, row * p.D + c * VEC);
+        if (live[r] && c < nvec) load_raw(xr[r][i], p.x, XK, rows[r] * p.D + c * VEC);
       }
     }
   };
@@ -636,7 +714,7 @@ __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
       // and saved for backward.
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const int64_t base = (row0 + r * rr.step) * p.D;
+        const int64_t base = rows[r] * p.D;
 #pragma unroll
         for (int i = 0; i < VPW; ++i) {
           const int c = col0 + 32 * i;
@@ -652,7 +730,7 @@ __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
         }
       }
     }
-    float mean[R], rstd[R];
+    float mean[R];  // this lane's row sums
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       mean[r] = 0.f;
@@ -664,62 +742,8 @@ __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
         for (int k = 0; k < VEC; ++k) mean[r] += v[k];
       }
     }
-    team_sum<R, WPR>(mean, red, 0);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      mean[r] *= inv_d;
-      rstd[r] = 0.f;
-#pragma unroll
-      for (int i = 0; i < VPW; ++i) {
-        if (col0 + 32 * i < nvec) {
-          float v[VEC];
-          unpack_pass<1>(xr[r][i], XK, v);
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            const float d = v[k] - mean[r];
-            rstd[r] = fmaf(d, d, rstd[r]);
-          }
-        }
-      }
-    }
-    team_sum<R, WPR>(rstd, red, 1);
-#pragma unroll
-    for (int r = 0; r < R; ++r) rstd[r] = rsqrtf(rstd[r] * inv_d + p.eps);
-    // y's dtype is decided once per row, outside the vector loop: a run-time kind inside it
-    // made the compiler keep every branch's values live and spill (D = 3072).
-    auto finish = [&](auto yk_c) {
-      constexpr int YK = decltype(yk_c)::value;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int64_t base = (row0 + r * rr.step) * p.D;
-#pragma unroll
-        for (int i = 0; i < VPW; ++i) {
-          const int c = col0 + 32 * i;
-          if (live[r] && c < nvec) {
-            float v[VEC];
-            unpack_pass<2>(xr[r][i], XK, v);
-            ModVec<VEC, false>(sa, sb, nvec, c).apply(v, mean[r], rstd[r]);
-            store_vec(p.y, YK, base + c * VEC, v);
-          }
-        }
-      }
-    };
-    if (p.y_kind == kF32) {
-      finish(std::integral_constant<int, kF32>{});
-    } else if (p.y_kind == kBF16) {
-      finish(std::integral_constant<int, kBF16>{});
-    } else {
-      finish(std::integral_constant<int, kF16>{});
-    }
-    if (lane == 0 && warp % WPR == 0) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (live[r]) {
-          p.mean[row0 + r * rr.step] = mean[r];
-          p.rstd[row0 + r * rr.step] = rstd[r];
-        }
-      }
-    }
+    normalize_rows<T, VPW, R, WPR, false>(p, xr, live, rows, mean, col0, nvec, sa, sb, red,
+                                          lane == 0 && warp % WPR == 0);
   }
 }
 
@@ -747,7 +771,6 @@ __global__ void __launch_bounds__(256, R* VPW * 4 <= 24 ? 3 : 2)
   const float4* sb = smem4 + p.D / 4;
   const int row_bytes = static_cast<int>(p.D * static_cast<int64_t>(sizeof(T)));
   const int nvec = static_cast<int>(p.D / VEC);
-  const float inv_d = 1.f / static_cast<float>(p.D);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const RowRange rr = block_rows(chunks.group, chunks.per_group, chunks.chunk_rows,
                                  chunks.interleave, p.rows, warp, blockDim.x / 32);
@@ -785,10 +808,12 @@ __global__ void __launch_bounds__(256, R* VPW * 4 <= 24 ? 3 : 2)
     if (++read_slot == stages) read_slot = 0;
     XRaw xr[R][VPW];
     bool live[R];
-    float mean[R], rstd[R];
+    int64_t rows[R];
+    float mean[R];  // this lane's row sums, added as the vectors are read
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       live[r] = it * R + r < my_rows;
+      rows[r] = rr.start + (it * R + r) * rr.step;
       mean[r] = 0.f;
 #pragma unroll
       for (int i = 0; i < VPW; ++i) {
@@ -802,62 +827,8 @@ __global__ void __launch_bounds__(256, R* VPW * 4 <= 24 ? 3 : 2)
         for (int k = 0; k < VEC; ++k) mean[r] += v[k];
       }
     }
-    team_sum<R, 1>(mean, nullptr, 0);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      mean[r] *= inv_d;
-      rstd[r] = 0.f;
-#pragma unroll
-      for (int i = 0; i < VPW; ++i) {
-        if (lane + 32 * i < nvec) {
-          float v[VEC];
-          unpack_pass<1>(xr[r][i], XK, v);
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            const float d = v[k] - mean[r];
-            rstd[r] = fmaf(d, d, rstd[r]);
-          }
-        }
-      }
-    }
-    team_sum<R, 1>(rstd, nullptr, 1);
-#pragma unroll
-    for (int r = 0; r < R; ++r) rstd[r] = rsqrtf(rstd[r] * inv_d + p.eps);
-    auto finish = [&](auto yk_c) {
-      constexpr int YK = decltype(yk_c)::value;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (!live[r]) continue;
-        const int64_t base = (rr.start + (it * R + r) * rr.step) * p.D;
-#pragma unroll
-        for (int i = 0; i < VPW; ++i) {
-          const int c = lane + 32 * i;
-          if (c < nvec) {
-            float v[VEC];
-            unpack_pass<2>(xr[r][i], XK, v);
-            ModVec<VEC, true>(sa, sb, nvec, c).apply(v, mean[r], rstd[r]);
-            store_vec(p.y, YK, base + c * VEC, v);
-          }
-        }
-      }
-    };
-    if (p.y_kind == kF32) {
-      finish(std::integral_constant<int, kF32>{});
-    } else if (p.y_kind == kBF16) {
-      finish(std::integral_constant<int, kBF16>{});
-    } else {
-      finish(std::integral_constant<int, kF16>{});
-    }
-    if (lane == 0) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (live[r]) {
-          const int64_t row = rr.start + (it * R + r) * rr.step;
-          p.mean[row] = mean[r];
-          p.rstd[row] = rstd[r];
-        }
-      }
-    }
+    normalize_rows<T, VPW, R, 1, true>(p, xr, live, rows, mean, lane, nvec, sa, sb, nullptr,
+                                       lane == 0);
   }
   copy_wait(0);
 }
@@ -1320,8 +1291,8 @@ __global__ void __maxnreg__(VPT * 16 / sizeof(T) <= 8 ? 64 : 96)
   const int64_t iters =
       rr.block_start < rr.end ? (rr.end - rr.block_start + rr.step - 1) / rr.step : 0;
 
-  // 1 + scale as float4 quads ordered [quad][vector], as the forward's stage_modulation (no
-  // shared-memory bank conflicts for 16-bit x).
+  // 1 + scale as float4 quads ordered [quad][vector] (quad_index; no shared-memory bank
+  // conflicts for 16-bit x).
   extern __shared__ float4 bwd_smem4[];
   float4* s1s = bwd_smem4;
   char* ring = reinterpret_cast<char*>(bwd_smem4) + p.ring_offset;
@@ -1334,8 +1305,8 @@ __global__ void __maxnreg__(VPT * 16 / sizeof(T) <= 8 ? 64 : 96)
       load_vec(sc, p.scale.ptr, p.scale.kind, sc_row + c * VEC);
 #pragma unroll
       for (int q = 0; q < VEC / 4; ++q) {
-        s1s[q * nvec + c] = make_float4(1.f + sc[4 * q], 1.f + sc[4 * q + 1], 1.f + sc[4 * q + 2],
-                                        1.f + sc[4 * q + 3]);
+        s1s[quad_index<VEC, true>(nvec, c, q)] = make_float4(
+            1.f + sc[4 * q], 1.f + sc[4 * q + 1], 1.f + sc[4 * q + 2], 1.f + sc[4 * q + 3]);
       }
     }
   }
@@ -1419,10 +1390,10 @@ __global__ void __maxnreg__(VPT * 16 / sizeof(T) <= 8 ? 64 : 96)
         float xv[VEC], dy[VEC];
         unpack(xr, XK, xv);
         unpack(dr, DYK, dy);
-        const float4* s1 = s1s + xoff[i] / 16;  // vector index: 16 bytes of x each
+        const int c = xoff[i] / 16;  // vector index: 16 bytes of x each
 #pragma unroll
         for (int k = 0; k < VEC; k += 4) {
-          const float4 v = s1[(k / 4) * nvec];
+          const float4 v = s1s[quad_index<VEC, true>(nvec, c, k / 4)];
           g[i][k] = dy[k] * v.x, g[i][k + 1] = dy[k + 1] * v.y;
           g[i][k + 2] = dy[k + 2] * v.z, g[i][k + 3] = dy[k + 3] * v.w;
         }
