@@ -225,15 +225,18 @@ def bench_fused_residual(rows):
 # Knob settings the sweep compares (docs/ops.md): name -> environment.
 FWD_SWEEP = {
     "regs": {"ADAPTIVELOAD_FWD_RING": "0"},
+    "regs y 16-byte": {"ADAPTIVELOAD_FWD_RING": "0", "ADAPTIVELOAD_FWD_Y_WORDS": "0"},
     "regs 1 row/warp": {"ADAPTIVELOAD_FWD_RING": "0", "ADAPTIVELOAD_FWD_LAYOUT": "1"},
+    "ring 2": {"ADAPTIVELOAD_FWD_RING": "2"},
+    "ring 2 bounds-tested": {"ADAPTIVELOAD_FWD_RING": "2", "ADAPTIVELOAD_FWD_FULL": "0"},
+    "ring 2 y 4-byte": {"ADAPTIVELOAD_FWD_RING": "2", "ADAPTIVELOAD_FWD_Y_WORDS": "1"},
     "ring 2 1 row/warp 7 warps": {
         "ADAPTIVELOAD_FWD_RING": "2",
         "ADAPTIVELOAD_FWD_LAYOUT": "1",
         "ADAPTIVELOAD_FWD_WARPS": "7",
     },
-    "ring 2": {"ADAPTIVELOAD_FWD_RING": "2"},
     "ring 3": {"ADAPTIVELOAD_FWD_RING": "3"},
-    "ring 2 chunks": {"ADAPTIVELOAD_FWD_RING": "2", "ADAPTIVELOAD_ROW_ORDER": "0"},
+    "bulk 2 4 warps": {"ADAPTIVELOAD_FWD_BULK": "2", "ADAPTIVELOAD_FWD_WARPS": "4"},
 }
 BWD_SWEEP = {
     "general tiles": {"ADAPTIVELOAD_BWD_LEAN": "0", "ADAPTIVELOAD_ROW_ORDER": "1"},
@@ -249,6 +252,9 @@ KNOB_NAMES = (
     "ADAPTIVELOAD_FWD_LAYOUT",
     "ADAPTIVELOAD_FWD_RING",
     "ADAPTIVELOAD_FWD_WARPS",
+    "ADAPTIVELOAD_FWD_BULK",
+    "ADAPTIVELOAD_FWD_FULL",
+    "ADAPTIVELOAD_FWD_Y_WORDS",
     "ADAPTIVELOAD_BWD_LEAN",
     "ADAPTIVELOAD_BWD_TEAMS",
     "ADAPTIVELOAD_BWD_STAGES",

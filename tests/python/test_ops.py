@@ -492,6 +492,79 @@ def test_cuda_forward_block_warps(monkeypatch, warps, ring, shape, dtype, mod_ki
     run_and_check(shape, dtype, torch.float32, None, mod_kind, "cuda", affine=affine, seed=warps)
 
 
+# The forward ring kernel with bulk copies (sm_90+; ADAPTIVELOAD_FWD_BULK 1: rows loaded by one
+# bulk copy each, 2: and y stored so when y has x's dtype, else as 1), under the default and
+# explicit ring depths and block sizes; the long case gives every warp many rows, so each slot's
+# barrier runs through many phases.
+@cuda_only
+@pytest.mark.parametrize("bulk", [1, 2])
+@pytest.mark.parametrize("ring,warps", [(None, None), (2, 3), (3, 8), (1, 5)])
+@pytest.mark.parametrize(
+    "shape,dtype,out_dtype,mod_kind,affine",
+    [
+        ((3, 37, 1536), torch.bfloat16, None, "per_sample", False),
+        ((3, 37, 1536), torch.bfloat16, torch.float32, "per_sample", False),
+        ((2, 25, 1536), torch.float32, None, "per_sample", False),
+        ((3, 31, 3072), torch.bfloat16, None, "shared", False),
+        ((2, 41, 768), torch.float16, None, "chunk", True),
+        ((1, 20011, 1536), torch.bfloat16, None, "per_sample", False),
+    ],
+)
+def test_cuda_forward_bulk(
+    monkeypatch, bulk, ring, warps, shape, dtype, out_dtype, mod_kind, affine
+):
+    monkeypatch.setenv("ADAPTIVELOAD_FWD_BULK", str(bulk))
+    for name, v in [("ADAPTIVELOAD_FWD_RING", ring), ("ADAPTIVELOAD_FWD_WARPS", warps)]:
+        if v is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, str(v))
+    run_and_check(
+        shape, dtype, torch.float32, out_dtype, mod_kind, "cuda", affine=affine, seed=bulk
+    )
+
+
+# Rows that fill every lane's vectors take the ring kernel without bounds tests; the
+# bounds-tested one (ADAPTIVELOAD_FWD_FULL=0) must give the same results on them.
+@cuda_only
+@pytest.mark.parametrize("ring", [None, 2])
+@pytest.mark.parametrize(
+    "shape,dtype",
+    [
+        ((3, 37, 1536), torch.bfloat16),
+        ((2, 25, 1536), torch.float32),
+        ((2, 9, 3072), torch.float16),
+    ],
+)
+def test_cuda_forward_ring_bounds_tested(monkeypatch, ring, shape, dtype):
+    monkeypatch.setenv("ADAPTIVELOAD_FWD_FULL", "0")
+    if ring is not None:
+        monkeypatch.setenv("ADAPTIVELOAD_FWD_RING", str(ring))
+        monkeypatch.setenv("ADAPTIVELOAD_FWD_LAYOUT", "1")
+    run_and_check(shape, dtype, torch.float32, None, "per_sample", "cuda", seed=5)
+
+
+# 16-bit y stored as 4-byte words or 16-byte vectors (ADAPTIVELOAD_FWD_Y_WORDS), by the
+# register kernel (ring 0) and the ring kernel, into every output dtype.
+@cuda_only
+@pytest.mark.parametrize("words", [0, 1])
+@pytest.mark.parametrize("ring", [0, 2])
+@pytest.mark.parametrize(
+    "shape,dtype,out_dtype",
+    [
+        ((3, 37, 1536), torch.bfloat16, None),
+        ((2, 41, 768), torch.float16, None),
+        ((2, 23, 5120), torch.bfloat16, None),
+        ((2, 19, 3072), torch.float32, torch.bfloat16),
+        ((3, 37, 1536), torch.bfloat16, torch.float32),
+    ],
+)
+def test_cuda_forward_y_words(monkeypatch, words, ring, shape, dtype, out_dtype):
+    monkeypatch.setenv("ADAPTIVELOAD_FWD_Y_WORDS", str(words))
+    monkeypatch.setenv("ADAPTIVELOAD_FWD_RING", str(ring))
+    run_and_check(shape, dtype, torch.float32, out_dtype, "per_sample", "cuda", seed=words)
+
+
 # Which gradients are asked for changes how the backward groups rows (dshift and dscale may
 # each be summed per sample, over everything, or not at all) and, on CUDA, which kernel runs.
 @pytest.mark.parametrize("device", DEVICES)

@@ -190,6 +190,15 @@ __device__ __forceinline__ void store_vec(void* base, int kind, int64_t idx, con
   }
 }
 
+// store_vec for 16-bit kinds as N / 2 separate 4-byte stores (FwdParams::y_words).
+template <int N>
+__device__ __forceinline__ void store_vec_words(void* base, int kind, int64_t idx,
+                                                const float (&v)[N]) {
+  uint32_t* p = reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(base) + idx);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) p[i] = pack2(v[2 * i], v[2 * i + 1], kind);
+}
+
 // Stores packed raw bits of N elements (as held in registers) at element idx.
 template <int N, int BYTES>
 __device__ __forceinline__ void store_raw_vec(void* base, const Raw<N, BYTES>& r, int64_t idx) {
@@ -311,6 +320,120 @@ __device__ __forceinline__ void copy_wait(int n) {
 #endif
 }
 
+// Bulk copies (sm_90): one thread moves a whole row between global and shared memory through
+// the copy engine. Loads complete on an mbarrier (its transaction count set to the bytes to
+// arrive); stores form bulk groups the issuing thread waits on. Addresses and sizes are
+// multiples of 16 bytes. Before sm_90 these trap; the host never selects them there.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+#endif
+
+__device__ __forceinline__ void bar_init(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// Arms `bar` for `bytes` of bulk loads issued next by this thread (the barrier's one arrival).
+__device__ __forceinline__ void bar_expect(uint64_t* bar, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Waits until the barrier's phase of this parity (0 for its first use, then 1, 0, ...) is over.
+__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred ready;\n mbarrier.try_wait.parity.shared::cta.b64 ready, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, ready;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Orders this thread's ordinary shared-memory accesses before the copy engine's (a bulk store
+// reading what it wrote, a bulk load overwriting what it read).
+__device__ __forceinline__ void fence_async_smem() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(smem_addr(src)), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// Waits until this thread's bulk stores have read their shared-memory sources.
+__device__ __forceinline__ void bulk_store_wait_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+
+// Adds a warp's 16-bit vectors (8 values per lane, as loaded) to `acc` with one tensor-core
+// mma: the 256 values are the A operand (16 x 16; which value sits where does not matter), B is
+// all ones, so acc[0] and acc[2] of the lanes of group g (lanes 4g-4g+3) get the sums of A's
+// rows g and g + 8, and acc[1], acc[3] the same again. Products by one are exact and the mma
+// adds in fp32: one instruction instead of 8 conversions and 8 adds per lane.
+template <int XK>
+__device__ __forceinline__ void mma_sum16(float (&acc)[4], const Raw<8, 2>& a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (XK == kBF16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %8}, {%0, %1, %2, %3};\n"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a.w[0]), "r"(a.w[1]), "r"(a.w[2]), "r"(a.w[3]), "r"(0x3f803f80u));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %8}, {%0, %1, %2, %3};\n"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a.w[0]), "r"(a.w[1]), "r"(a.w[2]), "r"(a.w[3]), "r"(0x3c003c00u));
+  }
+#else
+  float v[8];
+  unpack(a, XK, v);
+  float t = 0.f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) t += v[k];
+  acc[0] += 2.f * t, acc[2] += 2.f * t;  // so that (acc[0] + acc[2]) / 4 is this lane's sum
+#endif
+}
+
 // ------------------------------------------------------------------------------------------
 // Forward
 // ------------------------------------------------------------------------------------------
@@ -321,6 +444,9 @@ struct FwdParams {
   void* r;        // T, fused only
   void* y;
   int y_kind;
+  // 16-bit y stored as 4-byte words (four stores per 16-byte vector) instead of one 16-byte
+  // store per vector. Set per kernel by the host (see fwd_y_words).
+  bool y_words;
   ModArg shift, scale, gate;
   const void* weight;  // may be null
   const void* bias;    // may be null
@@ -585,17 +711,22 @@ struct ModVec {
 // sum of its elements of each row in `mean`: the mean, then the sum of squared deviations (a
 // second pass over the registers; both reduced with team_sum), and y = xhat * a + b with a and
 // b as staged by stage_modulation (order QUADS). `writer`: the one lane of the team that stores
-// mean and rstd. Shared by the warp and ring kernels.
+// mean and rstd. Shared by the warp and ring kernels; with R = 1 the callers' row exists.
+// STAGE_Y: y goes to shared memory at `ystage` (R rows of D elements of y's kind, which the
+// caller then stores in bulk) instead of global memory. FULL: every lane has all VPW vectors
+// (nvec = 32 x VPW x WPR), so no vector needs a bounds test. CHAINS: independent partial sums
+// per lane for the squared deviations (1, or 4 to cut the 4-cycle dependency between
+// consecutive fmas of one long chain).
 // Note: the lane sums are the callers' so that the ring kernel can add each vector as it reads
 // it from shared memory; a separate pass here took its default (bf16 D = 1536) from 72 to 78
 // registers, 21 warps per SM instead of 28.
-template <typename T, int VPW, int R, int WPR, bool QUADS>
+template <typename T, int VPW, int R, int WPR, bool QUADS, bool STAGE_Y, bool FULL, int CHAINS>
 __device__ __forceinline__ void normalize_rows(const FwdParams& p,
                                                const Raw<16 / sizeof(T), sizeof(T)> (&xr)[R][VPW],
                                                const bool (&live)[R], const int64_t (&rows)[R],
                                                float (&mean)[R], int col0, int nvec,
                                                const float4* sa, const float4* sb, float* red,
-                                               bool writer) {
+                                               bool writer, char* ystage = nullptr) {
   constexpr int VEC = 16 / sizeof(T);
   constexpr int XK = KindOf<T>::value;
   const float inv_d = 1.f / static_cast<float>(p.D);
@@ -604,48 +735,63 @@ __device__ __forceinline__ void normalize_rows(const FwdParams& p,
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     mean[r] *= inv_d;
-    rstd[r] = 0.f;
+    float part[CHAINS];
+#pragma unroll
+    for (int j = 0; j < CHAINS; ++j) part[j] = 0.f;
 #pragma unroll
     for (int i = 0; i < VPW; ++i) {
-      if (col0 + 32 * i < nvec) {
+      if (FULL || col0 + 32 * i < nvec) {
         float v[VEC];
         unpack_pass<1>(xr[r][i], XK, v);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const float d = v[k] - mean[r];
-          rstd[r] = fmaf(d, d, rstd[r]);
+          part[k % CHAINS] = fmaf(d, d, part[k % CHAINS]);
         }
       }
     }
+    rstd[r] = part[0];
+#pragma unroll
+    for (int j = 1; j < CHAINS; ++j) rstd[r] += part[j];
   }
   team_sum<R, WPR>(rstd, red, 1);
 #pragma unroll
   for (int r = 0; r < R; ++r) rstd[r] = rsqrtf(rstd[r] * inv_d + p.eps);
   // y's dtype is decided once per row, outside the vector loop: a run-time kind inside it
   // made the compiler keep every branch's values live and spill (D = 3072).
-  auto finish = [&](auto yk_c) {
+  auto finish = [&](auto yk_c, auto words_c) {
     constexpr int YK = decltype(yk_c)::value;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int64_t base = rows[r] * p.D;
+      void* ybase = p.y;
+      int64_t base = rows[r] * p.D;
+      if constexpr (STAGE_Y) ybase = ystage + r * p.D * (YK == kF32 ? 4 : 2), base = 0;
 #pragma unroll
       for (int i = 0; i < VPW; ++i) {
         const int c = col0 + 32 * i;
-        if (live[r] && c < nvec) {
+        if ((R == 1 || live[r]) && (FULL || c < nvec)) {
           float v[VEC];
           unpack_pass<2>(xr[r][i], XK, v);
           ModVec<VEC, QUADS>(sa, sb, nvec, c).apply(v, mean[r], rstd[r]);
-          store_vec(p.y, YK, base + c * VEC, v);
+          if constexpr (decltype(words_c)::value) {
+            store_vec_words(ybase, YK, base + c * VEC, v);
+          } else {
+            store_vec(ybase, YK, base + c * VEC, v);
+          }
         }
       }
     }
   };
+  using Words = std::true_type;
+  using Whole = std::false_type;
   if (p.y_kind == kF32) {
-    finish(std::integral_constant<int, kF32>{});
+    finish(std::integral_constant<int, kF32>{}, Whole{});
   } else if (p.y_kind == kBF16) {
-    finish(std::integral_constant<int, kBF16>{});
+    p.y_words ? finish(std::integral_constant<int, kBF16>{}, Words{})
+              : finish(std::integral_constant<int, kBF16>{}, Whole{});
   } else {
-    finish(std::integral_constant<int, kF16>{});
+    p.y_words ? finish(std::integral_constant<int, kF16>{}, Words{})
+              : finish(std::integral_constant<int, kF16>{}, Whole{});
   }
   if (writer) {
 #pragma unroll
@@ -742,8 +888,8 @@ __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
         for (int k = 0; k < VEC; ++k) mean[r] += v[k];
       }
     }
-    normalize_rows<T, VPW, R, WPR, false>(p, xr, live, rows, mean, col0, nvec, sa, sb, red,
-                                          lane == 0 && warp % WPR == 0);
+    normalize_rows<T, VPW, R, WPR, false, false, false, 1>(p, xr, live, rows, mean, col0, nvec, sa,
+                                                           sb, red, lane == 0 && warp % WPR == 0);
   }
 }
 
@@ -760,13 +906,23 @@ __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
 // (1.66 ns); why is not measured yet (docs/ops.md). Two rows per warp (R = 2) took 127
 // registers, two blocks per SM, and ran slower still (74% of copy bandwidth at 32,760 rows
 // against 84-86% for R = 1); the host uses R = 1 by default (launch_fwd_warp_any).
-template <typename T, int VPW, int R>
-__global__ void __launch_bounds__(256, R* VPW * 4 <= 24 ? 3 : 2)
+// BULK (sm_90, R = 1 rows used): 0 the lanes' 16-byte cp.async copies above; 1 one bulk copy
+// per row by lane 0, completing on the slot's mbarrier; 2 as 1, and y (x's dtype) written to a
+// y buffer of the warp and stored per row by one bulk copy.
+template <int VPW, int R>
+constexpr int fwd_ring_max_registers() {
+  // 72 at one row of 6 vectors per lane: 4 blocks of 7 warps per SM (65,536 registers).
+  return R * VPW <= 6 ? 72 : 128;
+}
+
+template <typename T, int VPW, int R, int BULK, bool FULL>
+__global__ void __maxnreg__((fwd_ring_max_registers<VPW, R>()))
     layer_norm_modulate_fwd_ring_kernel(const FwdParams p, const RowChunks chunks, int stages) {
   constexpr int VEC = 16 / sizeof(T);
   constexpr int XK = KindOf<T>::value;
   using XRaw = Raw<VEC, sizeof(T)>;
   extern __shared__ float4 smem4[];
+  __shared__ uint64_t bars[BULK > 0 ? 8 * 3 : 1];  // BULK: one per warp and slot
   const float4* sa = smem4;
   const float4* sb = smem4 + p.D / 4;
   const int row_bytes = static_cast<int>(p.D * static_cast<int64_t>(sizeof(T)));
@@ -778,24 +934,51 @@ __global__ void __launch_bounds__(256, R* VPW * 4 <= 24 ? 3 : 2)
   const int64_t my_rows = rr.start < rr.end ? (rr.end - rr.start + rr.step - 1) / rr.step : 0;
   const int64_t iters = (my_rows + R - 1) / R;
 
-  char* my_ring = reinterpret_cast<char*>(smem4 + p.D / 2) + warp * stages * R * row_bytes;
+  // The warp's slots, then (BULK 2) its y buffer of R rows.
+  char* my_ring = reinterpret_cast<char*>(smem4 + p.D / 2) +
+                  warp * (stages + (BULK == 2 ? 1 : 0)) * R * row_bytes;
+  char* ybuf = my_ring + stages * R * row_bytes;
+  uint64_t* my_bars = bars + (BULK > 0 ? warp * 3 : 0);
+  if constexpr (BULK > 0) {
+    if (lane == 0) {
+      for (int k = 0; k < stages; ++k) bar_init(my_bars + k);
+    }
+    __syncwarp();
+  }
   int fill_slot = 0, read_slot = 0;
+  uint32_t phase = 0;  // BULK: parity of the slots' current use
   auto issue = [&](int64_t it) {
-    char* s = my_ring + fill_slot * R * row_bytes;
+    const int slot = fill_slot;
     if (++fill_slot == stages) fill_slot = 0;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (it * R + r < my_rows) {
-        const char* g =
-            static_cast<const char*>(p.x) + (rr.start + (it * R + r) * rr.step) * row_bytes;
-#pragma unroll
-        for (int i = 0; i < VPW; ++i) {
-          const int c = lane + 32 * i;
-          if (c < nvec) copy_async(s + r * row_bytes + c * 16, g + c * 16, 16);
+    char* s = my_ring + slot * R * row_bytes;
+    const char* x = static_cast<const char*>(p.x);
+    if constexpr (BULK > 0) {
+      // The slot was last read in the previous iteration: every lane is past that read.
+      __syncwarp();
+      const int64_t left = my_rows - it * R;
+      const int live = left < R ? static_cast<int>(left) : R;
+      if (lane == 0 && live > 0) {
+        fence_async_smem();
+        bar_expect(my_bars + slot, live * row_bytes);
+        for (int r = 0; r < live; ++r) {
+          bulk_load(s + r * row_bytes, x + (rr.start + (it * R + r) * rr.step) * row_bytes,
+                    row_bytes, my_bars + slot);
         }
       }
+    } else {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (it * R + r < my_rows) {
+          const char* g = x + (rr.start + (it * R + r) * rr.step) * row_bytes;
+#pragma unroll
+          for (int i = 0; i < VPW; ++i) {
+            const int c = lane + 32 * i;
+            if (FULL || c < nvec) copy_async(s + r * row_bytes + c * 16, g + c * 16, 16);
+          }
+        }
+      }
+      copy_commit();  // possibly empty, so that group counts stay in step
     }
-    copy_commit();  // possibly empty, so that group counts stay in step
   };
   // The first rows' loads go out before the staging, which they overlap.
   for (int k = 0; k + 1 < stages; ++k) issue(k);
@@ -803,9 +986,13 @@ __global__ void __launch_bounds__(256, R* VPW * 4 <= 24 ? 3 : 2)
 
   for (int64_t it = 0; it < iters; ++it) {
     issue(it + stages - 1);
-    copy_wait(stages - 1);
+    if constexpr (BULK > 0) {
+      bar_wait(my_bars + read_slot, phase);
+    } else {
+      copy_wait(stages - 1);
+    }
     const char* s = my_ring + read_slot * R * row_bytes;
-    if (++read_slot == stages) read_slot = 0;
+    if (++read_slot == stages) read_slot = 0, phase ^= 1u;
     XRaw xr[R][VPW];
     bool live[R];
     int64_t rows[R];
@@ -814,23 +1001,56 @@ __global__ void __launch_bounds__(256, R* VPW * 4 <= 24 ? 3 : 2)
     for (int r = 0; r < R; ++r) {
       live[r] = it * R + r < my_rows;
       rows[r] = rr.start + (it * R + r) * rr.step;
-      mean[r] = 0.f;
+      float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int i = 0; i < VPW; ++i) {
         const int c = lane + 32 * i;
 #pragma unroll
         for (int k = 0; k < XRaw::kWords; ++k) xr[r][i].w[k] = 0u;
-        if (live[r] && c < nvec) load_raw(xr[r][i], s + r * row_bytes + c * 16, XK, 0);
-        float v[VEC];
-        unpack(xr[r][i], XK, v);  // padding vectors are zero
+        if ((R == 1 || live[r]) && (FULL || c < nvec)) {
+          load_raw(xr[r][i], s + r * row_bytes + c * 16, XK, 0);
+        }
+        if constexpr (sizeof(T) == 2) {
+          mma_sum16<XK>(part, xr[r][i]);  // padding vectors are zero
+        } else {
+          float v[VEC];
+          unpack(xr[r][i], XK, v);  // padding vectors are zero
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) mean[r] += v[k];
+          for (int k = 0; k < VEC; ++k) part[k % 4] += v[k];
+        }
       }
+      // mma_sum16: rows g and g + 8 of the warp's sums are in part 0 and 2 of the 4 lanes of
+      // group g (the same in each), so a quarter of them adds up to the row over the warp.
+      mean[r] =
+          sizeof(T) == 2 ? (part[0] + part[2]) * 0.25f : (part[0] + part[1]) + (part[2] + part[3]);
     }
-    normalize_rows<T, VPW, R, 1, true>(p, xr, live, rows, mean, lane, nvec, sa, sb, nullptr,
-                                       lane == 0);
+    if constexpr (BULK == 2) {
+      // y (of x's dtype) through the warp's y buffer: its previous rows' store must have read it.
+      if (lane == 0) bulk_store_wait_read();
+      __syncwarp();
+      normalize_rows<T, VPW, R, 1, true, true, FULL, 4>(p, xr, live, rows, mean, lane, nvec, sa, sb,
+                                                        nullptr, lane == 0, ybuf);
+      fence_async_smem();
+      __syncwarp();
+      if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (live[r]) {
+            bulk_store(static_cast<char*>(p.y) + rows[r] * row_bytes, ybuf + r * row_bytes,
+                       row_bytes);
+          }
+        }
+      }
+    } else {
+      normalize_rows<T, VPW, R, 1, true, false, FULL, 4>(p, xr, live, rows, mean, lane, nvec, sa,
+                                                         sb, nullptr, lane == 0);
+    }
   }
-  copy_wait(0);
+  if constexpr (BULK == 2) {
+    if (lane == 0) bulk_store_wait_read();  // the buffers must outlive the stores' reads
+  } else if constexpr (BULK == 0) {
+    copy_wait(0);
+  }
 }
 
 // Any D, any alignment: scalar loads, the row re-read from L1/L2 for each pass.
@@ -1694,6 +1914,18 @@ RowChunks fwd_row_chunks(int64_t rows, int64_t group, int64_t target, int64_t te
   return c;
 }
 
+// Whether the forward's warp and ring kernels store 16-bit y as 4-byte words: the kernel's
+// default, or ADAPTIVELOAD_FWD_Y_WORDS (0: 16-byte stores, 1: 4-byte stores).
+// Note: until this knob, ptxas happened to split the register kernel's 16-byte y stores into
+// 4-byte ones (its register allocation); measured on the H200 (bf16, D = 1536, 75,600 rows)
+// the split build ran at 89-90% of copy bandwidth and the 16-byte one at 83-84%.
+bool fwd_y_words(bool fallback) {
+  return env_knob("ADAPTIVELOAD_FWD_Y_WORDS", fallback ? 1 : 0, 0, 1) == 1;
+}
+
+// Whether the current GPU has the bulk copy engine (sm_90 and newer).
+bool bulk_copies() { return at::cuda::getCurrentDeviceProperties()->major >= 9; }
+
 // Warps per block of the forward's warp and ring kernels: 8, or ADAPTIVELOAD_FWD_WARPS (1-8, a
 // multiple of wpr, the warps per row).
 // Note: choosing the block size that lets an SM hold the most warps (6 warps, 3 blocks and 18
@@ -1706,7 +1938,9 @@ int fwd_block_warps(int wpr, int fallback = 8) {
 }
 
 template <typename T, int VPW, int R, int WPR, bool FUSED>
-void launch_fwd_warp(const FwdParams& p, int64_t group, cudaStream_t stream) {
+void launch_fwd_warp(const FwdParams& params, int64_t group, cudaStream_t stream) {
+  FwdParams p = params;
+  p.y_words = fwd_y_words(true);
   auto kernel = layer_norm_modulate_fwd_warp_kernel<T, VPW, R, WPR, FUSED>;
   const int smem = static_cast<int>((FUSED ? 3 : 2) * p.D * static_cast<int64_t>(sizeof(float)));
   const int warps = fwd_block_warps(WPR);
@@ -1718,13 +1952,28 @@ void launch_fwd_warp(const FwdParams& p, int64_t group, cudaStream_t stream) {
 }
 
 // False (nothing launched) when the GPU's shared memory per block cannot hold the ring.
-template <typename T, int VPW, int R>
-bool launch_fwd_ring(const FwdParams& p, int64_t group, int stages, cudaStream_t stream,
+template <typename T, int VPW, int R, int BULK = 0>
+bool launch_fwd_ring(const FwdParams& params, int64_t group, int stages, cudaStream_t stream,
                      int warps_fallback = 8) {
-  auto kernel = layer_norm_modulate_fwd_ring_kernel<T, VPW, R>;
+  FwdParams p = params;
+  p.y_words = fwd_y_words(false);
+  // Rows that fill every lane's VPW vectors take the kernel without bounds tests, unless its
+  // registers spill (ADAPTIVELOAD_FWD_FULL=0: the bounds-tested one anyway, for comparison).
+  // Note: on the H200 (bf16, 32,760 x 1536) the one-row-per-warp kernel without bounds tests
+  // spilled 24 bytes at its 72-register cap and ran at 80.5% of copy bandwidth, the
+  // bounds-tested one at 83.7%; two rows per warp, without bounds tests and no spills, 86.4%.
+  constexpr int VEC = 16 / sizeof(T);
+  static const bool full_spills =
+      attributes_of(layer_norm_modulate_fwd_ring_kernel<T, VPW, R, BULK, true>).localSizeBytes > 0;
+  auto kernel = layer_norm_modulate_fwd_ring_kernel<T, VPW, R, BULK, false>;
+  if (p.D == int64_t{32} * VPW * VEC && !full_spills &&
+      env_knob("ADAPTIVELOAD_FWD_FULL", 1, 0, 1) == 1) {
+    kernel = layer_norm_modulate_fwd_ring_kernel<T, VPW, R, BULK, true>;
+  }
   const int warps = fwd_block_warps(1, warps_fallback);
+  const int64_t slots = stages + (BULK == 2 ? 1 : 0);  // BULK 2: the y buffer
   const int64_t smem = 2 * p.D * static_cast<int64_t>(sizeof(float)) +
-                       int64_t{warps} * stages * R * p.D * static_cast<int64_t>(sizeof(T));
+                       int64_t{warps} * slots * R * p.D * static_cast<int64_t>(sizeof(T));
   const auto attr = attributes_of(kernel);
   if (smem + static_cast<int64_t>(attr.sharedSizeBytes) >
       static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin)) {
@@ -1746,17 +1995,33 @@ template <typename T, bool FUSED>
 void launch_fwd_warp_any(const FwdParams& p, int64_t nvec, int64_t group, cudaStream_t stream) {
   const int64_t vpl = (nvec + 31) / 32;  // vectors per lane with one warp per row
   // ADAPTIVELOAD_FWD_RING: 0 the register kernel, 1-3 the ring kernel with that many slots;
-  // unset (-1): the ring (2 slots, one row per warp, 7 warps per block) for bf16 rows of 5-6
+  // unset (-1): the ring (2 slots, two rows per warp, 8 warps per block) for bf16 rows of 5-6
   // vectors per lane (bf16 D = 1536) with fewer than kRingRows rows, else the register kernel.
   // Note: on the H200 (bf16, D = 1536) the register kernel's time fitted ~7 us + 1.52 ns per
-  // row, the ring's ~1 us + 1.68 ns per row: equal near 37,500 rows. Measured: 32,760 rows
-  // 84.2-85.8% of copy bandwidth (ring, three runs) against 82.3-84.0% (registers, five);
-  // 75,600 rows 85.6-86.5% against 88.1-89.4%.
+  // row, the one-row-per-warp ring's ~1 us + 1.68 ns per row: equal near 37,500 rows, where
+  // the default switched. Since the ring sums its rows with the tensor cores (mma_sum16), two
+  // rows per warp fit 128 registers without spills and measured best below that (86.4% of copy
+  // bandwidth at 32,760 rows against 83.7% for one row per warp and 83.5% for the register
+  // kernel, one run), and 86.8% against the register kernel's 88.5% at 75,600 rows.
   constexpr int64_t kRingRows = 37500;
   const int ring = env_knob("ADAPTIVELOAD_FWD_RING", -1, 0, 3);
   if constexpr (!FUSED) {
+    // ADAPTIVELOAD_FWD_BULK: 1 or 2, the ring kernel's rows (2: and y) move by bulk copies
+    // (sm_90 and newer; 2 only when y has x's dtype, else 1), one row per warp.
+    const int bulk = bulk_copies() ? env_knob("ADAPTIVELOAD_FWD_BULK", 0, 0, 2) : 0;
+    if (bulk > 0 && ring != 0 && vpl <= 12) {
+      const int stages = ring > 0 ? ring : 2;
+      const int warps = ring > 0 ? 8 : 7;
+      const bool y_too = bulk == 2 && p.y_kind == KindOf<T>::value;
+      const bool done =
+          vpl <= 6 ? (y_too ? launch_fwd_ring<T, 6, 1, 2>(p, group, stages, stream, warps)
+                            : launch_fwd_ring<T, 6, 1, 1>(p, group, stages, stream, warps))
+                   : (y_too ? launch_fwd_ring<T, 12, 1, 2>(p, group, stages, stream, warps)
+                            : launch_fwd_ring<T, 12, 1, 1>(p, group, stages, stream, warps));
+      if (done) return;
+    }
     if (ring == -1 && std::is_same_v<T, at::BFloat16> && vpl > 4 && vpl <= 6 &&
-        p.rows < kRingRows && launch_fwd_ring<T, 6, 1>(p, group, 2, stream, 7)) {
+        p.rows < kRingRows && launch_fwd_ring<T, 6, 2>(p, group, 2, stream)) {
       return;
     }
     if (ring > 0 && vpl <= 12) {
