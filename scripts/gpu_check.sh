@@ -80,7 +80,8 @@ PY
       # Hardware counters of our kernels (Nsight Compute; works on the Firecracker machines).
       # PROFILE_CACHE=none keeps the L2 as the previous kernel left it (ncu flushes it by default).
       run_step profile timeout "${PROFILE_TIMEOUT:-240}" ncu --profile-from-start off \
-        --cache-control "${PROFILE_CACHE:-all}" --clock-control none -k 'regex:layer_norm_modulate|reduce_partials|copy|elementwise' --section SpeedOfLight \
+        --cache-control "${PROFILE_CACHE:-all}" --clock-control none \
+        -k 'regex:layer_norm_modulate|reduce_partials|copy|elementwise' --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
         --section SchedulerStats --section WarpStateStats --section InstructionStats \
         --section SourceCounters \

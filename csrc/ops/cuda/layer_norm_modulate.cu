@@ -903,9 +903,10 @@ __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
 // at bf16 D = 1536 (H200) its time fitted ~7 us plus 1.52 ns per row, about one round of rows
 // of fill and drain. One row per warp through this ring fitted ~1 us plus 1.68 ns per row: the
 // fill and drain were gone, but it streamed slower, as one row per warp in registers did
-// (1.66 ns); why is not measured yet (docs/ops.md). Two rows per warp (R = 2) took 127
-// registers, two blocks per SM, and ran slower still (74% of copy bandwidth at 32,760 rows
-// against 84-86% for R = 1); the host uses R = 1 by default (launch_fwd_warp_any).
+// (1.66 ns). 16-bit rows are summed on the tensor cores (mma_sum16), which freed the registers
+// for two rows per warp (R = 2: 128 registers, no spills; 74% of copy bandwidth at 32,760 rows
+// when it took 127 registers without them), the host's default below 37,500 rows at bf16
+// D = 1536 (launch_fwd_warp_any). FULL: every lane has all VPW vectors (no bounds tests).
 // BULK (sm_90, R = 1 rows used): 0 the lanes' 16-byte cp.async copies above; 1 one bulk copy
 // per row by lane 0, completing on the slot's mbarrier; 2 as 1, and y (x's dtype) written to a
 // y buffer of the warp and stored per row by one bulk copy.
@@ -1917,8 +1918,9 @@ RowChunks fwd_row_chunks(int64_t rows, int64_t group, int64_t target, int64_t te
 // Whether the forward's warp and ring kernels store 16-bit y as 4-byte words: the kernel's
 // default, or ADAPTIVELOAD_FWD_Y_WORDS (0: 16-byte stores, 1: 4-byte stores).
 // Note: until this knob, ptxas happened to split the register kernel's 16-byte y stores into
-// 4-byte ones (its register allocation); measured on the H200 (bf16, D = 1536, 75,600 rows)
-// the split build ran at 89-90% of copy bandwidth and the 16-byte one at 83-84%.
+// 4-byte ones (its register allocation); on the H200 (bf16, D = 1536, 75,600 rows) the
+// register kernel ran at 88.5-88.7% of copy bandwidth with 4-byte stores and 82.3-82.5% with
+// 16-byte ones (two runs), while the ring kernel lost 18-31 points with 4-byte stores.
 bool fwd_y_words(bool fallback) {
   return env_knob("ADAPTIVELOAD_FWD_Y_WORDS", fallback ? 1 : 0, 0, 1) == 1;
 }
@@ -2000,9 +2002,10 @@ void launch_fwd_warp_any(const FwdParams& p, int64_t nvec, int64_t group, cudaSt
   // Note: on the H200 (bf16, D = 1536) the register kernel's time fitted ~7 us + 1.52 ns per
   // row, the one-row-per-warp ring's ~1 us + 1.68 ns per row: equal near 37,500 rows, where
   // the default switched. Since the ring sums its rows with the tensor cores (mma_sum16), two
-  // rows per warp fit 128 registers without spills and measured best below that (86.4% of copy
-  // bandwidth at 32,760 rows against 83.7% for one row per warp and 83.5% for the register
-  // kernel, one run), and 86.8% against the register kernel's 88.5% at 75,600 rows.
+  // rows per warp fit 128 registers without spills and measured best below that (86.4 and
+  // 85.3% of copy bandwidth at 32,760 rows against 83.7 and 82.7% for one row per warp and
+  // 83.5 and 82.6% for the register kernel, two runs), and 86.4-86.8% against the register
+  // kernel's 88.5-88.7% at 75,600 rows.
   constexpr int64_t kRingRows = 37500;
   const int ring = env_knob("ADAPTIVELOAD_FWD_RING", -1, 0, 3);
   if constexpr (!FUSED) {
