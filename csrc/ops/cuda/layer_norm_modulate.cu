@@ -903,10 +903,12 @@ __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
 // at bf16 D = 1536 (H200) its time fitted ~7 us plus 1.52 ns per row, about one round of rows
 // of fill and drain. One row per warp through this ring fitted ~1 us plus 1.68 ns per row: the
 // fill and drain were gone, but it streamed slower, as one row per warp in registers did
-// (1.66 ns). 16-bit rows are summed on the tensor cores (mma_sum16), which freed the registers
-// for two rows per warp (R = 2: 128 registers, no spills; 74% of copy bandwidth at 32,760 rows
-// when it took 127 registers without them), the host's default below 37,500 rows at bf16
-// D = 1536 (launch_fwd_warp_any). FULL: every lane has all VPW vectors (no bounds tests).
+// (1.66 ns). Two rows per warp (R = 2) ran at 74% of copy bandwidth at 32,760 rows while
+// ptxas split its y stores into 4-byte ones (see fwd_y_words), at 83.8% with 16-byte stores,
+// and at 85.3-86.4% with 16-bit rows summed on the tensor cores (mma_sum16) and no bounds
+// tests (128 registers, no spills; other runs, 1-3 points apart between machines): the
+// host's default below 37,500 rows at bf16 D = 1536 (launch_fwd_warp_any). FULL: every lane
+// has all VPW vectors (no bounds tests).
 // BULK (sm_90, R = 1 rows used): 0 the lanes' 16-byte cp.async copies above; 1 one bulk copy
 // per row by lane 0, completing on the slot's mbarrier; 2 as 1, and y (x's dtype) written to a
 // y buffer of the warp and stored per row by one bulk copy.
@@ -1920,7 +1922,8 @@ RowChunks fwd_row_chunks(int64_t rows, int64_t group, int64_t target, int64_t te
 // Note: until this knob, ptxas happened to split the register kernel's 16-byte y stores into
 // 4-byte ones (its register allocation); on the H200 (bf16, D = 1536, 75,600 rows) the
 // register kernel ran at 88.5-88.7% of copy bandwidth with 4-byte stores and 82.3-82.5% with
-// 16-byte ones (two runs), while the ring kernel lost 18-31 points with 4-byte stores.
+// 16-byte ones (two runs), while the ring kernel lost 18-31 points with 4-byte stores (ptxas
+// had split the two-row ring's stores too: 74% at 32,760 x 1536, against 83.8% unsplit).
 bool fwd_y_words(bool fallback) {
   return env_knob("ADAPTIVELOAD_FWD_Y_WORDS", fallback ? 1 : 0, 0, 1) == 1;
 }
@@ -2001,8 +2004,8 @@ void launch_fwd_warp_any(const FwdParams& p, int64_t nvec, int64_t group, cudaSt
   // vectors per lane (bf16 D = 1536) with fewer than kRingRows rows, else the register kernel.
   // Note: on the H200 (bf16, D = 1536) the register kernel's time fitted ~7 us + 1.52 ns per
   // row, the one-row-per-warp ring's ~1 us + 1.68 ns per row: equal near 37,500 rows, where
-  // the default switched. Since the ring sums its rows with the tensor cores (mma_sum16), two
-  // rows per warp fit 128 registers without spills and measured best below that (86.4 and
+  // the default switched. The ring with two rows per warp (16-byte y stores, tensor-core row
+  // sums, no bounds tests; 128 registers, no spills) measured best below that (86.4 and
   // 85.3% of copy bandwidth at 32,760 rows against 83.7 and 82.7% for one row per warp and
   // 83.5 and 82.6% for the register kernel, two runs), and 86.4-86.8% against the register
   // kernel's 88.5-88.7% at 75,600 rows.
