@@ -950,6 +950,7 @@ __global__ void __maxnreg__((fwd_ring_max_registers<VPW, R>()))
   }
   int fill_slot = 0, read_slot = 0;
   uint32_t phase = 0;  // BULK: parity of the slots' current use
+  auto row_of = [&](int64_t k) { return rr.start + k * rr.step; };  // the warp's k-th row
   auto issue = [&](int64_t it) {
     const int slot = fill_slot;
     if (++fill_slot == stages) fill_slot = 0;
@@ -964,15 +965,15 @@ __global__ void __maxnreg__((fwd_ring_max_registers<VPW, R>()))
         fence_async_smem();
         bar_expect(my_bars + slot, live * row_bytes);
         for (int r = 0; r < live; ++r) {
-          bulk_load(s + r * row_bytes, x + (rr.start + (it * R + r) * rr.step) * row_bytes,
-                    row_bytes, my_bars + slot);
+          bulk_load(s + r * row_bytes, x + row_of(it * R + r) * row_bytes, row_bytes,
+                    my_bars + slot);
         }
       }
     } else {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if (it * R + r < my_rows) {
-          const char* g = x + (rr.start + (it * R + r) * rr.step) * row_bytes;
+          const char* g = x + row_of(it * R + r) * row_bytes;
 #pragma unroll
           for (int i = 0; i < VPW; ++i) {
             const int c = lane + 32 * i;
@@ -1003,7 +1004,7 @@ __global__ void __maxnreg__((fwd_ring_max_registers<VPW, R>()))
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       live[r] = it * R + r < my_rows;
-      rows[r] = rr.start + (it * R + r) * rr.step;
+      rows[r] = row_of(it * R + r);
       float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int i = 0; i < VPW; ++i) {
@@ -1821,7 +1822,8 @@ int64_t resident_grid(Kernel kernel, const cudaFuncAttributes& attr, int threads
 
 // A positive integer from the environment, or `fallback`: tuning knobs for benchmarks
 // (ADAPTIVELOAD_ROW_ORDER, ADAPTIVELOAD_FWD_LAYOUT, ADAPTIVELOAD_FWD_RING, ADAPTIVELOAD_FWD_WARPS,
-// ADAPTIVELOAD_BWD_LEAN, ADAPTIVELOAD_BWD_TEAMS, ADAPTIVELOAD_BWD_STAGES; see docs/ops.md).
+// ADAPTIVELOAD_FWD_BULK, ADAPTIVELOAD_FWD_FULL, ADAPTIVELOAD_FWD_Y_WORDS, ADAPTIVELOAD_BWD_LEAN,
+// ADAPTIVELOAD_BWD_TEAMS, ADAPTIVELOAD_BWD_STAGES; see docs/ops.md).
 int env_knob(const char* name, int fallback, int lo, int hi) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
