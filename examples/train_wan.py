@@ -8,7 +8,8 @@ baseline, --sampler equal), runs diffusers' WanTransformer3DModel with AdaptiveL
 fused adaLN ops (or without, --no-fused), under DDP or FSDP2 (--parallel), and logs per
 step and per rank: compute time, imbalance, peak memory and throughput (--log-file FILE,
 JSON lines). Checkpoints hold model, optimizer and sampler state; --resume continues
-mid-epoch, on any number of ranks.
+mid-epoch, on any number of ranks, and a resubmitted run that is already finished (all
+epochs, or --max-steps) trains nothing and leaves its checkpoint as it is.
 
 Loss weighting: micro-batches differ in size across ranks, so each rank's loss is its
 sum of squared errors divided by the number of latent elements of the WHOLE optimizer
@@ -31,6 +32,7 @@ import math
 import os
 import time
 from contextlib import nullcontext
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -114,6 +116,13 @@ def parse_args(argv=None):
         "--checkpoint-every", type=int, default=0, help="optimizer steps; 0: only at the end"
     )
     ap.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir/last.pt")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds a rank waits for its peers (rendezvous, collectives) before the run "
+        "fails; torch's default is 30 minutes",
+    )
     ap.add_argument("--log-file", default=None, help="JSON lines, one per optimizer step (rank 0)")
     ap.add_argument("--warmup-steps", type=int, default=0, help="steps left out of the summary")
     ap.add_argument("--no-progress", action="store_true")
@@ -269,7 +278,7 @@ def main(argv=None):
         if device.type == "cuda":
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(device)
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     else:  # a one-process group keeps one code path
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1)
@@ -311,14 +320,20 @@ def main(argv=None):
     if args.resume:
         if not ckpt_path or not os.path.exists(ckpt_path):
             raise SystemExit(f"--resume: no checkpoint at {ckpt_path}")
-        ckpt = torch.load(ckpt_path, weights_only=False, map_location="cpu")
-        load_checkpoint_state(model, optimizer, ckpt["model"], ckpt["optimizer"])
-        sampler.load_state_dict(ckpt["sampler"])
-        start_epoch, global_step = ckpt["epoch"], ckpt["global_step"]
+        try:
+            ckpt = torch.load(ckpt_path, weights_only=False, map_location="cpu")
+            load_checkpoint_state(model, optimizer, ckpt["model"], ckpt["optimizer"])
+            sampler.load_state_dict(ckpt["sampler"])
+            start_epoch, global_step = int(ckpt["epoch"]), int(ckpt["global_step"])
+        except Exception as e:  # noqa: BLE001 - any failure to read it: name the file
+            raise SystemExit(f"--resume: cannot load checkpoint {ckpt_path}: {e}") from e
 
     def save(epoch, steps_in_epoch):
+        """Checkpoint after ``steps_in_epoch`` steps of ``epoch``'s plan (all of them once
+        the epoch is done: the sampler state then says so, and a resume moves on)."""
         if not ckpt_path:
             return
+        assert sampler.epoch == epoch, (sampler.epoch, epoch)
         model_sd, optim_sd = checkpoint_state(model, optimizer)
         state = {
             "model": model_sd,
@@ -339,14 +354,23 @@ def main(argv=None):
     K, W = args.micro_batches_per_step, world
     on_cuda = device.type == "cuda"
     progress = None
-    stop = False
-    epoch, step = start_epoch, -1
+    steps_run = 0  # optimizer steps of this invocation
+    position = None  # (epoch, steps of its plan done) after the last step run
+    saved_at = None
     seen_shapes: set = set()
     text_len = data[0]["text"].shape[0] if args.warm_shapes else 0
+
+    def reached_max_steps():
+        return args.max_steps is not None and global_step >= args.max_steps
+
     for epoch in range(start_epoch, args.epochs):
+        if reached_max_steps():
+            break
         sampler.set_epoch(epoch)
         data.epoch = epoch  # before the DataLoader forks its workers
         plan = sampler.plan()
+        if sampler.start_step >= plan.num_steps:
+            continue  # a resumed epoch with nothing left
         step_tokens = plan.tokens.reshape(plan.num_steps, W * K).sum(axis=1)
         if args.warm_shapes:
             t_warm = time.perf_counter()
@@ -382,6 +406,8 @@ def main(argv=None):
                 progress = None
         it = iter(loader)
         for step in range(sampler.start_step, plan.num_steps):
+            if reached_max_steps():
+                break
             normalizer = float(step_tokens[step]) * elements_per_token
             if on_cuda:
                 torch.cuda.reset_peak_memory_stats(device)
@@ -478,18 +504,18 @@ def main(argv=None):
                         loss=f"{record['loss']:.4f}", imb=f"{record['imbalance']:.1%}"
                     )
                     progress.update(1)
+            steps_run += 1
+            position = (epoch, step + 1)
             if args.checkpoint_every and global_step % args.checkpoint_every == 0:
-                save(epoch, step + 1)
-            if args.max_steps and global_step >= args.max_steps:
-                stop = True
-                break
+                save(*position)
+                saved_at = position
         if progress is not None:
             progress.close()
         del it, loader
-        if stop:
-            break
-    if ckpt_path and not args.checkpoint_every:
-        save(epoch, step + 1)
+    if steps_run == 0 and rank == 0:
+        print(f"nothing to train: run finished (epoch {start_epoch}, global step {global_step})")
+    if ckpt_path and position is not None and saved_at != position:
+        save(*position)
     if log:
         log.close()
     dist.destroy_process_group()

@@ -71,6 +71,12 @@ PYBIND11_MODULE(_sampler, m) {
       .def_property_readonly("num_groups", &SampleTable::num_groups)
       .def("default_max_cost", &SampleTable::default_max_cost, py::arg("max_tokens"))
       .def(
+          "oversize_samples",
+          [](const SampleTable& t, int64_t max_tokens, double max_cost) {
+            return to_numpy(t.oversize_samples(max_tokens, max_cost));
+          },
+          py::arg("max_tokens"), py::arg("max_cost"))
+      .def(
           "batch_cost",
           [](const SampleTable& t, const Int64Array& idx) {
             const int64_t* p = checked_1d(idx, "indices", -1);

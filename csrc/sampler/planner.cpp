@@ -214,6 +214,17 @@ double SampleTable::default_max_cost(int64_t max_tokens) const {
   return std::max(heaviest, lightest_full);
 }
 
+bool SampleTable::exceeds_caps(int64_t i, int64_t max_tokens, double max_cost) const {
+  return samples_[i].seq_len > max_tokens || cost_.batch_overhead() + samples_[i].cost > max_cost;
+}
+
+std::vector<int64_t> SampleTable::oversize_samples(int64_t max_tokens, double max_cost) const {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < size(); ++i)
+    if (exceeds_caps(i, max_tokens, max_cost)) out.push_back(i);
+  return out;
+}
+
 std::vector<int64_t> assign_to_ranks(const double* costs, int64_t n_items, int64_t num_bins,
                                      int64_t per_bin) {
   if (num_bins < 1 || per_bin < 1 || n_items != num_bins * per_bin)
@@ -252,9 +263,9 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
   std::vector<uint8_t> take(n, 0);
   for (int64_t i = 0; i < n; ++i) {
     if (exclude && exclude[i]) continue;
-    const int64_t s = table.seq_len(i);
-    const double c = overhead + table.sample_cost(i);
-    if (s > o.max_tokens || c > o.max_cost) {
+    if (table.exceeds_caps(i, o.max_tokens, o.max_cost)) {
+      const int64_t s = table.seq_len(i);
+      const double c = overhead + table.sample_cost(i);
       if (o.oversize == OversizePolicy::kSkip) {
         plan.skipped.push_back(i);
         continue;

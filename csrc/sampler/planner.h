@@ -53,6 +53,13 @@ class SampleTable {
   /// is what makes steps balanceable. Samples over max_tokens are ignored.
   double default_max_cost(int64_t max_tokens) const;
 
+  /// True when sample i alone breaks a cap: S_i > max_tokens or c0 + f(S_i) > max_cost.
+  /// The planner uses this same test, so a sample it accepts here it accepts there.
+  bool exceeds_caps(int64_t i, int64_t max_tokens, double max_cost) const;
+
+  /// Indices of the samples that alone break a cap (see exceeds_caps), ascending.
+  std::vector<int64_t> oversize_samples(int64_t max_tokens, double max_cost) const;
+
  private:
   // Length and f(S) side by side: planning reads both for samples in random order,
   // so one cache line serves both.

@@ -19,6 +19,7 @@ from adaptiveload.demo import MIXES, demo_metadata
 from adaptiveload.metadata import Metadata, read_metadata
 from adaptiveload.report import balance_report, rescore
 from adaptiveload.sampler import AdaptiveBatchSampler, EqualTokenBatchSampler
+from adaptiveload.seqlen import wan_seq_len
 
 
 def _cost_model(spec: str) -> CostModel:
@@ -30,6 +31,8 @@ def _cost_model(spec: str) -> CostModel:
             return CostModel.power(float(spec.split(":", 1)[1]))
         except ValueError as e:
             raise SystemExit(f"adaptiveload: bad --cost-model {spec!r}: {e}") from None
+    if os.path.isdir(spec):
+        raise ValueError(f"--cost-model {spec} is a directory: give a cost model JSON file")
     if os.path.exists(spec):
         return CostModel.from_json(spec)
     raise SystemExit(
@@ -37,31 +40,59 @@ def _cost_model(spec: str) -> CostModel:
     )
 
 
-def _bucket_table(meta: Metadata, ours, equal) -> list[dict]:
+def bucket_table(meta: Metadata, ours, equal) -> list[dict]:
+    """One row per group (shape, or sequence length without shapes): its samples, the
+    largest micro-batch the plan makes of it, that micro-batch's predicted cost, and the
+    equal-token batch size. O(N log N) in the number of samples."""
     plan = ours.plan()
-    sizes = np.diff(plan.offsets)
-    first = plan.samples[plan.offsets[:-1]]
     keys = meta.group_keys() if meta.shapes is not None else meta.seq_lens
-    rows = []
-    for key in np.unique(keys):
-        members = np.flatnonzero(keys == key)
-        i = members[0]
-        in_group = (keys[first] == key) & (plan.padding == 0)
-        seq = int(meta.seq_lens[i])
-        batch = int(sizes[in_group].max()) if in_group.any() else 0
-        rows.append(
-            {
-                "shape": "x".join(str(v) for v in meta.shapes[i])
-                if meta.shapes is not None
-                else "-",
-                "seq_len": seq,
-                "samples": int(len(members)),
-                "batch": batch,
-                "cost": ours.cost_model.batch_cost([seq] * batch) if batch else 0.0,
-                "equal_token_batch": equal.max_tokens // seq,
-            }
-        )
+    groups, first, ids, counts = np.unique(
+        keys, return_index=True, return_inverse=True, return_counts=True
+    )
+    ids = ids.reshape(-1)
+    sizes = np.diff(plan.offsets)
+    real = (plan.padding == 0) & (sizes > 0)
+    batch = np.zeros(len(groups), dtype=np.int64)
+    if real.any():
+        owner = ids[plan.samples[plan.offsets[:-1][real]]]
+        np.maximum.at(batch, owner, sizes[real])
+    seq = meta.seq_lens[first]
+    cost = np.where(
+        batch > 0, ours.cost_model.overhead + batch * ours.cost_model.sample_cost(seq), 0
+    )
+    rows = [
+        {
+            "shape": "x".join(str(v) for v in meta.shapes[i]) if meta.shapes is not None else "-",
+            "seq_len": int(seq[g]),
+            "samples": int(counts[g]),
+            "batch": int(batch[g]),
+            "cost": float(cost[g]),
+            "equal_token_batch": int(equal.max_tokens // seq[g]),
+        }
+        for g, i in enumerate(first)
+    ]
     return sorted(rows, key=lambda r: (r["seq_len"], r["shape"]))
+
+
+def _print_bucket_table(rows: list[dict], limit: int = 30) -> None:
+    print(
+        f"{'shape (FxHxW)':>15} {'S':>7} {'samples':>8} {'batch':>6} {'cost/micro-batch':>17} {'equal-token batch':>18}"
+    )
+    shown = rows
+    if len(rows) > limit:
+        keep = set(sorted(range(len(rows)), key=lambda i: -rows[i]["samples"])[:limit])
+        shown = [r for i, r in enumerate(rows) if i in keep]
+    for r in shown:
+        print(
+            f"{r['shape']:>15} {r['seq_len']:>7} {r['samples']:>8} {r['batch']:>6} "
+            f"{r['cost']:>17.5g} {r['equal_token_batch']:>18}"
+        )
+    if len(shown) < len(rows):
+        rest = sum(r["samples"] for r in rows) - sum(r["samples"] for r in shown)
+        print(
+            f"{'':>15} ... and {len(rows) - len(shown)} more groups ({rest} samples); "
+            "the largest shown, --json lists all"
+        )
 
 
 def _draw(reports: dict, path: str, steps: int) -> None:
@@ -100,7 +131,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("adaptiveload plan: give --metadata PATH or --demo", file=sys.stderr)
         return 2
     cost = _cost_model(args.cost_model)
-    max_tokens = args.max_tokens or int(2 * meta.seq_lens.max())
+    max_tokens = args.max_tokens if args.max_tokens is not None else int(2 * meta.seq_lens.max())
     common = dict(
         group_keys=meta.group_keys(),
         num_replicas=args.num_replicas,
@@ -131,19 +162,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     unit = f" [{cost.unit}]" if cost.unit else ""
     print(f"data: {source}; {len(meta.seq_lens)} samples; cost model {cost!r}")
+    if meta.seq_len_column and meta.shapes is not None:
+        own = wan_seq_len(meta.shapes[:, 0], meta.shapes[:, 1], meta.shapes[:, 2])
+        differ = int(np.sum(own != meta.seq_lens))
+        note = f"; {differ} rows differ from Wan 2.1's token count of their shape" if differ else ""
+        print(f"token counts from the seq_len column, shapes used as group keys{note}")
     print(
         f"caps: max_tokens = {max_tokens} tokens, max_cost = {ours.max_cost:.6g}{unit}; "
         f"{args.num_replicas} ranks x {args.micro_batches_per_step} micro-batch(es) per step\n"
     )
-    rows = _bucket_table(meta, ours, equal)
-    print(
-        f"{'shape (FxHxW)':>15} {'S':>7} {'samples':>8} {'batch':>6} {'cost/micro-batch':>17} {'equal-token batch':>18}"
-    )
-    for r in rows:
-        print(
-            f"{r['shape']:>15} {r['seq_len']:>7} {r['samples']:>8} {r['batch']:>6} "
-            f"{r['cost']:>17.5g} {r['equal_token_batch']:>18}"
-        )
+    rows = bucket_table(meta, ours, equal)
+    _print_bucket_table(rows)
     base = reports["equal-token buckets"][1].epoch_time
     print(
         f"\n{'sampler':<34} {'steps':>6} {'imbalance':>10} {'spread':>8} {'epoch time':>12} {'speedup':>8} {'token use':>10}"
@@ -159,9 +188,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"{rep.num_split_micro_batches} micro-batches halved and {rep.num_padded_samples} samples repeated "
         f"to fill the last step; {rep.over_token_cap + rep.over_cost_cap} micro-batches over a cap"
     )
-    if args.figure != "none":
-        _draw(reports, args.figure, args.figure_steps)
-        print(f"figure: {args.figure}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
@@ -170,6 +196,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 indent=2,
             )
         print(f"report: {args.json}")
+    if args.figure != "none":
+        # The report is out; a figure that cannot be drawn is worth a warning, not a failure.
+        try:
+            _draw(reports, args.figure, args.figure_steps)
+            print(f"figure: {args.figure}")
+        except ImportError as e:
+            print(
+                f"adaptiveload plan: figure not drawn: {e} (pip install matplotlib)",
+                file=sys.stderr,
+            )
+        except Exception as e:  # noqa: BLE001 - any plotting failure after the report
+            print(f"adaptiveload plan: figure not drawn: {e}", file=sys.stderr)
     return 0
 
 
@@ -240,6 +278,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="adaptiveload", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -252,7 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--demo-mix", default="joint-pretrain", choices=sorted(MIXES))
     p.add_argument("--demo-samples", type=int, default=20_000)
     p.add_argument(
-        "--max-tokens", type=int, default=None, help="memory cap (default: 2x the longest sample)"
+        "--max-tokens",
+        type=_positive_int,
+        default=None,
+        help="memory cap (default: 2x the longest sample)",
     )
     p.add_argument("--max-cost", type=float, default=None, help="compute cap (default: see docs)")
     p.add_argument(
@@ -308,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, ImportError) as e:
+    except (ValueError, OSError, ImportError) as e:
         print(f"adaptiveload {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -128,6 +128,14 @@ class CostModel:
             json.dump(self.to_dict(), f, indent=2)
             f.write("\n")
 
+    # Pickle and deepcopy through the JSON form (the C++ core is not picklable).
+    def __getstate__(self) -> dict:
+        return self.to_dict()
+
+    def __setstate__(self, state: dict) -> None:
+        other = CostModel.from_dict(state, source="pickled CostModel")
+        self._core, self.unit, self.meta = other._core, other.unit, other.meta
+
     # -- evaluation ---------------------------------------------------------------------
     @property
     def overhead(self) -> float:

@@ -1,8 +1,9 @@
 """Reading dataset metadata (one row per sample) into sequence lengths and group keys.
 
-Accepted: CSV, JSON Lines (``.jsonl``/``.ndjson``) and Parquet (needs ``pyarrow``), with
-either a ``seq_len`` column or ``num_frames``, ``height`` and ``width`` columns (Wan 2.1
-token counts through ``wan_seq_len``). Errors name the file, row and column.
+Accepted: CSV (UTF-8, with or without a byte-order mark), JSON Lines (``.jsonl``/``.ndjson``)
+and Parquet (needs ``pyarrow``), with a ``seq_len`` column, or ``num_frames``, ``height`` and
+``width`` columns (Wan 2.1 token counts through ``wan_seq_len``), or both: then ``seq_len``
+gives the token counts and the shapes the group keys. Errors name the file, row and column.
 """
 
 from __future__ import annotations
@@ -21,10 +22,14 @@ SHAPE_COLUMNS = ("num_frames", "height", "width")
 
 @dataclass
 class Metadata:
-    """Per-sample token counts, with the (frames, height, width) shape when known."""
+    """Per-sample token counts, with the (frames, height, width) shape when known.
+
+    ``seq_len_column``: the token counts came from a ``seq_len`` column (not from the shapes).
+    """
 
     seq_lens: np.ndarray
     shapes: np.ndarray | None = None  # (n, 3) int64: num_frames, height, width
+    seq_len_column: bool = False
 
     def group_keys(self) -> np.ndarray | None:
         """One int64 key per distinct shape, so a micro-batch never mixes shapes."""
@@ -34,39 +39,62 @@ class Metadata:
         return keys.reshape(-1).astype(np.int64)
 
 
-def _rows(path: str):
-    ext = os.path.splitext(path)[1].lower()
-    if ext == ".csv":
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            if reader.fieldnames is None:
-                raise ValueError(f"{path}: empty CSV file (no header row)")
-            for i, row in enumerate(reader, start=2):  # line 1 is the header
-                yield i, row
-    elif ext in (".jsonl", ".ndjson"):
-        with open(path) as f:
-            for i, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path} line {i}: not valid JSON ({e.msg})") from None
-                if not isinstance(row, dict):
-                    raise ValueError(f"{path} line {i}: expected a JSON object per line")
-                yield i, row
-    elif ext == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ImportError(
-                f"{path}: reading Parquet needs pyarrow (pip install 'adaptiveload[parquet]')"
-            ) from None
-        table = pq.read_table(path)
-        for i, row in enumerate(table.to_pylist(), start=1):
-            yield i, row
-    else:
-        raise ValueError(f"{path}: unknown metadata format {ext!r} (use .csv, .jsonl or .parquet)")
+def _csv_columns(path: str, wanted: list[str]):
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            raise ValueError(f"{path}: empty CSV file (no header row)")
+        header = [h.strip() for h in header]
+        index = {name: header.index(name) for name in wanted if name in header}
+        cols: dict[str, list] = {name: [] for name in index}
+        width = len(header)
+        for line, row in enumerate(reader, start=2):  # line 1 is the header
+            if not row:
+                raise ValueError(f"{path} row {line}: empty row")
+            if len(row) != width:
+                raise ValueError(f"{path} row {line}: {len(row)} fields, the header has {width}")
+            for name, j in index.items():
+                cols[name].append(row[j])
+    return header, cols, None  # CSV rows are numbered from 2
+
+
+def _jsonl_columns(path: str, wanted: list[str]):
+    cols: dict[str, list] = {}
+    lines: list[int] = []
+    header = None
+    with open(path, encoding="utf-8-sig") as f:
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} line {i}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path} line {i}: expected a JSON object per line")
+            if header is None:
+                header = list(row)
+                cols = {name: [] for name in wanted if name in row}
+            for name, values in cols.items():
+                if name not in row:
+                    raise ValueError(f"{path} line {i}: missing key {name!r}")
+                values.append(row[name])
+            lines.append(i)
+    return header or [], cols, np.asarray(lines, dtype=np.int64)
+
+
+def _parquet_columns(path: str, wanted: list[str]):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError(
+            f"{path}: reading Parquet needs pyarrow (pip install 'adaptiveload[parquet]')"
+        ) from None
+    table = pq.read_table(path)
+    names = list(table.column_names)
+    cols = {name: table.column(name).to_pylist() for name in wanted if name in names}
+    return names, cols, np.arange(1, table.num_rows + 1, dtype=np.int64)
 
 
 def _positive_int(path: str, row: int, column: str, value) -> int:
@@ -84,32 +112,60 @@ def _positive_int(path: str, row: int, column: str, value) -> int:
     return int(f)
 
 
+def _int_column(path: str, name: str, values: list, rows: np.ndarray | None) -> np.ndarray:
+    """Positive integers, converted in one pass; on any doubt, value by value so that the
+    error names the first bad row."""
+    fast = None
+    if values and all(isinstance(v, str) for v in values[:1]):
+        try:
+            fast = np.array(values, dtype=np.int64)
+        except (ValueError, OverflowError):
+            fast = None
+    elif values and all(type(v) is int for v in values[:1]):
+        try:
+            fast = np.array(values, dtype=np.int64)
+        except (ValueError, OverflowError, TypeError):
+            fast = None
+    if fast is not None and fast.ndim == 1 and (fast >= 1).all():
+        return fast
+    row_of = (lambda j: j + 2) if rows is None else (lambda j: int(rows[j]))
+    return np.array(
+        [_positive_int(path, row_of(j), name, v) for j, v in enumerate(values)], dtype=np.int64
+    )
+
+
 def read_metadata(path: str | os.PathLike) -> Metadata:
     """Read per-sample metadata; see the module docstring for the accepted formats."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(
+            f"metadata path {path} is a directory: give a .csv, .jsonl or .parquet file"
+        )
     if not os.path.exists(path):
         raise FileNotFoundError(f"metadata file not found: {path}")
-    seq: list[int] = []
-    shapes: list[tuple[int, int, int]] = []
-    mode = None
-    for i, row in _rows(path):
-        if mode is None:
-            if "seq_len" in row:
-                mode = "seq_len"
-            elif all(c in row for c in SHAPE_COLUMNS):
-                mode = "shape"
-            else:
-                raise ValueError(
-                    f"{path}: needs a 'seq_len' column or 'num_frames', 'height', 'width' columns; "
-                    f"found {sorted(row)}"
-                )
-        if mode == "seq_len":
-            seq.append(_positive_int(path, i, "seq_len", row.get("seq_len")))
-        else:
-            shapes.append(tuple(_positive_int(path, i, c, row.get(c)) for c in SHAPE_COLUMNS))
-    if mode is None:
+    ext = os.path.splitext(path)[1].lower()
+    readers = {".csv": _csv_columns, ".jsonl": _jsonl_columns, ".ndjson": _jsonl_columns}
+    readers[".parquet"] = _parquet_columns
+    if ext not in readers:
+        raise ValueError(f"{path}: unknown metadata format {ext!r} (use .csv, .jsonl or .parquet)")
+    wanted = ["seq_len", *SHAPE_COLUMNS]
+    header, cols, rows = readers[ext](path, wanted)
+    has_seq = "seq_len" in cols
+    has_shape = all(c in cols for c in SHAPE_COLUMNS)
+    if not header:
         raise ValueError(f"{path}: no samples")
-    if mode == "seq_len":
-        return Metadata(seq_lens=np.asarray(seq, dtype=np.int64))
-    arr = np.asarray(shapes, dtype=np.int64)
-    return Metadata(seq_lens=wan_seq_len(arr[:, 0], arr[:, 1], arr[:, 2]), shapes=arr)
+    if not (has_seq or has_shape):
+        raise ValueError(
+            f"{path}: needs a 'seq_len' column or 'num_frames', 'height', 'width' columns; "
+            f"found {sorted(header)}"
+        )
+    n = len(next(iter(cols.values())))
+    if n == 0:
+        raise ValueError(f"{path}: no samples")
+    shapes = None
+    if has_shape:
+        shapes = np.stack([_int_column(path, c, cols[c], rows) for c in SHAPE_COLUMNS], axis=1)
+    if has_seq:
+        seq = _int_column(path, "seq_len", cols["seq_len"], rows)
+        return Metadata(seq_lens=seq, shapes=shapes, seq_len_column=True)
+    return Metadata(seq_lens=wan_seq_len(shapes[:, 0], shapes[:, 1], shapes[:, 2]), shapes=shapes)

@@ -162,11 +162,51 @@ def _gated_backward_fake(dr, dy, r, h, gate, shift, scale, weight, bias, mean, r
 
 
 # ---- autograd ----
+#
+# The fused backward kernels compute first-order gradients only. When a backward runs with
+# create_graph=True (double backward: gradient penalties, Hessian-vector products), the
+# gradients are formed instead by the same formulas in plain PyTorch ops (_backward_graph),
+# which autograd can differentiate; grad mode is on inside a backward exactly in that case.
+
+
+def _backward_graph(x, shift, scale, weight, bias, dy, eps, mask):
+    """(dx, dshift, dscale, dweight, dbias) of ``layer_norm_modulate`` in plain PyTorch ops,
+    so that autograd can differentiate them again; None where ``mask`` is False. Statistics
+    in fp32 (fp64 for fp64 input), gradients returned in their inputs' dtypes."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf, g_out = x.to(acc), dy.to(acc)
+    mean = xf.mean(-1, keepdim=True)
+    xc = xf - mean
+    rstd = torch.rsqrt(xc.square().mean(-1, keepdim=True) + eps)
+    xhat = xc * rstd
+    w = None if weight is None else weight.to(acc)
+    z = xhat if w is None else xhat * w
+    if bias is not None:
+        z = z + bias.to(acc)
+    g_z = g_out * (1 + scale.to(acc))  # d/dz
+    g_xhat = g_z if w is None else g_z * w
+    rows = tuple(range(x.dim() - 1))
+    grads = [None] * 5
+    if mask[0]:
+        dx = rstd * (
+            g_xhat - g_xhat.mean(-1, keepdim=True) - xhat * (g_xhat * xhat).mean(-1, keepdim=True)
+        )
+        grads[0] = dx.to(x.dtype)
+    if mask[1]:
+        grads[1] = g_out.sum_to_size(shift.shape).to(shift.dtype)
+    if mask[2]:
+        grads[2] = (g_out * z).sum_to_size(scale.shape).to(scale.dtype)
+    if mask[3]:
+        grads[3] = (g_z * xhat).sum(rows).to(weight.dtype)
+    if mask[4]:
+        grads[4] = g_z.sum(rows).to(bias.dtype)
+    return grads
 
 
 def _lnm_setup_context(ctx, inputs, output):
-    x, shift, scale, weight, bias, _eps, _out_dtype = inputs
+    x, shift, scale, weight, bias, eps, out_dtype = inputs
     _y, mean, rstd = output
+    ctx.eps, ctx.out_dtype = eps, out_dtype
     # Only x, the (small or caller-owned) modulation and 8 bytes per row are kept.
     ctx.save_for_backward(x, shift, scale, weight, bias, mean, rstd)
     ctx.mark_non_differentiable(mean, rstd)
@@ -184,6 +224,8 @@ def _lnm_backward(ctx, dy, _dmean, _drstd):
     ]
     if not any(mask):
         return None, None, None, None, None, None, None
+    if torch.is_grad_enabled():  # create_graph=True
+        return *_backward_graph(x, shift, scale, weight, bias, dy, ctx.eps, mask), None, None
     grads = torch.ops.adaptiveload._layer_norm_modulate_backward.default(
         dy, x, shift, scale, weight, bias, mean, rstd, mask
     )
@@ -197,8 +239,9 @@ torch.library.register_autograd(
 
 
 def _gated_setup_context(ctx, inputs, output):
-    _residual, h, gate, shift, scale, weight, bias, _eps, _out_dtype = inputs
+    _residual, h, gate, shift, scale, weight, bias, eps, out_dtype = inputs
     r, _y, mean, rstd = output
+    ctx.eps, ctx.out_dtype = eps, out_dtype
     # r (an output, the next residual stream) replaces residual; h is needed for dgate.
     ctx.save_for_backward(r, h, gate, shift, scale, weight, bias, mean, rstd)
     ctx.mark_non_differentiable(mean, rstd)
@@ -218,11 +261,30 @@ def _gated_backward(ctx, dr, dy, _dmean, _drstd):
     ]
     if not any(mask):
         return (None,) * 9
+    if torch.is_grad_enabled():  # create_graph=True
+        return (
+            *_gated_double_backward(ctx, dr, dy, r, h, gate, shift, scale, weight, bias),
+            None,
+            None,
+        )
     grads = torch.ops.adaptiveload._gated_residual_layer_norm_modulate_backward.default(
         dr, dy, r, h, gate, shift, scale, weight, bias, mean, rstd, mask
     )
     out = [g if m else None for g, m in zip(grads, mask, strict=True)]
     return *out, None, None
+
+
+def _gated_double_backward(ctx, dr, dy, r, h, gate, shift, scale, weight, bias):
+    """Differentiable gradients of the gated op, in terms of its saved output r (whose own
+    dependence on residual, h and gate autograd follows through this op's node)."""
+    need = ctx.needs_input_grad
+    mask = [any(need[:3]), need[3], need[4], weight is not None and need[5]]
+    mask.append(bias is not None and need[6])
+    d_r, *d_mods = _backward_graph(r, shift, scale, weight, bias, dy, ctx.eps, mask)
+    dr_total = dr if d_r is None else dr + d_r  # r = residual + gate * h
+    d_h = (dr_total * gate).to(h.dtype) if need[1] else None
+    d_gate = (dr_total * h).sum_to_size(gate.shape).to(gate.dtype) if need[2] else None
+    return (dr_total if need[0] else None), d_h, d_gate, *d_mods
 
 
 torch.library.register_autograd(

@@ -3,11 +3,29 @@
 ``AdaptiveBatchSampler`` plans each epoch for all ranks at once in C++ (the same plan on
 every rank, no communication) and yields this rank's micro-batches. Micro-batches
 ``[t*K, (t+1)*K)`` of every rank form optimizer step ``t``.
+
+Nothing here may lose or repeat a sample silently. Three mechanisms carry that:
+
+- **One plan fingerprint** (``_fingerprint``): everything that shapes a plan (sampler kind,
+  a digest of the lengths and group keys, caps, cost model, lookahead, balance, drop_last,
+  seed, ranks, K). A saved state carries it; a state of the same plan replays exactly, a
+  state of other settings re-plans the samples not yet consumed, a state of another dataset
+  is refused.
+- **Ranks agree or fail** (``_verify_ranks``): with ``torch.distributed`` initialized, the
+  ranks compare their fingerprints once per epoch, when the epoch's first pass starts.
+- **Who draws the batches** (``_Consumer``): the sampler knows whether a DataLoader with
+  workers, or accelerate, reads ahead of training, so that a position it cannot know is
+  refused instead of guessed, and accelerate's sharding of batch samplers is served a
+  stream it shards correctly.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import numbers
+import operator
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -18,9 +36,11 @@ from torch.utils.data import Sampler
 from adaptiveload import _sampler
 from adaptiveload.cost import CostModel
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2
 # A compute cap that never binds (equal-token buckets have none).
 _NO_COST_CAP = 1e300
+# Largest token count a sample may have (int64, as the C++ core stores them).
+_MAX_LEN = 2**63 - 1
 
 
 @dataclass
@@ -48,17 +68,24 @@ class Plan:
     def num_micro_batches(self) -> int:
         return len(self.offsets) - 1
 
+    @property
+    def micro_batches_per_rank(self) -> int:
+        return self.num_steps * self.micro_batches_per_step
+
+    def slot(self, rank: int, i: int) -> int:
+        """Plan index of the ``i``-th micro-batch of ``rank``'s stream."""
+        k = self.micro_batches_per_step
+        return ((i // k) * self.num_replicas + rank) * k + i % k
+
     def micro_batch(self, step: int, rank: int, k: int = 0) -> np.ndarray:
         m = (step * self.num_replicas + rank) * self.micro_batches_per_step + k
         return self.samples[self.offsets[m] : self.offsets[m + 1]]
 
-    def rank_micro_batches(self, rank: int) -> Iterator[np.ndarray]:
-        """This rank's micro-batches in order, step after step."""
-        w, k = self.num_replicas, self.micro_batches_per_step
-        for t in range(self.num_steps):
-            base = (t * w + rank) * k
-            for m in range(base, base + k):
-                yield self.samples[self.offsets[m] : self.offsets[m + 1]]
+    def rank_micro_batches(self, rank: int, start: int = 0) -> Iterator[np.ndarray]:
+        """This rank's micro-batches in order, step after step, from the ``start``-th."""
+        for i in range(start, self.micro_batches_per_rank):
+            m = self.slot(rank, i)
+            yield self.samples[self.offsets[m] : self.offsets[m + 1]]
 
     def _per_slot(self, values: np.ndarray) -> np.ndarray:
         return values.reshape(self.num_steps, self.num_replicas, self.micro_batches_per_step)
@@ -70,24 +97,77 @@ class Plan:
     def micro_batch_sizes(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    def consumed(self, micro_batches_done: int, n: int) -> np.ndarray:
+        """Samples of the first ``micro_batches_done`` micro-batches of every rank (padding
+        repeats excluded), as ``n`` flags."""
+        out = np.zeros(n, dtype=bool)
+        if micro_batches_done <= 0:
+            return out
+        w, k = self.num_replicas, self.micro_batches_per_step
+        i = np.arange(micro_batches_done, dtype=np.int64)
+        ranks = np.arange(w, dtype=np.int64)
+        slots = (((i // k)[:, None] * w + ranks[None, :]) * k + (i % k)[:, None]).ravel()
+        slots = slots[self.padding[slots] == 0]
+        sizes = self.offsets[slots + 1] - self.offsets[slots]
+        within = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        out[self.samples[np.repeat(self.offsets[slots], sizes) + within]] = True
+        return out
 
-def _as_seq_lens(seq_lens) -> np.ndarray:
+
+# -- argument checks --------------------------------------------------------------------------
+
+
+def _to_numpy(values, name: str) -> np.ndarray:
+    """A numpy array of a list, array or tensor of any dtype and device (bf16 and fp16
+    tensors as float64, which holds them exactly)."""
     try:
         import torch
 
-        if isinstance(seq_lens, torch.Tensor):
-            seq_lens = seq_lens.detach().cpu().numpy()
+        if isinstance(values, torch.Tensor):
+            t = values.detach().cpu()
+            if t.dtype in (torch.bfloat16, torch.float16):
+                t = t.double()
+            return t.numpy()
     except ImportError:  # pragma: no cover
         pass
-    a = np.asarray(seq_lens)
+    if isinstance(values, np.ndarray):
+        return values
+    if isinstance(values, str | bytes) or not hasattr(values, "__len__"):
+        raise ValueError(f"{name} must be a sequence, array or tensor, got {type(values).__name__}")
+    try:
+        return np.asarray(values)
+    except ValueError:  # ragged nested lists
+        return np.asarray(list(values), dtype=object)
+
+
+def _as_seq_lens(seq_lens) -> np.ndarray:
+    a = _to_numpy(seq_lens, "seq_lens")
+    if a.dtype.kind in "US" and not isinstance(seq_lens, np.ndarray):
+        a = np.asarray(list(seq_lens), dtype=object)  # report the first non-number as given
     if a.ndim != 1:
         raise ValueError(
             f"seq_lens must be 1-D (one length per dataset index), got shape {a.shape}"
         )
+    if a.dtype.kind == "O":
+        for i, v in enumerate(a):
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise ValueError(f"seq_lens[{i}] = {v!r} is not an integer token count")
+            if not (isinstance(v, numbers.Integral) or float(v).is_integer()):
+                raise ValueError(f"seq_lens[{i}] = {v!r} is not an integer token count")
+            if int(v) > _MAX_LEN:
+                raise ValueError(
+                    f"seq_lens[{i}] = {int(v)} is larger than any supported token count (2^63 - 1)"
+                )
+        a = np.array([int(v) for v in a], dtype=np.int64)
     if a.dtype.kind == "b" or a.dtype.kind not in "iuf":
         raise ValueError(f"seq_lens must hold integers, got dtype {a.dtype}")
+    if a.dtype.kind == "u" and a.dtype.itemsize == 8 and a.size and a.max() > _MAX_LEN:
+        i = int(np.flatnonzero(a > _MAX_LEN)[0])
+        raise ValueError(
+            f"seq_lens[{i}] = {int(a[i])} is larger than any supported token count (2^63 - 1)"
+        )
     if a.dtype.kind == "f":
-        bad = ~np.isfinite(a) | (a != np.floor(np.where(np.isfinite(a), a, 0)))
+        bad = ~np.isfinite(a) | (a != np.floor(np.where(np.isfinite(a), a, 0))) | (a > 2**53)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(f"seq_lens[{i}] = {a[i].item()!r} is not an integer token count")
@@ -97,52 +177,155 @@ def _as_seq_lens(seq_lens) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
-def _as_group_ids(group_keys, n: int) -> np.ndarray | None:
-    """Dense int64 ids from keys: a 1-D integer array as is, the rows of a 2-D array
-    (e.g. (frames, height, width) per sample), or any sequence of hashable keys."""
+def _as_group_ids(group_keys, seq_lens: np.ndarray) -> np.ndarray:
+    """Dense int64 ids, numbered in sorted key order, so that the same keys plan alike in
+    any container: a 1-D array, tensor or list of keys, or an ``(n, k)`` array, tensor or
+    list of tuples (e.g. ``(frames, height, width)``). ``None``: the sequence length."""
+    n = len(seq_lens)
     if group_keys is None:
-        return None
-    if (
-        isinstance(group_keys, np.ndarray)
-        and group_keys.ndim == 1
-        and group_keys.dtype.kind in "iu"
-    ):
-        keys = group_keys.astype(np.int64)
-    elif isinstance(group_keys, np.ndarray) and group_keys.ndim == 2:
-        if len(group_keys) != n:
-            raise ValueError(f"group_keys has {len(group_keys)} rows but seq_lens has {n}")
-        keys = np.unique(group_keys, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
-    else:
-        if len(group_keys) != n:
-            raise ValueError(f"group_keys has {len(group_keys)} entries but seq_lens has {n}")
-        ids: dict = {}
-        keys = np.fromiter(
-            (
-                ids.setdefault(tuple(k) if isinstance(k, list | np.ndarray) else k, len(ids))
-                for k in group_keys
-            ),
-            dtype=np.int64,
-            count=n,
-        )
-    if len(keys) != n:
-        raise ValueError(f"group_keys has {len(keys)} entries but seq_lens has {n}")
-    return np.ascontiguousarray(keys)
+        return np.unique(seq_lens, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    a = _to_numpy(group_keys, "group_keys")
+    if a.ndim == 0 or len(a) != n:
+        got = "a scalar" if a.ndim == 0 else f"{len(a)} entries"
+        raise ValueError(f"group_keys must have one key per sample ({n}), got {got}")
+    if a.ndim > 2:
+        raise ValueError(f"group_keys must be 1-D or (n, k), got shape {a.shape}")
+    if a.dtype.kind in "biufUS":
+        ids = np.unique(a, axis=0 if a.ndim == 2 else None, return_inverse=True)[1]
+        return np.ascontiguousarray(ids.reshape(-1), dtype=np.int64)
+    # Arbitrary hashable keys: sorted when they sort, else numbered by first appearance.
+    keys = [tuple(k) if isinstance(k, list | np.ndarray) else k for k in a]
+    try:
+        order = {k: i for i, k in enumerate(sorted(set(keys)))}
+    except TypeError:
+        order = {}
+        for k in keys:
+            order.setdefault(k, len(order))
+    return np.fromiter((order[k] for k in keys), dtype=np.int64, count=n)
 
 
-def _distributed_defaults(num_replicas, rank) -> tuple[int, int]:
-    if num_replicas is None or rank is None:
+def _int_arg(name: str, value, low: int) -> int:
+    if isinstance(value, bool | np.bool_):
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}") from None
+    if v < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(v)
+
+
+def _bool_arg(name: str, value) -> bool:
+    if not isinstance(value, bool | np.bool_):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _distributed_defaults(num_replicas, rank, process_group) -> tuple[int, int]:
+    if num_replicas is None or rank is None or process_group is not None:
         import torch.distributed as dist
 
         initialized = dist.is_available() and dist.is_initialized()
-        if num_replicas is None:
-            num_replicas = dist.get_world_size() if initialized else 1
-        if rank is None:
-            rank = dist.get_rank() if initialized else 0
-    if not isinstance(num_replicas, int | np.integer) or num_replicas < 1:
-        raise ValueError(f"num_replicas must be an integer >= 1, got {num_replicas!r}")
-    if not isinstance(rank, int | np.integer) or not 0 <= rank < num_replicas:
+        if process_group is not None and not initialized:
+            raise ValueError("process_group given but torch.distributed is not initialized")
+        group_size = dist.get_world_size(process_group) if initialized else 1
+        group_rank = dist.get_rank(process_group) if initialized else 0
+        if process_group is not None:
+            for name, given, actual in (
+                ("num_replicas", num_replicas, group_size),
+                ("rank", rank, group_rank),
+            ):
+                if given is not None and given != actual:
+                    raise ValueError(
+                        f"{name}={given!r} disagrees with process_group ({name} {actual} there)"
+                    )
+        num_replicas = group_size if num_replicas is None else num_replicas
+        rank = group_rank if rank is None else rank
+    num_replicas = _int_arg("num_replicas", num_replicas, 1)
+    rank = _int_arg("rank", rank, 0)
+    if rank >= num_replicas:
         raise ValueError(f"rank must be in [0, {num_replicas}), got {rank!r}")
-    return int(num_replicas), int(rank)
+    return num_replicas, rank
+
+
+def _pack(flags: np.ndarray) -> bytes:
+    return np.packbits(flags).tobytes()
+
+
+def _unpack(state: dict, key: str, n: int) -> np.ndarray:
+    raw = state[key]
+    if not isinstance(raw, bytes | bytearray):
+        raise ValueError(f"sampler state: {key!r} must be bytes, got {type(raw).__name__}")
+    if len(raw) != (n + 7) // 8:
+        raise ValueError(
+            f"sampler state: {key!r} has {len(raw)} bytes, {(n + 7) // 8} expected for {n} samples"
+        )
+    bits = np.unpackbits(np.frombuffer(bytes(raw), dtype=np.uint8))
+    if bits[n:].any():
+        raise ValueError(f"sampler state: {key!r} has bits set past sample {n - 1}")
+    return bits[:n].astype(bool)
+
+
+# -- who draws the batches ---------------------------------------------------------------------
+
+
+@dataclass
+class _Consumer:
+    """Who called ``iter(sampler)``: a name for messages, whether it reads batches ahead of
+    the training loop, and accelerate's ``BatchSamplerShard`` when that is the caller."""
+
+    name: str
+    reads_ahead: bool
+    shard: object | None = None
+
+    @staticmethod
+    def of(frame) -> _Consumer:
+        caller = frame.f_locals.get("self") if frame is not None else None
+        kind = type(caller)
+        module, qual = kind.__module__, kind.__qualname__
+        if module.startswith("accelerate.") and qual == "BatchSamplerShard":
+            return _Consumer("accelerate's BatchSamplerShard", True, caller)
+        # accelerate wrappers further up the stack (device placement reads one batch ahead;
+        # the dispatcher iterates on process 0 only and splits batches evenly).
+        up = frame
+        for _ in range(12):
+            if up is None:
+                break
+            obj = up.f_locals.get("self")
+            t = type(obj)
+            if t.__module__.startswith("accelerate.") and t.__qualname__ == "DataLoaderDispatcher":
+                raise RuntimeError(
+                    "AdaptiveBatchSampler under accelerate with dispatch_batches=True: accelerate "
+                    "would iterate it on process 0 only and split those batches evenly across "
+                    "processes, losing the other ranks' samples. Use "
+                    "adaptiveload.integrations.accelerate.prepare_data_loader(accelerator, loader) "
+                    "(or DataLoaderConfiguration(dispatch_batches=False))."
+                )
+            if t.__module__.startswith("accelerate."):
+                return _Consumer("an accelerate DataLoader (it reads one batch ahead)", True)
+            up = up.f_back
+        workers = getattr(caller, "_num_workers", None)
+        if workers is not None and module.startswith(("torch.utils.data", "torchdata.")):
+            if workers > 0:
+                prefetch = getattr(caller, "_prefetch_factor", 2) or 2
+                return _Consumer(
+                    f"a DataLoader with {workers} workers (it prefetches up to "
+                    f"{prefetch * workers} batches)",
+                    True,
+                )
+            return _Consumer("a DataLoader without workers", False)
+        return _Consumer("direct iteration", False)
+
+
+def _called_by_torchdata(frame) -> bool:
+    """torchdata's StatefulDataLoader snapshots ``state_dict()`` exactly when the sampler
+    has handed out as many batches as the loader will have yielded at that snapshot."""
+    name = frame.f_globals.get("__name__", "") if frame is not None else ""
+    return name.startswith("torchdata.stateful_dataloader")
+
+
+# -- the samplers -----------------------------------------------------------------------------
 
 
 class _PlannedBatchSampler(Sampler[list[int]]):
@@ -158,6 +341,7 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         group_keys,
         num_replicas: int | None,
         rank: int | None,
+        process_group,
         micro_batches_per_step: int,
         shuffle: bool,
         seed: int,
@@ -165,70 +349,134 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         balance: bool,
         lookahead_steps: int,
         on_oversize: str,
+        verify_ranks: bool,
     ):
         self.seq_lens = _as_seq_lens(seq_lens)
-        n = len(self.seq_lens)
-        if (
-            isinstance(max_tokens, bool)
-            or not isinstance(max_tokens, int | np.integer)
-            or max_tokens <= 0
-        ):
-            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        self.max_tokens = _int_arg("max_tokens", max_tokens, 1)
         if max_cost is not None and not (
-            isinstance(max_cost, int | float) and math.isfinite(max_cost) and max_cost > 0
+            isinstance(max_cost, numbers.Real)
+            and not isinstance(max_cost, bool)
+            and math.isfinite(max_cost)
+            and max_cost > 0
         ):
             raise ValueError(f"max_cost must be a finite number > 0 or None, got {max_cost!r}")
-        if not isinstance(micro_batches_per_step, int | np.integer) or micro_batches_per_step < 1:
+        if cost_model is not None and not isinstance(cost_model, CostModel):
             raise ValueError(
-                f"micro_batches_per_step must be an integer >= 1, got {micro_batches_per_step!r}"
+                f"cost_model must be an adaptiveload.CostModel or None, got {cost_model!r}"
             )
-        if not isinstance(lookahead_steps, int | np.integer) or lookahead_steps < 1:
-            raise ValueError(f"lookahead_steps must be an integer >= 1, got {lookahead_steps!r}")
         if on_oversize not in ("error", "skip"):
             raise ValueError(f"on_oversize must be 'error' or 'skip', got {on_oversize!r}")
-        if not isinstance(seed, int | np.integer) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-
-        self.cost_model = cost_model if cost_model is not None else CostModel.default()
-        self.group_keys = _as_group_ids(group_keys, n)
-        self._table = _sampler.SampleTable(self.seq_lens, self.group_keys, self.cost_model._core)
-        self.max_tokens = int(max_tokens)
-        self.num_replicas, self.rank = _distributed_defaults(num_replicas, rank)
-        self.micro_batches_per_step = int(micro_batches_per_step)
-        self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        self.drop_last = bool(drop_last)
-        self.balance = bool(balance)
-        self.lookahead_steps = int(lookahead_steps)
+        self.micro_batches_per_step = _int_arg("micro_batches_per_step", micro_batches_per_step, 1)
+        self.lookahead_steps = _int_arg("lookahead_steps", lookahead_steps, 1)
+        self.seed = _int_arg("seed", seed, 0)
+        self.shuffle = _bool_arg("shuffle", shuffle)
+        self.drop_last = _bool_arg("drop_last", drop_last)
+        self.balance = _bool_arg("balance", balance)
+        self.verify_ranks = _bool_arg("verify_ranks", verify_ranks)
         self.on_oversize = on_oversize
-        self._max_cost = max_cost
+        self.cost_model = cost_model if cost_model is not None else CostModel.default()
+        self.num_replicas, self.rank = _distributed_defaults(num_replicas, rank, process_group)
+        self._group_ids = _as_group_ids(group_keys, self.seq_lens)
+        self.group_keys = None if group_keys is None else self._group_ids
+        self._max_cost_arg = None if max_cost is None else float(max_cost)
+        self._build_table()
+        self._refuse_oversize()
+
         self.epoch = 0
-        self._consumed: np.ndarray | None = None  # samples of this epoch left out of the plan
-        self._start_step = 0  # steps of the plan done before a resume
+        self._excluded: np.ndarray | None = None  # samples left out of this epoch's plan
+        self._start = 0  # micro-batch of this rank's stream where the next pass starts
         self._plan: Plan | None = None
-        self._yielded = 0
+        self._pass = "ready"  # "ready" (no pass begun), "running" or "done"
+        self._position = 0  # micro-batches handed out, counted from the plan's start
+        self._consumer = _Consumer("direct iteration", False)
+        self._resume_pending = False
+        self._verified: tuple | None = None
         self._warned_skips = False
+        self._warned_repeat = -1
+
+    # -- construction helpers, also used after unpickling ---------------------------------
+    def _build_table(self) -> None:
+        self._table = _sampler.SampleTable(self.seq_lens, self._group_ids, self.cost_model._core)
+        self._max_cost = self._compute_max_cost()
+        h = hashlib.blake2b(digest_size=16)
+        h.update(self.seq_lens.tobytes())
+        h.update(self._group_ids.tobytes())
+        self._data_digest = h.hexdigest()
+
+    def _compute_max_cost(self) -> float:
+        raise NotImplementedError
+
+    def _refuse_oversize(self) -> None:
+        if self.on_oversize != "error":
+            return
+        over = self._table.oversize_samples(self.max_tokens, self._max_cost)
+        if len(over) == 0:
+            return
+        i = int(over[0])
+        cost = self.cost_model.batch_cost([self.seq_lens[i]])
+        cap = f"max_tokens = {self.max_tokens}"
+        if self.seq_lens[i] <= self.max_tokens:
+            cap = f"max_cost = {self._max_cost:.6g} (its predicted cost {cost:.6g})"
+        raise ValueError(
+            f"{type(self).__name__}: {len(over)} sample(s) exceed a cap on their own, the first "
+            f"at index {i} with {int(self.seq_lens[i])} tokens, over {cap}: raise the cap, or "
+            f"leave such samples out with on_oversize='skip'"
+        )
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        del state["_table"]
+        state["_plan"] = None
+        state["_consumer"] = _Consumer("direct iteration", False)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._build_table()
 
     # -- planning -----------------------------------------------------------------------
+    def _fingerprint(self) -> dict:
+        """Everything that shapes a plan, except the epoch and the position in it."""
+        cost = self.cost_model.to_dict()
+        cost.pop("meta", None)
+        return {
+            "sampler": type(self).__name__,
+            "num_samples": len(self.seq_lens),
+            "data": self._data_digest,
+            "max_tokens": self.max_tokens,
+            "max_cost": self._max_cost,
+            "cost_model": cost,
+            "num_replicas": self.num_replicas,
+            "micro_batches_per_step": self.micro_batches_per_step,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "drop_last": self.drop_last,
+            "balance": self.balance,
+            "lookahead_steps": self.lookahead_steps,
+            "on_oversize": self.on_oversize,
+        }
+
+    def _plan_epoch(self, excluded: np.ndarray | None) -> dict:
+        return _sampler.plan_epoch(
+            self._table,
+            self.max_tokens,
+            float(self._max_cost),
+            self.num_replicas,
+            self.micro_batches_per_step,
+            self.shuffle,
+            self.seed,
+            self.epoch,
+            self.drop_last,
+            self.balance,
+            self.lookahead_steps,
+            self.on_oversize == "skip",
+            None if excluded is None else excluded.view(np.uint8),
+        )
+
     def plan(self) -> Plan:
         """The whole current epoch for all ranks (cached until ``set_epoch`` or a resume)."""
         if self._plan is None:
-            exclude = None if self._consumed is None else self._consumed.view(np.uint8)
-            raw = _sampler.plan_epoch(
-                self._table,
-                self.max_tokens,
-                float(self._effective_max_cost()),
-                self.num_replicas,
-                self.micro_batches_per_step,
-                self.shuffle,
-                self.seed,
-                self.epoch,
-                self.drop_last,
-                self.balance,
-                self.lookahead_steps,
-                self.on_oversize == "skip",
-                exclude,
-            )
+            raw = self._plan_epoch(self._excluded)
             self._plan = Plan(
                 max_tokens=self.max_tokens,
                 max_cost=self._reported_max_cost(),
@@ -244,105 +492,309 @@ class _PlannedBatchSampler(Sampler[list[int]]):
                 )
         return self._plan
 
-    def _effective_max_cost(self) -> float:
-        raise NotImplementedError
-
     def _reported_max_cost(self) -> float | None:
-        return self._effective_max_cost()
+        return self._max_cost
+
+    def _verify_ranks(self) -> None:
+        """All ranks must plan the same epoch: compare fingerprints (one all-gather per epoch)."""
+        if not self.verify_ranks:
+            return
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return
+        resume = "none"
+        if self._excluded is not None or self._start:
+            h = hashlib.blake2b(self._excluded.tobytes() if self._excluded is not None else b"")
+            resume = f"{h.hexdigest()[:16]}@{self._start}"
+        mine = self._fingerprint() | {"epoch": self.epoch, "resume": resume}
+        key = tuple(sorted((k, repr(v)) for k, v in mine.items()))
+        if self._verified == key:
+            return
+        gathered: list = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        differ = [k for k in mine if any(g.get(k) != mine[k] for g in gathered)]
+        if differ:
+            what = {
+                "data": "the dataset (sequence lengths or group keys)",
+                "resume": "the resumed position (load_state_dict of another state)",
+            }
+            lines = [
+                f"  {k} ({what.get(k, 'setting')}): "
+                + ", ".join(f"rank {r}: {g.get(k)!r}" for r, g in enumerate(gathered[:8]))
+                + (" ..." if len(gathered) > 8 else "")
+                for k in differ
+            ]
+            raise RuntimeError(
+                f"{type(self).__name__}: the ranks would plan different epochs, losing or "
+                "repeating samples (or hanging at unequal step counts). Give every rank the same "
+                "data and settings (a per-rank seed is a common cause). Differences:\n"
+                + "\n".join(lines)
+            )
+        self._verified = key
 
     # -- Sampler protocol ---------------------------------------------------------------
     @property
     def start_step(self) -> int:
-        """Steps of the current plan done before a resume; iteration starts here."""
-        return self._start_step
+        """The optimizer step of the current plan at which iteration starts (non-zero after a
+        resume that replays the interrupted plan)."""
+        return self._start // self.micro_batches_per_step
+
+    @property
+    def start_micro_batch(self) -> int:
+        """The micro-batch of this rank's stream at which iteration starts."""
+        return self._start
+
+    @property
+    def sampler(self) -> _PlannedBatchSampler:
+        """This sampler, for wrappers that forward ``set_epoch`` to
+        ``batch_sampler.sampler`` (accelerate's prepared DataLoader does)."""
+        return self
 
     def __iter__(self) -> Iterator[list[int]]:
+        consumer = _Consumer.of(sys._getframe(1))
+        if self._pass == "done":
+            # A new pass over the same epoch: the whole epoch again, as any sampler does.
+            if self._warned_repeat != self.epoch:
+                self._warned_repeat = self.epoch
+                warnings.warn(
+                    f"{type(self).__name__}: iterating epoch {self.epoch} again without set_epoch(): "
+                    "the same samples in the same order (call set_epoch(epoch) before each epoch)",
+                    stacklevel=2,
+                )
+            self._excluded, self._start, self._plan = None, 0, None
         plan = self.plan()
-        self._yielded = 0
-        k = self.micro_batches_per_step
-        for i, batch in enumerate(plan.rank_micro_batches(self.rank)):
-            if i >= self._start_step * k:
-                self._yielded += 1
-                yield batch.tolist()
+        self._verify_ranks()
+        self._consumer = consumer
+        self._resume_pending = False
+        self._pass = "running"
+        self._position = self._start
+        if consumer.shard is not None:
+            return self._iter_all_ranks(plan, consumer.shard)
+        return self._iter_rank(plan)
+
+    def _iter_rank(self, plan: Plan) -> Iterator[list[int]]:
+        end = plan.micro_batches_per_rank
+        if self._start >= end:
+            self._pass = "done"
+        for batch in plan.rank_micro_batches(self.rank, self._start):
+            self._position += 1
+            if self._position == end:
+                self._pass = "done"
+            yield batch.tolist()
+
+    def _iter_all_ranks(self, plan: Plan, shard) -> Iterator[list[int]]:
+        """accelerate's ``BatchSamplerShard`` keeps batch ``j`` of its source on process
+        ``j % num_processes``: yield every rank's micro-batches interleaved so that each
+        process keeps exactly its own."""
+        if getattr(shard, "split_batches", False) or (
+            shard.num_processes,
+            shard.process_index,
+        ) != (self.num_replicas, self.rank):
+            raise RuntimeError(
+                f"{type(self).__name__} (rank {self.rank} of {self.num_replicas}) is sharded by "
+                f"accelerate as process {shard.process_index} of {shard.num_processes}"
+                f"{' with split_batches' if shard.split_batches else ''}: the two must agree. "
+                "Use adaptiveload.integrations.accelerate.prepare_data_loader(accelerator, loader)."
+            )
+        end = plan.micro_batches_per_rank
+        for i in range(self._start, end):
+            for r in range(self.num_replicas):
+                m = plan.slot(r, i)
+                yield plan.samples[plan.offsets[m] : plan.offsets[m + 1]].tolist()
+            self._position += 1
+        self._pass = "done"
 
     def __len__(self) -> int:
-        plan = self.plan()
-        return (plan.num_steps - self._start_step) * plan.micro_batches_per_step
+        """Micro-batches of the current pass (from ``start_micro_batch`` to the plan's end)."""
+        remaining = self.plan().micro_batches_per_rank - self._start
+        caller = type(sys._getframe(1).f_locals.get("self"))
+        if (
+            caller.__module__.startswith("accelerate.")
+            and caller.__qualname__ == "BatchSamplerShard"
+        ):
+            return remaining * self.num_replicas  # see _iter_all_ranks
+        return remaining
 
     def set_epoch(self, epoch: int) -> None:
-        """Reshuffle deterministically from (seed, epoch). Setting the epoch a resumed
-        state is in keeps the resumed position."""
-        if not isinstance(epoch, int | np.integer) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
-        if int(epoch) != self.epoch:
-            self.epoch = int(epoch)
-            self._consumed = None
-            self._start_step = 0
-            self._plan = None
-            self._yielded = 0
+        """Reshuffle deterministically from (seed, epoch). Setting the epoch a resumed state
+        is in keeps the resumed position; another epoch before that position's batches were
+        drawn is refused (it would skip them)."""
+        epoch = _int_arg("epoch", epoch, 0)
+        if epoch == self.epoch:
+            return
+        if self._resume_pending:
+            plan = self.plan()
+            left = plan.micro_batches_per_rank - self._start
+            if left > 0:
+                raise ValueError(
+                    f"set_epoch({epoch}): this sampler was resumed at epoch {self.epoch}, step "
+                    f"{self.start_step}, with {left} micro-batches of that epoch left; moving to "
+                    f"epoch {epoch} would skip them. Call set_epoch({self.epoch}) to continue the "
+                    "resumed epoch (with accelerate: prepared_loader.set_epoch), or make a new "
+                    "sampler to start over."
+                )
+        self.epoch = epoch
+        self._excluded, self._start, self._plan = None, 0, None
+        self._pass, self._position, self._resume_pending = "ready", 0, False
 
     # -- resumption ---------------------------------------------------------------------
-    def state_dict(self, steps_done: int | None = None) -> dict:
-        """The position in the epoch: the samples already consumed, and the step of the
-        current plan reached (so that a resume on the same ranks replays the plan).
+    def state_dict(
+        self, steps_done: int | None = None, *, micro_batches_done: int | None = None
+    ) -> dict:
+        """The position in the current epoch, identical on every rank.
 
-        ``steps_done``: optimizer steps of the current plan completed, counted from the
-        plan's first step (``start_step`` after a resume). Pass the training loop's own
-        count: a DataLoader with workers draws batches ahead of training, so the
-        sampler's own count (the default) can run ahead. Identical on every rank.
+        Args:
+            steps_done: optimizer steps of the current epoch's plan that training has
+                completed, in the numbering of ``start_step`` and ``plan()`` (after a resume
+                that replays the plan, steps before ``start_step`` count as done). Pass your
+                loop's own count.
+            micro_batches_done: the same in micro-batches of this rank's stream, for a
+                position inside a step (``steps_done * K + k``).
+
+        Without either: the micro-batches this sampler has handed out. That is exact only
+        when nothing reads ahead of training: direct iteration, a DataLoader without
+        workers, or torchdata's ``StatefulDataLoader`` (which calls this at the right
+        moment). With DataLoader workers or accelerate it is refused (``ValueError``),
+        because prefetched batches would be counted as trained.
         """
         plan = self.plan()
-        if steps_done is None:
-            steps_done = self._start_step + self._yielded // self.micro_batches_per_step
-        if not 0 <= steps_done <= plan.num_steps:
-            raise ValueError(f"steps_done must be in [0, {plan.num_steps}], got {steps_done}")
+        end = plan.micro_batches_per_rank
+        k = self.micro_batches_per_step
+        if steps_done is not None and micro_batches_done is not None:
+            raise ValueError("state_dict: pass steps_done or micro_batches_done, not both")
+        if steps_done is not None:
+            position = _int_arg("steps_done", steps_done, 0) * k
+            name, value, unit = "steps_done", steps_done, k
+        elif micro_batches_done is not None:
+            position = _int_arg("micro_batches_done", micro_batches_done, 0)
+            name, value, unit = "micro_batches_done", micro_batches_done, 1
+        else:
+            if self._pass == "running" and self._consumer.reads_ahead:
+                if not _called_by_torchdata(sys._getframe(1)):
+                    raise ValueError(
+                        f"state_dict(): this sampler is drawn by {self._consumer.name}, which "
+                        "reads ahead of training, so the batches it has handed out "
+                        f"({self._position - self._start} this pass) include some training has "
+                        "not used. Pass the steps your loop completed: "
+                        "state_dict(steps_done=N); or use torchdata's StatefulDataLoader, or "
+                        "adaptiveload.integrations.accelerate.prepare_data_loader with accelerate."
+                    )
+            position = self._position if self._pass != "ready" else self._start
+            name, value, unit = "position", position, 1
+        if not self._start <= position <= end:
+            if position < self._start:
+                raise ValueError(
+                    f"{name}={value!r} is before the resumed position (step {self.start_step}, "
+                    f"micro-batch {self._start}): count steps from the epoch's start, as "
+                    "start_step does"
+                )
+            raise ValueError(f"{name} must be in [0, {end // unit}] for this plan, got {value!r}")
         n = len(self.seq_lens)
-        before = np.zeros(n, dtype=bool) if self._consumed is None else self._consumed
-        consumed = before.copy()
-        end = steps_done * self.num_replicas * self.micro_batches_per_step
-        real = np.repeat(plan.padding[:end] == 0, np.diff(plan.offsets[: end + 1]))
-        consumed[plan.samples[: plan.offsets[end]][real]] = True
+        excluded = np.zeros(n, dtype=bool) if self._excluded is None else self._excluded
+        consumed = excluded | plan.consumed(position, n)
         return {
             "version": _STATE_VERSION,
-            "sampler": type(self).__name__,
+            "fingerprint": self._fingerprint(),
             "epoch": self.epoch,
-            "seed": self.seed,
-            "num_samples": n,
-            "consumed": np.packbits(consumed).tobytes(),
+            "excluded": _pack(excluded),
+            "micro_batches_done": int(position),
+            "consumed": _pack(consumed),
             "num_consumed": int(consumed.sum()),
-            # To replay the same plan on the same ranks:
-            "num_replicas": self.num_replicas,
-            "micro_batches_per_step": self.micro_batches_per_step,
-            "plan_excluded": np.packbits(before).tobytes(),
-            "steps_done": int(steps_done),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue the epoch of ``state``. On the same number of ranks and micro-batches
-        per step, the interrupted plan continues exactly; otherwise the samples it
-        consumed are left out and the rest is planned for this sampler's ranks."""
+        """Continue the epoch of ``state``.
+
+        - The same plan (equal fingerprint): replays it from the saved position, exactly.
+        - Other settings (caps, cost model, lookahead, ranks, K, seed, sampler kind): the
+          samples the state consumed are left out and the rest of the epoch is planned with
+          this sampler's settings; nothing is lost or repeated.
+        - Another dataset (other lengths or group keys): refused with ``ValueError``.
+        """
+        if not isinstance(state, dict):
+            raise ValueError(f"sampler state must be a dict, got {type(state).__name__}")
         if state.get("version") != _STATE_VERSION:
-            raise ValueError(f"unsupported sampler state version {state.get('version')!r}")
-        n = len(self.seq_lens)
-        if state["num_samples"] != n:
             raise ValueError(
-                f"sampler state is for {state['num_samples']} samples, this dataset has {n}"
+                f"unsupported sampler state version {state.get('version')!r} (this AdaptiveLoad "
+                f"reads version {_STATE_VERSION}; version 1 states carry no plan fingerprint and "
+                "cannot be checked against the dataset)"
+            )
+        for key in (
+            "fingerprint",
+            "epoch",
+            "excluded",
+            "micro_batches_done",
+            "consumed",
+            "num_consumed",
+        ):
+            if key not in state:
+                raise ValueError(f"sampler state: missing {key!r}")
+        saved = state["fingerprint"]
+        if not isinstance(saved, dict):
+            raise ValueError("sampler state: 'fingerprint' must be a dict")
+        mine = self._fingerprint()
+        missing = sorted(set(mine) - set(saved))
+        if missing:
+            raise ValueError(f"sampler state: fingerprint lacks {missing}")
+        if saved["sampler"] not in ("AdaptiveBatchSampler", "EqualTokenBatchSampler"):
+            raise ValueError(f"sampler state: unknown sampler {saved['sampler']!r}")
+        for key in ("num_replicas", "micro_batches_per_step", "lookahead_steps", "max_tokens"):
+            v = saved[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"sampler state: fingerprint {key!r} = {v!r} is not valid")
+        n = len(self.seq_lens)
+        if saved["num_samples"] != n or saved["data"] != self._data_digest:
+            raise ValueError(
+                f"sampler state is for another dataset ({saved['num_samples']} samples, digest "
+                f"{saved['data']}); this sampler has {n} samples, digest {self._data_digest}: "
+                "its sequence lengths or group keys differ"
+            )
+        epoch = state["epoch"]
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"sampler state: 'epoch' must be an integer >= 0, got {epoch!r}")
+        position = state["micro_batches_done"]
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise ValueError(
+                f"sampler state: 'micro_batches_done' must be an integer >= 0, got {position!r}"
+            )
+        excluded = _unpack(state, "excluded", n)
+        consumed = _unpack(state, "consumed", n)
+        if (excluded & ~consumed).any():
+            raise ValueError("sampler state: 'excluded' holds samples that 'consumed' does not")
+        if state["num_consumed"] != int(consumed.sum()):
+            raise ValueError(
+                f"sampler state: 'num_consumed' = {state['num_consumed']!r} but 'consumed' "
+                f"holds {int(consumed.sum())} samples"
             )
 
-        def unpack(key):
-            return np.unpackbits(np.frombuffer(state[key], dtype=np.uint8), count=n).astype(bool)
-
-        self.epoch = int(state["epoch"])
-        self.seed = int(state["seed"])
-        same_layout = (state["num_replicas"], state["micro_batches_per_step"]) == (
-            self.num_replicas,
-            self.micro_batches_per_step,
-        )
-        consumed = unpack("plan_excluded" if same_layout else "consumed")
-        self._consumed = consumed if consumed.any() else None
-        self._start_step = int(state["steps_done"]) if same_layout else 0
-        self._plan = None
-        self._yielded = 0
+        previous = (self.epoch, self._excluded, self._start, self._plan)
+        self.epoch = epoch
+        if saved == mine:
+            # The same plan: replay it from the saved position.
+            self._excluded = excluded if excluded.any() else None
+            self._start, self._plan = 0, None
+            plan = self.plan()
+            if position > plan.micro_batches_per_rank:
+                self.epoch, self._excluded, self._start, self._plan = previous
+                raise ValueError(
+                    f"sampler state: 'micro_batches_done' = {position} is past the end of its "
+                    f"plan ({plan.micro_batches_per_rank} micro-batches per rank)"
+                )
+            if not np.array_equal(excluded | plan.consumed(position, n), consumed):
+                self.epoch, self._excluded, self._start, self._plan = previous
+                raise ValueError(
+                    "sampler state: 'consumed' does not match the samples of its plan up to "
+                    f"micro-batch {position}: the state is corrupt"
+                )
+            self._start = position
+        else:
+            # Other settings: plan the samples not yet consumed.
+            self._excluded = consumed if consumed.any() else None
+            self._start, self._plan = 0, None
+        self._pass, self._position = "ready", self._start
+        self._resume_pending = True
+        self._verified = None
 
 
 class AdaptiveBatchSampler(_PlannedBatchSampler):
@@ -355,7 +807,8 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
     cost, and are assigned to ranks (K each) by longest-processing-time first.
 
     Args:
-        seq_lens: 1-D integer token counts, one per dataset index.
+        seq_lens: 1-D integer token counts, one per dataset index (list, numpy array or
+            tensor of any dtype).
         max_tokens: memory cap, tokens per micro-batch.
         max_cost: compute cap in the cost model's unit. Default (None):
             ``max(cost of the heaviest sample alone, min over groups of the cost of a
@@ -363,11 +816,16 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
             cheapest group is never cut below what memory allows, and heavier groups are
             cut to about that cost, which is what lets steps balance.
         cost_model: a ``CostModel``; default ``CostModel.default()`` (Wan 2.1 14B, H200).
-        group_keys: optional per-sample keys (e.g. ``(frames, h, w)`` tuples or ints); a
-            micro-batch never mixes keys. Default: the sequence length.
-        num_replicas, rank: default from ``torch.distributed`` when initialized, else 1, 0.
+        group_keys: optional per-sample keys (e.g. ``(frames, h, w)`` rows, tuples or ints,
+            in a list, array or tensor); a micro-batch never mixes keys. Default: the
+            sequence length.
+        num_replicas, rank: data-parallel ranks and this rank. Default: from
+            ``process_group`` (the data-parallel group; every rank of a sequence-parallel
+            group then draws the same batches), else from ``torch.distributed`` when
+            initialized, else 1, 0.
         micro_batches_per_step: K, micro-batches per rank per optimizer step.
-        shuffle, seed: deterministic shuffling from ``(seed, epoch)``; no global RNG.
+        shuffle, seed: deterministic shuffling from ``(seed, epoch)``; no global RNG. The
+            seed must be the same on every rank.
         drop_last: drop the micro-batches that do not fill the last step (reported in the
             plan) instead of halving the largest micro-batches to fill it (and repeating
             samples only if nothing can be halved).
@@ -375,8 +833,11 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
             regrouped within windows of this many optimizer steps. 1 keeps the shuffled
             step order; larger windows balance better.
         balance: False gives the paper's form: dual caps, no cross-rank balancing.
-        on_oversize: 'error' (default) raises on a sample that alone breaks a cap; 'skip'
-            leaves such samples out with a warning (``plan().skipped`` lists them).
+        on_oversize: 'error' (default) refuses, when the sampler is made, samples that alone
+            break a cap; 'skip' leaves them out with a warning (``plan().skipped``).
+        verify_ranks: with ``torch.distributed`` initialized, all ranks compare their plan
+            fingerprints at the start of each epoch and raise ``RuntimeError`` naming what
+            differs. Every process of the job must then iterate its sampler each epoch.
     """
 
     def __init__(
@@ -396,6 +857,8 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
         lookahead_steps: int = 16,
         balance: bool = True,
         on_oversize: str = "error",
+        process_group=None,
+        verify_ranks: bool = True,
     ):
         super().__init__(
             seq_lens,
@@ -405,6 +868,7 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
             group_keys=group_keys,
             num_replicas=num_replicas,
             rank=rank,
+            process_group=process_group,
             micro_batches_per_step=micro_batches_per_step,
             shuffle=shuffle,
             seed=seed,
@@ -412,17 +876,18 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
             balance=balance,
             lookahead_steps=lookahead_steps,
             on_oversize=on_oversize,
+            verify_ranks=verify_ranks,
         )
 
     @property
     def max_cost(self) -> float:
         """The compute cap M_comp in use (the default is computed from the data)."""
-        return self._effective_max_cost()
+        return self._max_cost
 
-    def _effective_max_cost(self) -> float:
-        if self._max_cost is None:
-            self._max_cost = float(self._table.default_max_cost(self.max_tokens))
-        return float(self._max_cost)
+    def _compute_max_cost(self) -> float:
+        if self._max_cost_arg is not None:
+            return self._max_cost_arg
+        return float(self._table.default_max_cost(self.max_tokens))
 
 
 class EqualTokenBatchSampler(_PlannedBatchSampler):
@@ -445,6 +910,8 @@ class EqualTokenBatchSampler(_PlannedBatchSampler):
         *,
         cost_model: CostModel | None = None,
         on_oversize: str = "error",
+        process_group=None,
+        verify_ranks: bool = True,
     ):
         super().__init__(
             seq_lens,
@@ -454,6 +921,7 @@ class EqualTokenBatchSampler(_PlannedBatchSampler):
             group_keys=group_keys,
             num_replicas=num_replicas,
             rank=rank,
+            process_group=process_group,
             micro_batches_per_step=micro_batches_per_step,
             shuffle=shuffle,
             seed=seed,
@@ -461,13 +929,14 @@ class EqualTokenBatchSampler(_PlannedBatchSampler):
             balance=False,
             lookahead_steps=1,
             on_oversize=on_oversize,
+            verify_ranks=verify_ranks,
         )
 
     @property
     def max_cost(self) -> None:
         return None
 
-    def _effective_max_cost(self) -> float:
+    def _compute_max_cost(self) -> float:
         return _NO_COST_CAP
 
     def _reported_max_cost(self) -> None:

@@ -273,6 +273,19 @@ TEST(PlanEpochTest, OversizeSampleErrorsOrIsSkipped) {
   EXPECT_EQ(p.samples.size(), 3u);
 }
 
+TEST(SampleTable, OversizeSamplesAreThosePlanningSkips) {
+  // One token cap breach, one cost cap breach (power 1: cost = S), two that fit.
+  const std::vector<int64_t> lens = {100, 5000, 700, 100};
+  SampleTable table(lens.data(), 4, nullptr, CostModel::power(1.0));
+  EXPECT_EQ(table.oversize_samples(1000, 500.0), (std::vector<int64_t>{1, 2}));
+  EXPECT_TRUE(table.oversize_samples(10000, 1e9).empty());
+  PlanOptions o;
+  o.max_tokens = 1000;
+  o.max_cost = 500.0;
+  o.oversize = OversizePolicy::kSkip;
+  EXPECT_EQ(plan_epoch(table, o).skipped, table.oversize_samples(1000, 500.0));
+}
+
 TEST(PlanEpochTest, GroupKeysAreNeverMixed) {
   const std::vector<int64_t> lens(400, 100);
   std::vector<int64_t> keys(400);

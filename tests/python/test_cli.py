@@ -1,6 +1,7 @@
 """Metadata files (CSV, JSONL, Parquet) and the `adaptiveload plan` command."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ from adaptiveload.cli import main
 from adaptiveload.demo import MIXES, demo_metadata
 from adaptiveload.metadata import read_metadata
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPES = [(1, 480, 832), (81, 480, 832), (81, 720, 1280), (33, 480, 832)]
 
 
@@ -129,3 +131,134 @@ def test_plan_reports_bad_input_without_traceback(tmp_path, capsys):
     assert main(["plan", "--metadata", str(tmp_path / "bad.csv"), "--figure", "none"]) == 2
     err = capsys.readouterr().err
     assert "row 3, column 'seq_len'" in err
+
+
+# -- no failure after the report, clear errors, large inputs ------------------------------------
+
+
+def test_plan_without_matplotlib_still_writes_the_report(tmp_path):
+    # A fresh machine may lack matplotlib (it is a dependency, but a broken or removed one
+    # must not cost the user the report): the JSON is written and the exit code is 0.
+    rep, fig = tmp_path / "plan.json", tmp_path / "plan.png"
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "from adaptiveload.cli import main\n"
+        f"sys.exit(main(['plan', '--demo', '--demo-samples', '500', '--json', {str(rep)!r}, "
+        f"'--figure', {str(fig)!r}]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "equal-token buckets" in done.stdout
+    assert json.loads(rep.read_text())["reports"]["AdaptiveLoad"]["num_steps"] > 0
+    assert "figure not drawn" in done.stderr and "matplotlib" in done.stderr
+    assert not fig.exists()
+
+
+def test_matplotlib_is_a_dependency_of_the_package():
+    import re
+
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        deps = re.search(r"^dependencies = \[(.*?)\]", f.read(), re.M | re.S).group(1)
+    assert "matplotlib" in deps
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1.5"])
+def test_max_tokens_must_be_positive(capsys, value):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--demo", "--max-tokens", value, "--figure", "none"])
+    assert e.value.code == 2
+    assert "--max-tokens" in capsys.readouterr().err
+
+
+def test_directories_get_a_clear_error(tmp_path, capsys):
+    assert main(["plan", "--metadata", str(tmp_path), "--figure", "none"]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert main(["plan", "--demo", "--cost-model", str(tmp_path), "--figure", "none"]) == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
+def test_csv_with_a_utf8_bom_is_read(tmp_path):
+    path = tmp_path / "bom.csv"
+    path.write_bytes("num_frames,height,width\n1,480,832\n81,480,832\n".encode("utf-8-sig"))
+    assert read_metadata(path).seq_lens.tolist() == [1560, 32760]
+
+
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        (
+            "num_frames,height,width,caption\n1,480,832,a\n81,480\n",
+            r"row 3: 2 fields, the header has 4",
+        ),
+        ("seq_len\n10\n20,30\n", r"row 3: 2 fields, the header has 1"),
+    ],
+)
+def test_ragged_rows_are_rejected(tmp_path, content, match):
+    (tmp_path / "r.csv").write_text(content)
+    with pytest.raises(ValueError, match=match):
+        read_metadata(tmp_path / "r.csv")
+
+
+def test_seq_len_and_shape_columns_are_both_used(tmp_path, capsys):
+    # seq_len gives the token counts (another VAE or patch may have made them); the shapes
+    # still keep micro-batches to one shape.
+    rows = [(1, 480, 832, 1000), (1, 832, 480, 1000), (81, 480, 832, 30000)] * 20
+    write_csv(tmp_path / "m.csv", ["num_frames", "height", "width", "seq_len"], rows)
+    meta = read_metadata(tmp_path / "m.csv")
+    assert meta.seq_lens.tolist()[:3] == [1000, 1000, 30000]
+    assert meta.shapes is not None and len(set(meta.group_keys().tolist())) == 3
+    assert main(["plan", "--metadata", str(tmp_path / "m.csv"), "--figure", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "1x832x480" in out and "1x480x832" in out
+    assert "seq_len column" in out
+
+
+def test_bucket_table_is_compact_with_thousands_of_groups(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    lens = rng.integers(1000, 60000, size=20000)
+    write_csv(tmp_path / "many.csv", ["seq_len"], [[v] for v in lens])
+    rep = tmp_path / "many.json"
+    args = [
+        "plan",
+        "--metadata",
+        str(tmp_path / "many.csv"),
+        "--figure",
+        "none",
+        "--json",
+        str(rep),
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    table = out.split("shape (FxHxW)")[1].split("sampler")[0]
+    assert len(table.strip().splitlines()) < 40
+    assert "more groups" in table
+    buckets = json.loads(rep.read_text())["buckets"]
+    assert len(buckets) == len(set(lens.tolist()))
+    assert sum(b["samples"] for b in buckets) == len(lens)
+
+
+def test_bucket_table_values_match_the_plan(tmp_path):
+    from adaptiveload.cli import bucket_table
+    from adaptiveload.sampler import AdaptiveBatchSampler, EqualTokenBatchSampler
+
+    meta = demo_metadata(3000, "wan-mix", seed=5)
+    ours = AdaptiveBatchSampler(
+        meta.seq_lens, 151200, group_keys=meta.shapes, num_replicas=4, rank=0
+    )
+    equal = EqualTokenBatchSampler(
+        meta.seq_lens, 151200, group_keys=meta.shapes, num_replicas=4, rank=0
+    )
+    plan = ours.plan()
+    rows = bucket_table(meta, ours, equal)
+    assert sum(r["samples"] for r in rows) == 3000
+    for r in rows:
+        shape = tuple(int(v) for v in r["shape"].split("x"))
+        members = np.flatnonzero((meta.shapes == shape).all(axis=1))
+        assert r["samples"] == len(members) and r["seq_len"] == meta.seq_lens[members[0]]
+        sizes = [
+            plan.offsets[m + 1] - plan.offsets[m]
+            for m in range(plan.num_micro_batches)
+            if not plan.padding[m] and plan.samples[plan.offsets[m]] in set(members.tolist())
+        ]
+        assert r["batch"] == max(sizes)
+        assert r["equal_token_batch"] == 151200 // r["seq_len"]

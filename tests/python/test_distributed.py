@@ -5,6 +5,7 @@ import hashlib
 import os
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -104,3 +105,149 @@ def test_two_gloo_ranks_then_resume_on_three(tmp_path):
     # With padding, a few samples may repeat, but none is lost.
     assert set(done) | set(later) == set(range(NUM_SAMPLES))
     assert len(later) - len(set(later)) < 3 * K
+
+
+# -- ranks agree or fail, sequence-parallel groups, StatefulDataLoader --------------------------
+
+
+def scenario_worker(rank, world, init_file, out_dir, scenario):
+    import traceback
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    result = {}
+    try:
+        result = SCENARIOS[scenario](rank, world, out_dir)
+    except Exception as e:  # reported to the test, which decides
+        result = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+    finally:
+        torch.save(result, os.path.join(out_dir, f"{scenario}_{rank}.pt"))
+        dist.destroy_process_group()
+
+
+def run_scenario(world, tmp_path, scenario):
+    mp.start_processes(
+        scenario_worker,
+        args=(world, str(tmp_path / f"init_{scenario}"), str(tmp_path), scenario),
+        nprocs=world,
+        start_method="spawn",
+    )
+    return [torch.load(tmp_path / f"{scenario}_{r}.pt", weights_only=False) for r in range(world)]
+
+
+def per_rank_seed(rank, world, out_dir):
+    s = AdaptiveBatchSampler(lengths(), 151200, micro_batches_per_step=K, seed=100 + rank)
+    return {"batches": list(s)}
+
+
+def one_rank_other_data(rank, world, out_dir):
+    lens = lengths()
+    if rank == world - 1:
+        lens = lens.copy()
+        lens[7] = 3600 if lens[7] != 3600 else 1560
+    s = AdaptiveBatchSampler(lens, 151200, micro_batches_per_step=K, seed=1)
+    loader = DataLoader(IndexDataset(), batch_sampler=s, num_workers=1, collate_fn=list)
+    return {"batches": list(loader)}
+
+
+def agreeing_ranks(rank, world, out_dir):
+    s = AdaptiveBatchSampler(lengths(), 151200, micro_batches_per_step=K, seed=1)
+    out = []
+    for epoch in range(2):
+        s.set_epoch(epoch)
+        out.append(list(s))
+    return {"batches": out}
+
+
+def sequence_parallel(rank, world, out_dir):
+    # 4 processes, sequence-parallel pairs (0, 1) and (2, 3): the data-parallel groups are
+    # the ranks holding distinct data, {0, 2} and {1, 3}.
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    dp = groups[rank % 2]
+    by_group = AdaptiveBatchSampler(lengths(), 151200, micro_batches_per_step=K, process_group=dp)
+    explicit = AdaptiveBatchSampler(
+        lengths(), 151200, micro_batches_per_step=K, num_replicas=2, rank=rank // 2
+    )
+    return {
+        "replicas": (by_group.num_replicas, by_group.rank),
+        "batches": list(by_group),
+        "explicit": list(explicit),
+    }
+
+
+def stateful_dataloader(rank, world, out_dir):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loader(sampler):
+        return StatefulDataLoader(
+            IndexDataset(), batch_sampler=sampler, num_workers=2, collate_fn=list
+        )
+
+    def sampler():
+        s = AdaptiveBatchSampler(lengths(), 151200, micro_batches_per_step=K, seed=5)
+        s.set_epoch(1)
+        return s
+
+    whole = list(loader(sampler()))
+    out = {}
+    for stop in (6 * K, 6 * K + 1):  # a step boundary, and inside a step
+        first = loader(sampler())
+        it = iter(first)
+        got = [next(it) for _ in range(stop)]
+        state = first.state_dict()
+        del it
+        second = loader(sampler())
+        second.load_state_dict(state)
+        out[stop] = got + list(second)
+    return {"whole": whole, "resumed": out}
+
+
+SCENARIOS = {
+    "per_rank_seed": per_rank_seed,
+    "one_rank_other_data": one_rank_other_data,
+    "agreeing_ranks": agreeing_ranks,
+    "sequence_parallel": sequence_parallel,
+    "stateful_dataloader": stateful_dataloader,
+}
+
+
+def test_a_per_rank_seed_fails_on_every_rank(tmp_path):
+    results = run_scenario(3, tmp_path, "per_rank_seed")
+    for r in results:
+        assert "RuntimeError" in r.get("error", ""), r
+        assert "seed" in r["error"] and "rank 2: 102" in r["error"]
+
+
+def test_one_rank_with_other_metadata_fails_on_every_rank(tmp_path):
+    results = run_scenario(2, tmp_path, "one_rank_other_data")
+    for r in results:
+        assert "RuntimeError" in r.get("error", ""), r
+        assert "the dataset (sequence lengths or group keys)" in r["error"]
+
+
+def test_agreeing_ranks_plan_each_epoch_once(tmp_path):
+    results = run_scenario(2, tmp_path, "agreeing_ranks")
+    assert all("error" not in r for r in results), results
+    for epoch in range(2):
+        flat = [i for r in results for b in r["batches"][epoch] for i in b]
+        assert sorted(flat) == list(range(NUM_SAMPLES))
+
+
+def test_sequence_parallel_group_ranks_draw_the_same_batches(tmp_path):
+    results = run_scenario(4, tmp_path, "sequence_parallel")
+    assert all("error" not in r for r in results), results
+    assert [r["replicas"] for r in results] == [(2, 0), (2, 0), (2, 1), (2, 1)]
+    for r in results:
+        assert r["batches"] == r["explicit"]
+    assert results[0]["batches"] == results[1]["batches"]
+    assert results[2]["batches"] == results[3]["batches"]
+    flat = [i for r in (results[0], results[2]) for b in r["batches"] for i in b]
+    assert sorted(flat) == list(range(NUM_SAMPLES))
+
+
+def test_stateful_dataloader_resumes_exactly_with_workers(tmp_path):
+    pytest.importorskip("torchdata")
+    results = run_scenario(2, tmp_path, "stateful_dataloader")
+    assert all("error" not in r for r in results), results
+    for r in results:
+        for stop, batches in r["resumed"].items():
+            assert batches == r["whole"], f"resumed after {stop} micro-batches differs"

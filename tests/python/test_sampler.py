@@ -227,7 +227,7 @@ def test_group_keys_are_never_mixed():
     s3 = AdaptiveBatchSampler(meta.seq_lens, 151200, group_keys=meta.shapes, num_replicas=4, rank=0)
     check_plan(s3)
     np.testing.assert_array_equal(s3.plan().samples, s2.plan().samples)
-    with pytest.raises(ValueError, match="group_keys has 2 rows"):
+    with pytest.raises(ValueError, match=r"one key per sample \(3000\), got 2"):
         AdaptiveBatchSampler(
             meta.seq_lens, 151200, group_keys=meta.shapes[:2], num_replicas=4, rank=0
         )
@@ -272,9 +272,10 @@ def test_dataloader_drop_in(num_workers):
     ranks = []
     for r in range(2):
         s = AdaptiveBatchSampler(lens, 151200, num_replicas=2, rank=r, micro_batches_per_step=2)
+        expected = [b.tolist() for b in s.plan().rank_micro_batches(r)]
         loader = DataLoader(IndexDataset(lens), batch_sampler=s, num_workers=num_workers)
         batches = [b[:, 0].tolist() for b in loader]
-        assert batches == list(s)
+        assert batches == expected
         assert len(loader) == len(s)
         ranks.append(batches)
     flat = [i for rank in ranks for b in rank for i in b]
@@ -301,7 +302,7 @@ def test_resume_mid_epoch_with_changed_world_size(new_world):
         s.set_epoch(3)
     done = [i for s in old for b in consume(s, 7) for i in b]
     state = old[0].state_dict(steps_done=7)
-    assert state == old[3].state_dict(steps_done=7) | {"sampler": state["sampler"]}
+    assert state == old[3].state_dict(steps_done=7)
     rest = []
     lengths = set()
     for r in range(new_world):
@@ -340,7 +341,7 @@ def test_resume_on_same_ranks_replays_the_plan():
         got += list(resumed)
         assert got == expected
         # Saving again after the resume counts steps from the plan's start.
-        assert resumed.state_dict()["steps_done"] == len(expected) // 2
+        assert resumed.state_dict()["micro_batches_done"] == len(expected)
 
 
 def test_resume_twice_and_next_epoch_is_whole():
@@ -361,6 +362,7 @@ def test_resume_twice_and_next_epoch_is_whole():
         remaining.samples[np.repeat(remaining.padding == 0, np.diff(remaining.offsets))].tolist()
     )
     assert len(left) == len(lens) - st2["num_consumed"]
+    list(s3)  # finish the resumed epoch; then the next one is whole
     s3.set_epoch(2)
     assert len(check_plan(s3)) == len(lens)
 
@@ -373,7 +375,7 @@ def test_state_dict_defaults_to_iterated_steps_and_rejects_mismatch():
     with pytest.raises(ValueError, match="steps_done"):
         s.state_dict(steps_done=10**6)
     other = AdaptiveBatchSampler(lens[:100], 151200, num_replicas=2, rank=0)
-    with pytest.raises(ValueError, match="400 samples"):
+    with pytest.raises(ValueError, match="another dataset"):
         other.load_state_dict(s.state_dict())
 
 
@@ -387,7 +389,7 @@ def test_state_dict_defaults_to_iterated_steps_and_rejects_mismatch():
         ([10, 0, 5], r"seq_lens\[1\] = 0"),
         ([10.0, float("nan")], r"seq_lens\[1\] = nan"),
         ([10.0, 2.5], r"seq_lens\[1\] = 2.5"),
-        (["a", "b"], "integers"),
+        (["a", "b"], r"seq_lens\[0\] = .a. is not an integer"),
         ([[1, 2]], "1-D"),
     ],
 )
@@ -407,7 +409,7 @@ def test_bad_seq_lens_name_the_problem(lens, match):
         (dict(num_replicas=2, rank=2), "rank"),
         (dict(micro_batches_per_step=0), "micro_batches_per_step"),
         (dict(lookahead_steps=0), "lookahead_steps"),
-        (dict(group_keys=[1, 2]), "group_keys has 2 entries"),
+        (dict(group_keys=[1, 2]), r"group_keys must have one key per sample \(3\), got 2"),
         (dict(on_oversize="ignore"), "on_oversize"),
     ],
 )
@@ -417,11 +419,8 @@ def test_bad_arguments_name_the_problem(kwargs, match):
         AdaptiveBatchSampler(**args)
 
 
-def test_oversize_sample_errors_or_is_skipped_with_warning():
+def test_oversize_sample_is_skipped_with_one_warning():
     lens = [100, 100, 5000, 100]
-    s = AdaptiveBatchSampler(lens, 1000, num_replicas=1, rank=0)
-    with pytest.raises(ValueError, match="sample 2 has 5000 tokens"):
-        s.plan()
     s = AdaptiveBatchSampler(lens, 1000, num_replicas=1, rank=0, on_oversize="skip")
     with pytest.warns(UserWarning, match="skipped 1 sample"):
         plan = s.plan()
@@ -459,3 +458,347 @@ def test_balance_report_definitions():
     assert rep.token_utilization == pytest.approx(np.mean(plan.tokens / 151200))
     again = rescore(plan, lens, s.cost_model, s.max_cost)
     np.testing.assert_allclose(again.costs, plan.costs, rtol=1e-12)
+
+
+# -- inputs in any container plan alike ---------------------------------------------------------
+
+
+def plan_of(lens, keys=None, **kw):
+    args = dict(num_replicas=4, rank=0, micro_batches_per_step=2, seed=3) | kw
+    return AdaptiveBatchSampler(lens, 151200, group_keys=keys, **args).plan()
+
+
+def same_plan(a, b):
+    np.testing.assert_array_equal(a.samples, b.samples)
+    np.testing.assert_array_equal(a.offsets, b.offsets)
+
+
+def test_group_keys_as_tensors_lists_or_arrays_plan_alike():
+    meta = demo_metadata(2000, "wan-mix", seed=4)
+    ref = plan_of(meta.seq_lens, meta.shapes)
+    assert np.diff(ref.offsets).max() > 1  # real multi-sample batches
+    for keys in (
+        torch.from_numpy(meta.shapes),  # n x 3 tensor
+        torch.from_numpy(meta.shapes).to(torch.int32),
+        torch.from_numpy(meta.shapes).float(),
+        [tuple(int(v) for v in s) for s in meta.shapes],  # list of tuples
+        [list(s) for s in meta.shapes],
+        meta.shapes.astype(np.int16),
+    ):
+        same_plan(plan_of(meta.seq_lens, keys), ref)
+    ids = meta.group_keys()
+    ref1 = plan_of(meta.seq_lens, ids)
+    for keys in (torch.from_numpy(ids), torch.from_numpy(ids).to(torch.int8), ids.tolist()):
+        same_plan(plan_of(meta.seq_lens, keys), ref1)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.int64, torch.int32, torch.int16, torch.bfloat16, torch.float16, torch.float32]
+)
+def test_seq_lens_as_tensors_of_any_dtype_plan_like_numpy(dtype):
+    # Values every dtype holds exactly (bf16 has 8 significant bits).
+    lens = np.random.default_rng(5).choice([64, 128, 256, 512, 1024, 2048], size=500)
+    ref = AdaptiveBatchSampler(lens, 4096, num_replicas=2, rank=0).plan()
+    got = AdaptiveBatchSampler(torch.from_numpy(lens).to(dtype), 4096, num_replicas=2, rank=0)
+    same_plan(got.plan(), ref)
+    assert got.seq_lens.dtype == np.int64
+
+
+def test_lengths_past_int64_get_clear_errors():
+    with pytest.raises(ValueError, match=r"seq_lens\[1\] = 18446744073709551615"):
+        AdaptiveBatchSampler(np.array([5, 2**64 - 1], dtype=np.uint64), 100)
+    with pytest.raises(ValueError, match=r"seq_lens\[0\] = 36893488147419103232"):
+        AdaptiveBatchSampler([2**65, 3], 100)
+    with pytest.raises(ValueError, match=r"seq_lens\[1\] = 'x'"):
+        AdaptiveBatchSampler([3, "x"], 100)
+    with pytest.raises(ValueError, match="seq_lens must hold integers"):
+        AdaptiveBatchSampler(torch.tensor([True, False]), 100)
+
+
+def test_oversize_sample_is_refused_when_the_sampler_is_made():
+    with pytest.raises(ValueError, match=r"1 sample\(s\) exceed.*index 2.*5000 tokens.*max_tokens"):
+        AdaptiveBatchSampler([100, 100, 5000, 100], 1000, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match=r"max_cost"):
+        AdaptiveBatchSampler(
+            [10, 10, 40], 1000, max_cost=30.0, cost_model=CostModel.power(1.0), num_replicas=1
+        )
+    with pytest.raises(ValueError, match=r"index 1"):
+        EqualTokenBatchSampler([100, 2000], 1000, num_replicas=1, rank=0)
+
+
+@pytest.mark.parametrize("cls", [AdaptiveBatchSampler, EqualTokenBatchSampler])
+def test_sampler_and_cost_model_pickle_and_deepcopy(cls):
+    import copy
+    import pickle
+
+    lens = random_mix(900, seed=11)
+    s = cls(lens, 151200, num_replicas=3, rank=1, micro_batches_per_step=2, seed=4)
+    s.set_epoch(2)
+    clones = (pickle.loads(pickle.dumps(s)), copy.deepcopy(s))
+    expected = list(s)
+    for clone in clones:
+        assert clone.epoch == 2
+        assert list(clone) == expected
+    for model in (CostModel.power(1.7, coef=3.0), CostModel.wan21_h200("1.3B", layers=4)):
+        back = pickle.loads(pickle.dumps(model))
+        assert back.to_dict() == model.to_dict()
+        assert copy.deepcopy(model).batch_cost([1560, 75600]) == model.batch_cost([1560, 75600])
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(shuffle="no"), "shuffle"),
+        (dict(drop_last=1), "drop_last"),
+        (dict(seed=True), "seed"),
+        (dict(seed=-1), "seed"),
+        (dict(seed=1.5), "seed"),
+        (dict(max_tokens=True), "max_tokens"),
+        (dict(max_tokens=1000.0), "max_tokens"),
+        (dict(micro_batches_per_step=2.0), "micro_batches_per_step"),
+        (dict(num_replicas=True, rank=0), "num_replicas"),
+        (dict(balance="yes"), "balance"),
+        (dict(cost_model="wan21"), "cost_model"),
+        (dict(group_keys=np.zeros((3, 2, 2))), "group_keys"),
+        (dict(group_keys=5), "group_keys"),
+    ],
+)
+def test_more_bad_arguments_name_the_argument(kwargs, match):
+    args = dict(seq_lens=[10, 20, 30], max_tokens=100, num_replicas=1, rank=0) | kwargs
+    with pytest.raises(ValueError, match=match):
+        AdaptiveBatchSampler(**args)
+
+
+# -- resume: one plan fingerprint ---------------------------------------------------------------
+
+
+def ranks_of(cls, lens, world, **kw):
+    return [
+        cls(lens, kw.pop("max_tokens", 151200), num_replicas=world, rank=r, **kw)
+        for r in range(world)
+    ]
+
+
+def make(cls, lens, world, rank, **kw):
+    kw = dict(kw)
+    max_tokens = kw.pop("max_tokens", 151200)
+    return cls(lens, max_tokens, num_replicas=world, rank=rank, **kw)
+
+
+def epoch_cover(lens, first, rest_samplers, steps, epoch=1):
+    """Consume `steps` steps on `first` (one sampler per rank), save, resume on
+    `rest_samplers`, finish the epoch; return the Counter of samples and the padding."""
+    for s in first:
+        s.set_epoch(epoch)
+    done = [i for s in first for b in consume(s, steps) for i in b]
+    state = first[0].state_dict(steps_done=steps)
+    for s in first[1:]:
+        assert s.state_dict(steps_done=steps) == state, "ranks disagree on the state"
+    rest = []
+    for s in rest_samplers:
+        s.load_state_dict(state)
+        s.set_epoch(epoch)
+        rest += [i for b in s for i in b]
+    padded = rest_samplers[0].plan().num_padded_samples
+    return collections.Counter(done + rest), padded
+
+
+BASE = dict(micro_batches_per_step=2, seed=9)
+
+
+@pytest.mark.parametrize(
+    "cls_new,change",
+    [
+        (AdaptiveBatchSampler, dict(max_tokens=100_000)),
+        (AdaptiveBatchSampler, dict(max_cost=45_000.0)),
+        (AdaptiveBatchSampler, dict(cost_model=CostModel.power(1.5))),
+        (AdaptiveBatchSampler, dict(lookahead_steps=3)),
+        (AdaptiveBatchSampler, dict(balance=False)),
+        (AdaptiveBatchSampler, dict(drop_last=True)),
+        (AdaptiveBatchSampler, dict(seed=10)),
+        (AdaptiveBatchSampler, dict(micro_batches_per_step=3)),
+        (EqualTokenBatchSampler, dict()),
+    ],
+)
+def test_resume_with_other_settings_replans_the_rest(cls_new, change):
+    lens = random_mix(2300, seed=12)
+    first = [make(AdaptiveBatchSampler, lens, 3, r, **BASE) for r in range(3)]
+    new_kw = BASE | change
+    if cls_new is EqualTokenBatchSampler:
+        new_kw = {k: v for k, v in new_kw.items() if k in ("micro_batches_per_step", "seed")}
+    rest = [make(cls_new, lens, 3, r, **new_kw) for r in range(3)]
+    counts, padded = epoch_cover(lens, first, rest, steps=20)
+    dropped = rest[0].plan().num_dropped_samples
+    assert len(counts) == len(lens) - dropped, "samples lost"
+    assert sum(c - 1 for c in counts.values()) == padded, "samples repeated"
+
+
+def test_resume_from_equal_token_state_into_adaptive_replans():
+    lens = random_mix(1500, seed=13)
+    first = [make(EqualTokenBatchSampler, lens, 2, r, **BASE) for r in range(2)]
+    rest = [make(AdaptiveBatchSampler, lens, 2, r, **BASE) for r in range(2)]
+    counts, padded = epoch_cover(lens, first, rest, steps=15)
+    assert len(counts) == len(lens)
+    assert sum(c - 1 for c in counts.values()) == padded
+
+
+def test_resume_refuses_another_dataset_of_the_same_size():
+    lens = random_mix(1200, seed=14)
+    s = make(AdaptiveBatchSampler, lens, 2, 0, **BASE)
+    consume(s, 4)
+    state = s.state_dict(steps_done=4)
+    other = make(AdaptiveBatchSampler, np.roll(lens, 1), 2, 0, **BASE)
+    with pytest.raises(ValueError, match="another dataset"):
+        other.load_state_dict(state)
+    keys = np.arange(len(lens)) % 3
+    other = make(AdaptiveBatchSampler, lens, 2, 0, group_keys=keys, **BASE)
+    with pytest.raises(ValueError, match="another dataset"):
+        other.load_state_dict(state)
+
+
+def good_state():
+    lens = random_mix(603, seed=15)  # not a multiple of 8: the bitmaps have padding bits
+    s = make(AdaptiveBatchSampler, lens, 2, 0, **BASE)
+    s.set_epoch(1)
+    consume(s, 3)
+    return lens, s.state_dict(steps_done=3)
+
+
+def mutate(state, key, value):
+    import copy
+
+    st = copy.deepcopy(state)
+    if value is KeyError:
+        del st[key]
+    else:
+        st[key] = value(st[key]) if callable(value) else value
+    return st
+
+
+@pytest.mark.parametrize(
+    "key,value,match",
+    [
+        ("micro_batches_done", -3, "micro_batches_done"),
+        ("micro_batches_done", 2.7, "micro_batches_done"),
+        ("micro_batches_done", 10**6, "micro_batches_done"),
+        ("micro_batches_done", True, "micro_batches_done"),
+        ("epoch", -1, "epoch"),
+        ("epoch", "1", "epoch"),
+        ("consumed", lambda b: b[:-1], "consumed"),
+        ("consumed", lambda b: b + b"\x00", "consumed"),
+        ("consumed", lambda b: b[:-1] + bytes([b[-1] | 1]), "consumed"),  # padding bit set
+        ("consumed", lambda b: bytes(len(b)), "consumed"),  # disagrees with the plan
+        ("consumed", "abc", "consumed"),
+        ("excluded", lambda b: bytes([255]) * len(b), "excluded"),
+        ("num_consumed", lambda n: n + 1, "num_consumed"),
+        ("version", 1, "version"),
+        ("fingerprint", KeyError, "fingerprint"),
+        ("fingerprint", lambda f: f | {"num_replicas": 0}, "num_replicas"),
+        ("fingerprint", lambda f: f | {"sampler": "Other"}, "sampler"),
+        ("micro_batches_done", KeyError, "micro_batches_done"),
+    ],
+)
+def test_load_state_dict_validates_every_field(key, value, match):
+    lens, state = good_state()
+    s = make(AdaptiveBatchSampler, lens, 2, 0, **BASE)
+    s.load_state_dict(state)  # the unmodified state loads
+    with pytest.raises(ValueError, match=match):
+        make(AdaptiveBatchSampler, lens, 2, 0, **BASE).load_state_dict(mutate(state, key, value))
+
+
+def test_load_state_dict_rejects_non_dicts():
+    s = make(AdaptiveBatchSampler, [10, 20], 1, 0)
+    with pytest.raises(ValueError, match="dict"):
+        s.load_state_dict([1, 2])
+
+
+def test_state_dict_steps_done_is_checked():
+    lens = random_mix(600, seed=16)
+    s = make(AdaptiveBatchSampler, lens, 2, 0, **BASE)
+    consume(s, 3)
+    for bad in (-3, 2.7, True, 10**6):
+        with pytest.raises(ValueError, match="steps_done"):
+            s.state_dict(steps_done=bad)
+    resumed = make(AdaptiveBatchSampler, lens, 2, 0, **BASE)
+    resumed.load_state_dict(s.state_dict(steps_done=3))
+    with pytest.raises(ValueError, match="before the resumed position"):
+        resumed.state_dict(steps_done=2)
+
+
+def test_resumed_sampler_second_pass_is_the_whole_epoch():
+    lens = random_mix(800, seed=17)
+    whole = make(AdaptiveBatchSampler, lens, 2, 0, **BASE)
+    whole.set_epoch(1)
+    expected = list(whole)
+    s = make(AdaptiveBatchSampler, lens, 2, 0, **BASE)
+    s.set_epoch(1)
+    consume(s, 4)
+    resumed = make(AdaptiveBatchSampler, lens, 2, 0, **BASE)
+    resumed.load_state_dict(s.state_dict(steps_done=4))
+    assert list(resumed) == expected[8:]
+    with pytest.warns(UserWarning, match="again without set_epoch"):
+        again = list(resumed)
+    assert again == expected
+
+
+def test_set_epoch_refuses_to_discard_a_resumed_position():
+    lens = random_mix(800, seed=18)
+    s = make(AdaptiveBatchSampler, lens, 2, 0, **BASE)
+    s.set_epoch(3)
+    consume(s, 4)
+    resumed = make(AdaptiveBatchSampler, lens, 2, 0, **BASE)
+    resumed.load_state_dict(s.state_dict(steps_done=4))
+    with pytest.raises(ValueError, match="resumed at epoch 3"):
+        resumed.set_epoch(0)
+    resumed.set_epoch(3)  # keeps the position
+    assert resumed.start_step == 4
+    list(resumed)
+    resumed.set_epoch(4)  # the resumed epoch is done: moving on is fine
+
+
+def test_resume_mid_step_is_exact():
+    lens = random_mix(900, seed=19)
+    kw = dict(micro_batches_per_step=3, seed=2)
+    for r in range(2):
+        whole = make(AdaptiveBatchSampler, lens, 2, r, **kw)
+        expected = list(whole)
+        s = make(AdaptiveBatchSampler, lens, 2, r, **kw)
+        got = [b for _, b in zip(range(7), s, strict=False)]  # 2 steps and 1 micro-batch
+        resumed = make(AdaptiveBatchSampler, lens, 2, r, **kw)
+        resumed.load_state_dict(s.state_dict(micro_batches_done=7))
+        assert got + list(resumed) == expected
+
+
+def test_finished_epoch_resumes_to_nothing_left():
+    lens = random_mix(500, seed=20)
+    s = make(AdaptiveBatchSampler, lens, 2, 0, **BASE)
+    s.set_epoch(2)
+    list(s)
+    state = s.state_dict()  # a completed pass: nothing in flight, the default is exact
+    resumed = make(AdaptiveBatchSampler, lens, 2, 0, **BASE)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(2)
+    assert len(resumed) == 0 and list(resumed) == []
+    resumed.set_epoch(3)
+    assert len(resumed) > 0
+
+
+def test_default_state_dict_is_refused_while_workers_prefetch():
+    lens = random_mix(600, seed=21)
+    s = make(AdaptiveBatchSampler, lens, 1, 0, **BASE)
+    loader = DataLoader(IndexDataset(lens), batch_sampler=s, num_workers=2)
+    it = iter(loader)
+    next(it)
+    with pytest.raises(ValueError, match="workers"):
+        s.state_dict()
+    assert s.state_dict(steps_done=0)["micro_batches_done"] == 0
+    del it
+
+
+def test_default_state_dict_is_exact_without_workers():
+    lens = random_mix(600, seed=22)
+    s = make(AdaptiveBatchSampler, lens, 1, 0, **BASE)
+    it = iter(DataLoader(IndexDataset(lens), batch_sampler=s, num_workers=0))
+    for _ in range(5):
+        next(it)
+    assert s.state_dict() == s.state_dict(micro_batches_done=5)

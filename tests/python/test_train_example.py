@@ -152,3 +152,73 @@ def test_warm_shapes_changes_nothing_but_the_clock(dataset, tmp_path, parallel):
     for a, b in zip(plain_log, steps, strict=True):
         assert a["batches"] == b["batches"]
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6), f"step {a['global_step']}"
+
+
+# -- resubmission by a job scheduler ------------------------------------------------------------
+
+
+def ckpt_summary(path):
+    import torch
+
+    ck = torch.load(path, weights_only=False, map_location="cpu")
+    s = ck["sampler"]
+    return ck["epoch"], ck["global_step"], s["epoch"], s["micro_batches_done"], s["num_consumed"]
+
+
+def test_resubmitting_a_finished_run_trains_nothing_and_keeps_the_checkpoint(dataset, tmp_path):
+    ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
+    common = ("--data", dataset, "--checkpoint-dir", ckpt, "--log-file", log)
+    torchrun(*common, "--max-steps", "3")
+    before = ckpt_summary(os.path.join(ckpt, "last.pt"))
+    assert before[1] == 3
+    for _ in range(2):  # the scheduler resubmits, twice
+        torchrun(*common, "--max-steps", "3", "--resume")
+        assert len(read_log(log)) == 3, "a resubmitted run that had reached --max-steps trained"
+        assert ckpt_summary(os.path.join(ckpt, "last.pt")) == before
+
+
+def test_resuming_after_the_last_epoch_does_not_train_it_again(dataset, tmp_path):
+    ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "log.jsonl")
+    common = ("--data", dataset, "--checkpoint-dir", ckpt, "--log-file", log, "--epochs", "1")
+    torchrun(*common)
+    steps = len(read_log(log))
+    before = ckpt_summary(os.path.join(ckpt, "last.pt"))
+    assert before[0] == 0 and before[1] == steps and before[4] == 60  # epoch 0 fully consumed
+    for _ in range(2):
+        torchrun(*common, "--resume")
+        assert len(read_log(log)) == steps, "the finished epoch was trained again"
+        assert ckpt_summary(os.path.join(ckpt, "last.pt")) == before
+
+
+def test_checkpoint_load_errors_name_the_file(dataset, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "last.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(AssertionError, match=str(ckpt / "last.pt")):
+        torchrun("--data", dataset, "--checkpoint-dir", str(ckpt), "--resume", "--max-steps", "1")
+
+
+def test_a_missing_peer_fails_within_the_timeout(dataset):
+    # Rank 0 of 2 alone: it waits for its peer at the first rendezvous, then gives up after
+    # --timeout seconds instead of torch's default 30 minutes.
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(
+        os.environ,
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
+    cmd = [sys.executable, os.path.join(EXAMPLES, "train_wan.py"), "--device", "cpu", "--config"]
+    cmd += ["tiny", "--data", dataset, "--timeout", "5", "--no-progress"]
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode != 0
+    assert time.monotonic() - t0 < 120

@@ -10,11 +10,15 @@ keeping diffusers' numerics: statistics and modulation in fp32, the stream in it
 dtype (bf16 in training). Weights are untouched, so state dicts, checkpoints, FSDP and
 gradient checkpointing see the same model. ``remove_fused_ops(model)`` undoes it. The
 model's final ``norm_out`` (one per model, inline in the model's forward) is left as is.
+
+Each block's ``forward`` becomes a ``functools.partial`` of a module-level function bound
+to the block (not a bound method, which pickles as a lookup by name that fails on load),
+so a patched model survives ``torch.save``/``torch.load`` and ``copy.deepcopy``.
 """
 
 from __future__ import annotations
 
-import types
+import functools
 
 import torch
 from torch import nn
@@ -101,7 +105,7 @@ def apply_fused_ops(model: nn.Module) -> nn.Module:
         raise ValueError(f"apply_fused_ops: {type(model).__name__} has no WanTransformerBlock")
     for block in blocks:
         if not getattr(block, _MARK, False):
-            block.forward = types.MethodType(_fused_block_forward, block)
+            block.forward = functools.partial(_fused_block_forward, block)
             setattr(block, _MARK, True)
     return model
 

@@ -1,0 +1,136 @@
+"""HuggingFace accelerate with AdaptiveLoad's batch samplers.
+
+Two ways, both exact (every sample once per epoch, repeats only from the plan's reported
+padding):
+
+- **The ordinary pattern**: ``accelerator.prepare(model, optimizer, DataLoader(ds,
+  batch_sampler=sampler))``. accelerate wraps any batch sampler in its ``BatchSamplerShard``,
+  which keeps every N-th batch on each process; the sampler sees that wrapper and hands it
+  every rank's micro-batches interleaved, so that each process keeps exactly its own.
+  ``prepared_loader.set_epoch(e)`` reaches the sampler. ``dispatch_batches=True`` is refused
+  (it would split process 0's batches evenly). Its position cannot be saved exactly (the
+  prepared loader reads a batch ahead): for resume, use the helper below.
+- **``prepare_data_loader(accelerator, loader)``**: a prepared loader without accelerate's
+  sharding (device placement, ``set_epoch`` and gradient-accumulation bookkeeping as
+  accelerate's own), registered for checkpointing, so that ``accelerator.save_state`` and
+  ``load_state`` save and restore the sampler's epoch and position exactly, also with
+  DataLoader workers. ``accelerator.prepare`` passes it through unchanged.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from accelerate.data_loader import DataLoaderShard
+from torch.utils.data import DataLoader
+
+from adaptiveload.sampler import _PlannedBatchSampler
+
+__all__ = ["AdaptiveDataLoader", "prepare_data_loader"]
+
+# DataLoader settings carried over to the prepared loader (the sampling ones are ours).
+_LOADER_SETTINGS = (
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
+
+
+class AdaptiveDataLoader(DataLoaderShard):
+    """accelerate's ``DataLoaderShard`` over an AdaptiveLoad batch sampler, unsharded, that
+    counts the micro-batches it has handed to the training loop. Its ``state_dict`` is the
+    sampler's state at that count (what ``accelerator.save_state`` stores); its
+    ``load_state_dict`` restores the sampler's epoch and position."""
+
+    def __init__(self, dataset, **kwargs):
+        super().__init__(dataset, **kwargs)
+        sampler = self.base_dataloader.batch_sampler
+        self._handed = 0
+        self._pass_key = None
+        self.iteration = sampler.epoch
+
+    @property
+    def adaptive_sampler(self) -> _PlannedBatchSampler:
+        return self.base_dataloader.batch_sampler
+
+    @property
+    def epoch(self) -> int:
+        """The sampler's epoch (restored by ``accelerator.load_state``)."""
+        return self.adaptive_sampler.epoch
+
+    def __iter__(self):
+        sampler = self.adaptive_sampler
+        self._handed, self._pass_key = 0, None
+        for batch in super().__iter__():
+            if self._pass_key is None:
+                self._pass_key = (sampler.epoch, sampler.start_micro_batch)
+            self._handed += 1
+            yield batch
+
+    def state_dict(self) -> dict:
+        sampler = self.adaptive_sampler
+        if self._pass_key == (sampler.epoch, sampler.start_micro_batch):
+            return sampler.state_dict(micro_batches_done=sampler.start_micro_batch + self._handed)
+        return sampler.state_dict(micro_batches_done=sampler.start_micro_batch)
+
+    def load_state_dict(self, state: dict) -> None:
+        sampler = self.adaptive_sampler
+        sampler.load_state_dict(state)
+        self.iteration = sampler.epoch
+        self._handed, self._pass_key = 0, None
+
+
+def prepare_data_loader(
+    accelerator, dataloader: DataLoader, *, device_placement: bool | None = None
+):
+    """Prepare ``dataloader`` (whose ``batch_sampler`` is an AdaptiveLoad sampler) for
+    ``accelerator`` without sharding it again, and register it for checkpointing.
+
+    Returns an :class:`AdaptiveDataLoader`. Call it before ``accelerator.load_state`` (which
+    then restores the sampler's epoch and position) and iterate as usual::
+
+        loader = prepare_data_loader(accelerator, DataLoader(ds, batch_sampler=sampler))
+        model, optimizer = accelerator.prepare(model, optimizer)
+        accelerator.load_state(ckpt)            # when resuming
+        for epoch in range(loader.epoch, num_epochs):
+            loader.set_epoch(epoch)             # the resumed epoch keeps its position
+            for batch in loader: ...
+    """
+    sampler = dataloader.batch_sampler
+    if not isinstance(sampler, _PlannedBatchSampler):
+        raise ValueError(
+            "prepare_data_loader: dataloader.batch_sampler must be an AdaptiveBatchSampler or "
+            f"EqualTokenBatchSampler, got {type(sampler).__name__}"
+        )
+    if getattr(dataloader, "_is_accelerate_prepared", False):
+        raise ValueError("prepare_data_loader: this DataLoader was already prepared by accelerate")
+    steps = getattr(accelerator, "gradient_accumulation_steps", 1)
+    if steps not in (1, sampler.micro_batches_per_step):
+        warnings.warn(
+            f"accelerator.gradient_accumulation_steps = {steps} but the sampler balances "
+            f"{sampler.micro_batches_per_step} micro-batch(es) per step: give the sampler "
+            f"micro_batches_per_step={steps} so that each synchronized step is balanced",
+            stacklevel=2,
+        )
+    if device_placement is None:
+        device_placement = accelerator.device_placement
+    settings = {k: getattr(dataloader, k) for k in _LOADER_SETTINGS if hasattr(dataloader, k)}
+    loader = AdaptiveDataLoader(
+        dataloader.dataset,
+        batch_sampler=sampler,
+        device=accelerator.device if device_placement else None,
+        _non_blocking=accelerator.non_blocking,
+        **settings,
+    )
+    loader._is_accelerate_prepared = True
+    accelerator.prepare_data_loader(loader)  # already prepared: only registered as a loader
+    accelerator.register_for_checkpointing(loader)
+    return loader
