@@ -20,6 +20,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from adaptiveload.models.wan import build_wan, random_batch
+from adaptiveload.wan import CONFIGS, wan_seq_len
+
+CONFIG = "wan2.1-1.3B"
 
 
 def fwd_bwd_ms(model, inputs) -> float:
@@ -31,7 +34,12 @@ def fwd_bwd_ms(model, inputs) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
-def chosen_backend(batch: int, seq: int, heads: int = 12, dim: int = 128) -> str:
+def chosen_backend(
+    batch: int,
+    seq: int,
+    heads: int = CONFIGS[CONFIG]["num_attention_heads"],
+    dim: int = CONFIGS[CONFIG]["attention_head_dim"],
+) -> str:
     q = torch.randn(batch, heads, seq, dim, device="cuda", dtype=torch.bfloat16)
     q.requires_grad_(True)
     return SDPBackend(torch._fused_sdp_choice(q, q, q)).name
@@ -43,14 +51,15 @@ def main() -> None:
     ap.add_argument("--fused", action="store_true", help="with adaptiveload's fused adaLN ops")
     args = ap.parse_args()
     model = build_wan(
-        "wan2.1-1.3B", layers=args.layers, device="cuda", dtype=torch.bfloat16, fused=args.fused
+        CONFIG, layers=args.layers, device="cuda", dtype=torch.bfloat16, fused=args.fused
     )
     print(f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
+    image, video = wan_seq_len(1, 480, 832), wan_seq_len(81, 480, 832)
     print(
-        "default backend choice: images B=48 S=1560:",
-        chosen_backend(48, 1560),
-        "| video B=1 S=32760:",
-        chosen_backend(1, 32760),
+        f"default backend choice: images B=48 S={image}:",
+        chosen_backend(48, image),
+        f"| video B=1 S={video}:",
+        chosen_backend(1, video),
     )
     settings = {
         "default": None,

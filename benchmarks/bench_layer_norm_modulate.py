@@ -6,17 +6,24 @@ adaptiveload's op, for forward, backward and forward+backward; plus the fused ga
 op against add + our op.
 
 Byte model (bf16 stream): forward reads x and writes y (4 bytes/element), backward reads x and
-dy and writes dx (6 bytes/element); per-token modulation adds its bytes, per-sample modulation
-is negligible. fp32 stream: fp32 x, bf16 y/dy, fp32 dx.
+dy and writes dx (6 bytes/element). Per-token modulation adds, forward, the reads of shift
+and scale; backward, the read of scale and the writes of dshift and dscale (shift itself is
+never read by the backward). Per-sample modulation is negligible. fp32 stream: fp32 x, bf16
+y/dy, fp32 dx.
 
-    python benchmarks/bench_layer_norm_modulate.py [--quick] [--no-autotune] [--out FILE]
-    python benchmarks/bench_layer_norm_modulate.py --sweep   # the kernels' tuning knobs
+    python benchmarks/bench_layer_norm_modulate.py [--quick] [--no-compile] [--csv FILE] [--label L]
+
+Writes one CSV row per shape and implementation (with, for ours, the tuning-table rows that
+ran); benchmarks/make_results.py turns the CSVs into RESULTS.md. The tuning sweep is
+benchmarks/tune_layer_norm_modulate.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
+import os
 import sys
 
 import torch
@@ -55,9 +62,10 @@ class Case:
             dy = torch.randn(b, s, d, device="cuda", dtype=self.out_dtype)
             self.sets.append((x, shift, scale, dy))
         x, shift, scale, dy = self.sets[0]
-        mod_bytes = 0 if mod == "per_sample" else nbytes(shift, scale)
-        self.fwd_bytes = nbytes(x) + nbytes(dy) + mod_bytes
-        self.bwd_bytes = 2 * nbytes(x) + nbytes(dy) + mod_bytes * 2  # + dmod for per-token
+        mod_bytes = 0 if mod == "per_sample" else nbytes(shift)  # one per-token operand
+        self.fwd_bytes = nbytes(x) + nbytes(dy) + 2 * mod_bytes  # reads shift and scale
+        # reads scale, writes dshift and dscale
+        self.bwd_bytes = 2 * nbytes(x) + nbytes(dy) + 3 * mod_bytes
 
 
 USE_GRAPHS = True
@@ -168,6 +176,19 @@ def measure(impl, case, out_dtype):
     return t_fwd, t_bwd, t_all, peak, saved_bytes_new
 
 
+def tables_rows_of(case):
+    """The tuning-table rows (forward, backward) our op runs for this case, where the build
+    reports them."""
+    from adaptiveload import ops
+
+    if not hasattr(ops, "_last_configs"):
+        return ""
+    x, shift, scale, dy = case.sets[0]
+    y = ours(x, shift, scale, case.out_dtype)
+    torch.autograd.grad(y, (x, shift, scale), dy)
+    return " ".join(ops._last_configs())
+
+
 def copy_ceiling_gbs():
     n = 1 << 29  # 1 GiB of bf16 per buffer, far beyond L2
     src = torch.empty(n, device="cuda", dtype=torch.bfloat16)
@@ -222,115 +243,6 @@ def bench_fused_residual(rows):
     rows.append(("fused residual fwd, 1x32760x5120 bf16", t_fused, 8 * elem, t_sep, 10 * elem))
 
 
-# Knob settings the sweep compares (docs/ops.md): name -> environment.
-FWD_SWEEP = {
-    "regs": {"ADAPTIVELOAD_FWD_RING": "0"},
-    "regs y 16-byte": {"ADAPTIVELOAD_FWD_RING": "0", "ADAPTIVELOAD_FWD_Y_WORDS": "0"},
-    "regs 1 row/warp": {"ADAPTIVELOAD_FWD_RING": "0", "ADAPTIVELOAD_FWD_LAYOUT": "1"},
-    "ring 2": {"ADAPTIVELOAD_FWD_RING": "2"},
-    "ring 2 bounds-tested": {"ADAPTIVELOAD_FWD_RING": "2", "ADAPTIVELOAD_FWD_FULL": "0"},
-    "ring 2 y 4-byte": {"ADAPTIVELOAD_FWD_RING": "2", "ADAPTIVELOAD_FWD_Y_WORDS": "1"},
-    "ring 2 1 row/warp 7 warps": {
-        "ADAPTIVELOAD_FWD_RING": "2",
-        "ADAPTIVELOAD_FWD_LAYOUT": "1",
-        "ADAPTIVELOAD_FWD_WARPS": "7",
-    },
-    "ring 3": {"ADAPTIVELOAD_FWD_RING": "3"},
-    "bulk 2 4 warps": {"ADAPTIVELOAD_FWD_BULK": "2", "ADAPTIVELOAD_FWD_WARPS": "4"},
-}
-BWD_SWEEP = {
-    "general tiles": {"ADAPTIVELOAD_BWD_LEAN": "0", "ADAPTIVELOAD_ROW_ORDER": "1"},
-    "lean chunks": {"ADAPTIVELOAD_ROW_ORDER": "0"},
-    "lean tiles": {"ADAPTIVELOAD_ROW_ORDER": "1"},
-    "lean t=1 s=2": {"ADAPTIVELOAD_BWD_TEAMS": "1", "ADAPTIVELOAD_BWD_STAGES": "2"},
-    "lean t=2 s=2": {"ADAPTIVELOAD_BWD_TEAMS": "2", "ADAPTIVELOAD_BWD_STAGES": "2"},
-    "lean t=3 s=2": {"ADAPTIVELOAD_BWD_TEAMS": "3", "ADAPTIVELOAD_BWD_STAGES": "2"},
-    "lean t=1 s=3": {"ADAPTIVELOAD_BWD_TEAMS": "1", "ADAPTIVELOAD_BWD_STAGES": "3"},
-}
-KNOB_NAMES = (
-    "ADAPTIVELOAD_ROW_ORDER",
-    "ADAPTIVELOAD_FWD_LAYOUT",
-    "ADAPTIVELOAD_FWD_RING",
-    "ADAPTIVELOAD_FWD_WARPS",
-    "ADAPTIVELOAD_FWD_BULK",
-    "ADAPTIVELOAD_FWD_FULL",
-    "ADAPTIVELOAD_FWD_Y_WORDS",
-    "ADAPTIVELOAD_BWD_LEAN",
-    "ADAPTIVELOAD_BWD_TEAMS",
-    "ADAPTIVELOAD_BWD_STAGES",
-)
-
-
-def set_env(env):
-    import os
-
-    for k in KNOB_NAMES:
-        os.environ.pop(k, None)
-    os.environ.update(env)
-
-
-def sweep_knobs(ceiling, lines):
-    """Our kernels under each setting of the tuning knobs (docs/ops.md), per-sample modulation."""
-    shapes = [
-        (1, 32760, 1536, "bf16"),
-        (1, 75600, 1536, "bf16"),
-        (1, 32760, 3072, "bf16"),
-        (1, 32760, 5120, "bf16"),
-        (2, 32760, 5120, "bf16"),
-        (1, 32760, 1536, "fp32"),
-        (1, 32760, 3072, "fp32"),
-        (1, 32760, 5120, "fp32"),
-    ]
-    head = (
-        "| shape | "
-        + " | ".join(f"fwd {k}" for k in FWD_SWEEP)
-        + " | "
-        + " | ".join(f"bwd {k}" for k in BWD_SWEEP)
-        + " | default fwd | default bwd |"
-    )
-    lines += ["", "Tuning knobs, % of copy bandwidth (ours, per-sample modulation):", "", head]
-    lines.append("|" + "---|" * (len(FWD_SWEEP) + len(BWD_SWEEP) + 3))
-    print(head)
-    for b, s, d, stream in shapes:
-        case = Case(b, s, d, stream, "per_sample", copies=2)
-        fwd = forward_only(ours, case.out_dtype)
-        graphs = autograd_graphs(ours, case, case.out_dtype)
-        cells = []
-        for env in FWD_SWEEP.values():
-            set_env(env)
-            try:
-                cells.append(100 * case.fwd_bytes / bench(fwd, case.sets) / 1e6 / ceiling)
-            except RuntimeError:  # a setting this shape does not take (warps per block)
-                cells.append(float("nan"))
-        for env in BWD_SWEEP.values():
-            set_env(env)
-            cells.append(100 * case.bwd_bytes / bench(backward_only, graphs) / 1e6 / ceiling)
-        set_env({})
-        cells.append(100 * case.fwd_bytes / bench(fwd, case.sets) / 1e6 / ceiling)
-        cells.append(100 * case.bwd_bytes / bench(backward_only, graphs) / 1e6 / ceiling)
-        row = f"| {case.name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |"
-        print(row)
-        lines.append(row)
-        del case, graphs
-        torch.cuda.empty_cache()
-    lines.append("")
-    for name, env in FWD_SWEEP.items():
-        set_env(env)
-        rows = []
-        try:
-            bench_fused_residual(rows)
-        except RuntimeError:  # a setting the fused op's D does not take (warps per block)
-            continue
-        for label, tf, bf, ts, _ in rows:
-            text = (
-                f"- {label}, forward {name}: fused {tf:.3f} ms "
-                f"({100 * bf / tf / 1e6 / ceiling:.1f}% of copy), add + op {ts:.3f} ms"
-            )
-            print(text)
-            lines.append(text)
-    set_env({})
-
-
 def vs_compile(ratio):
     if ratio != ratio:  # NaN: torch.compile was not run (--no-compile) or failed
         return "torch.compile not measured"
@@ -343,9 +255,8 @@ def main() -> int:
     parser.add_argument("--no-autotune", action="store_true", help="skip max-autotune")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--out", help="write a markdown table to this file")
-    parser.add_argument(
-        "--sweep", action="store_true", help="only our kernels, under each tuning-knob setting"
-    )
+    parser.add_argument("--csv", help="append one row per shape and implementation to this CSV")
+    parser.add_argument("--label", default="", help="a name for this build in the CSV")
     parser.add_argument(
         "--no-graphs", action="store_true", help="time with do_bench (host launch gaps included)"
     )
@@ -363,13 +274,7 @@ def main() -> int:
     print(header)
     ceiling = copy_ceiling_gbs()
     print(f"device-to-device copy: {ceiling:.0f} GB/s (bytes read + written)")
-    if args.sweep:
-        lines = [f"{header}; copy ceiling {ceiling:.0f} GB/s"]
-        sweep_knobs(ceiling, lines)
-        if args.out:
-            with open(args.out, "w") as f:
-                f.write("\n".join(lines) + "\n")
-        return 0
+    csv_rows = []
 
     dims = [1536, 5120] if args.quick else [1536, 3072, 5120]
     tokens = [32760] if args.quick else [32760, 75600]
@@ -410,6 +315,25 @@ def main() -> int:
                 print(f"  {case.name} {name}: failed ({type(e).__name__}: {str(e)[:80]})")
                 continue
             f, bw, a, peak, saved = results[name]
+            csv_rows.append(
+                {
+                    "label": args.label,
+                    "gpu": torch.cuda.get_device_name(),
+                    "torch": torch.__version__,
+                    "date": datetime.date.today().isoformat(),
+                    "ceiling_gbs": round(ceiling, 1),
+                    "shape": case.name,
+                    "impl": name,
+                    "fwd_ms": f,
+                    "fwd_pct": 100 * case.fwd_bytes / f / 1e6 / ceiling,
+                    "bwd_ms": bw,
+                    "bwd_pct": 100 * case.bwd_bytes / bw / 1e6 / ceiling,
+                    "fwd_bwd_ms": a,
+                    "peak_mib": peak / 2**20,
+                    "saved_mib": saved / 2**20,
+                    "rows": tables_rows_of(case) if name == "ours" else "",
+                }
+            )
             row = (
                 case.name,
                 name,
@@ -467,6 +391,14 @@ def main() -> int:
             f" our forward {ours_pct:.1f}% of it"
         )
 
+    if args.csv:
+        new = not os.path.exists(args.csv)
+        with open(args.csv, "a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
+            if new:
+                w.writeheader()
+            w.writerows(csv_rows)
+        print(f"wrote {args.csv}")
     if args.out:
         lines = [
             f"{header}; copy ceiling {ceiling:.0f} GB/s",

@@ -2,8 +2,9 @@
 
 Simulates epochs of image+video mixes and times every micro-batch with the MEASURED
 forward+backward times of a Wan-2.1-14B-shaped block on an H200 (the table in
-shared/data/wan_block_cost_h200.json, interpolated; x 40 layers), not with the cost
-model the planner used. Compared at the same max_tokens (twice the longest sample):
+benchmarks/data/wan_block_cost_h200.json, interpolated; x 40 layers), not with the cost
+model the planner used. Compared at the same max_tokens (twice the longest sample), by
+adaptiveload.report.compare_samplers:
 
 - AdaptiveLoad: AdaptiveBatchSampler with its defaults (cost model: the built-in fit);
 - equal-token: EqualTokenBatchSampler (same-shape buckets, floor(max_tokens / S) samples,
@@ -12,7 +13,7 @@ model the planner used. Compared at the same max_tokens (twice the longest sampl
 
 Then plans an epoch of 10 million samples for 1,024 ranks and reports time and memory.
 
-    python benchmarks/bench_sampler.py [--table PATH] [--write]   # --write updates RESULTS.md
+    python benchmarks/bench_sampler.py [--table PATH] [--write]   # --write: results/cpu/*.csv
 """
 
 from __future__ import annotations
@@ -28,18 +29,14 @@ from datetime import date
 
 import numpy as np
 
-from adaptiveload import (
-    AdaptiveBatchSampler,
-    CostModel,
-    EqualTokenBatchSampler,
-    Plan,
-    balance_report,
-)
+from adaptiveload import CostModel, Plan, balance_report
 from adaptiveload.demo import MIXES, demo_metadata
-from adaptiveload.report import rescore
+from adaptiveload.report import COMPARED_SAMPLERS, compare_samplers, rescore
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_TABLE = os.path.join(HERE, "..", "..", "shared", "data", "wan_block_cost_h200.json")
+# The project's block measurements (copied from shared/data/wan_block_cost_h200.json; its
+# "what" field says how they were taken), kept here so the benchmark reads only the repo.
+DEFAULT_TABLE = os.path.join(HERE, "data", "wan_block_cost_h200.json")
 LAYERS = 40
 
 
@@ -103,28 +100,25 @@ def simulate(plan: Plan, times: np.ndarray) -> dict:
 
 def compare(meta, world: int, k: int, table: MeasuredBlockTime, lookahead: int = 16) -> dict:
     lens = meta.seq_lens
-    max_tokens = int(2 * lens.max())
-    common = dict(
-        group_keys=meta.group_keys(), num_replicas=world, rank=0, micro_batches_per_step=k, seed=0
+    compared = compare_samplers(
+        lens,
+        int(2 * lens.max()),
+        cost_model=CostModel.default(),
+        group_keys=meta.group_keys(),
+        num_replicas=world,
+        micro_batches_per_step=k,
+        lookahead_steps=lookahead,
     )
-    ours = AdaptiveBatchSampler(lens, max_tokens, lookahead_steps=lookahead, **common)
-    samplers = {
-        "AdaptiveLoad": ours,
-        "equal-token": EqualTokenBatchSampler(lens, max_tokens, **common),
-        "paper rule": AdaptiveBatchSampler(
-            lens, max_tokens, cost_model=CostModel.power(1.5), balance=False, **common
-        ),
-    }
     out = {}
-    for name, s in samplers.items():
-        plan = s.plan()
+    for name, (sampler, plan, _) in compared.items():
+        label = COMPARED_SAMPLERS[name]
         res = simulate(plan, table.plan_times(plan, lens))
         res["padded"] = plan.num_padded_samples
-        if name == "AdaptiveLoad":
+        if label == "AdaptiveLoad":
             # Costs recomputed in Python from the model, independently of the C++ plan.
-            check = balance_report(rescore(plan, lens, ours.cost_model, ours.max_cost))
+            check = balance_report(rescore(plan, lens, sampler.cost_model, sampler.max_cost))
             res["over_cap"] = check.over_token_cap + check.over_cost_cap
-        out[name] = res
+        out[label] = res
     base = out["equal-token"]["epoch_s"]
     for res in out.values():
         res["speedup"] = base / res["epoch_s"]
@@ -202,28 +196,54 @@ def render(results: dict, lookahead: dict, scale: dict, samples: int) -> str:
     return "\n".join(lines)
 
 
-def write_section(
-    text: str, name: str = "sampler", title: str = "Sampler balance and planning cost"
-) -> None:
-    """Replace the marked section `name` of RESULTS.md (appended under `title` if new)."""
-    path = os.path.join(HERE, "RESULTS.md")
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    doc = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
-    block = f"{begin}\n{text}\n{end}"
-    if begin in doc:
-        doc = doc[: doc.index(begin)] + block + doc[doc.index(end) + len(end) :]
-    else:
-        doc = doc.rstrip() + f"\n\n## {title}\n\n{block}\n"
-    with open(path, "w") as f:
-        f.write(doc)
+def write_csvs(results: dict, lookahead: dict, scale: dict) -> None:
+    """benchmarks/results/cpu/{sampler_balance,sampler_lookahead,planning_cost}.csv, then
+    RESULTS.md (benchmarks/make_results.py)."""
+    from make_results import write_results
+
+    meta = {
+        "date": str(date.today()),
+        "machine": f"{platform.processor() or platform.machine()}, one core",
+        "command": "python benchmarks/bench_sampler.py --write",
+    }
+    head = ["mix", "W", "K", "sampler", "imbalance", "spread", "epoch (s)"]
+    head += ["speedup vs equal-token", "vs own bound", "over cap", "repeated"]
+    rows = [
+        [mix, world, k, name, f"{r['imbalance']:.1%}", f"{r['spread']:.1%}", f"{r['epoch_s']:.0f}",
+         f"{r['speedup']:.2f}x", f"+{r['epoch_s'] / r['bound_s'] - 1:.1%}", r.get("over_cap", "-"),
+         r["padded"]]
+        for (mix, world, k), res in results.items()
+        for name, r in res.items()
+    ]  # fmt: skip
+    write_results("cpu/sampler_balance.csv", head, rows, meta)
+    rows = [
+        [la, k, f"{r['imbalance']:.1%}", f"{r['speedup']:.2f}x"] for (la, k), r in lookahead.items()
+    ]
+    write_results(
+        "cpu/sampler_lookahead.csv",
+        ["lookahead_steps", "K", "imbalance", "speedup vs equal-token"],
+        rows,
+        meta,
+    )
+    head = ["samples", "ranks", "steps", "build table (s)", "plan epoch (s)"]
+    head.append("peak memory per sample (bytes)")
+    row = [f"{scale['samples']:,}", scale["ranks"], f"{scale['steps']:,}", f"{scale['build_s']:.2f}",
+           f"{scale['plan_s']:.2f}", f"{scale['bytes_per_sample']:.0f}"]  # fmt: skip
+    write_results("cpu/planning_cost.csv", head, [row], meta)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--table", default=DEFAULT_TABLE)
+    ap.add_argument(
+        "--table",
+        default=DEFAULT_TABLE,
+        help="measured block times, JSON (default: benchmarks/data/wan_block_cost_h200.json)",
+    )
     ap.add_argument("--samples", type=int, default=50_000)
     ap.add_argument("--scale-samples", type=int, default=10_000_000)
-    ap.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
+    ap.add_argument(
+        "--write", action="store_true", help="write benchmarks/results/cpu/*.csv and RESULTS.md"
+    )
     args = ap.parse_args()
     table = MeasuredBlockTime(args.table)
 
@@ -250,7 +270,7 @@ def main() -> None:
     text = render(results, lookahead, scale, args.samples)
     print(text)
     if args.write:
-        write_section(text)
+        write_csvs(results, lookahead, scale)
 
 
 if __name__ == "__main__":

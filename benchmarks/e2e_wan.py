@@ -13,7 +13,7 @@ times), epoch time and the speedup it gives over the baseline, samples/s and tok
 the epoch, peak memory against the budget, OOMs, and how well the calibrated cost model
 predicted each micro-batch's time (steps after the warm-up).
 
-    python benchmarks/e2e_wan.py --gpus 2 --layers 6 --calibrate --write
+    python benchmarks/e2e_wan.py --gpus 2 --layers 6 --calibrate
 
 Needs CUDA and diffusers. Writes JSON logs and a figure under --out.
 """
@@ -147,7 +147,6 @@ def main():
         help="time each arm's first run of every micro-batch shape too (by default each arm "
         "runs its shapes once, untimed, before its epoch: train_wan.py --warm-shapes)",
     )
-    ap.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     args = ap.parse_args()
 
     import torch

@@ -12,7 +12,6 @@ launch of each kernel per shape (bf16 stream, per-sample modulation):
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 
@@ -24,13 +23,13 @@ def main() -> None:
     parser.add_argument("--dims", type=int, nargs="+", default=[1536, 5120])
     parser.add_argument("--tokens", type=int, default=32760)
     parser.add_argument(
-        "--fwd-env",
+        "--fwd-config",
         nargs="+",
         default=[],
-        metavar="NAME=V[,NAME=V]",
-        help="also profile the forward alone under these knob settings, one launch each "
-        "(e.g. ADAPTIVELOAD_FWD_RING=0 ADAPTIVELOAD_FWD_BULK=1: the register kernel and the "
-        "ring with bulk copies)",
+        metavar="ROW[;name=value...]",
+        help="also profile the forward alone under these tuning-table rows, one launch each "
+        "(e.g. 'fwd.bf16.plain.block.warp6x2x1' 'fwd.bf16.plain.block.ring6x2.full;stages=3'; "
+        "torch.ops.adaptiveload._tuning_table() lists the rows)",
     )
     parser.add_argument(
         "--copy",
@@ -62,14 +61,13 @@ def profile_dim(d: int, args: argparse.Namespace) -> None:
     dy = torch.randn(1, args.tokens, d, device="cuda", dtype=torch.bfloat16)
     profiled_once(lambda: ops.layer_norm_modulate(x, shift, scale).backward(dy))
     print(f"D={d}: ran", tuple(x.shape))
-    for setting in args.fwd_env:
-        env = dict(kv.split("=", 1) for kv in setting.split(","))
-        os.environ.update(env)
+    run = torch.ops.adaptiveload._layer_norm_modulate_with_config
+    for config in args.fwd_config:
         with torch.no_grad():
-            profiled_once(lambda: ops.layer_norm_modulate(x, shift, scale))
-        for k in env:
-            os.environ.pop(k)
-        print(f"D={d}: forward with {setting}")
+            profiled_once(
+                lambda c=config: run(x, None, None, shift, scale, None, None, 1e-6, None, c)
+            )
+        print(f"D={d}: forward with {config}")
     if args.copy:
         out = torch.empty_like(x)
         with torch.no_grad():

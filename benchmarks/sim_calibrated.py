@@ -16,9 +16,9 @@ import argparse
 import os
 from datetime import date
 
-from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler, balance_report
+from adaptiveload import CostModel
 from adaptiveload.demo import demo_metadata
-from adaptiveload.report import rescore
+from adaptiveload.report import COMPARED_SAMPLERS, compare_samplers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL = os.path.join(HERE, "data", "wan1.3b_4layers_h200_calibrated.json")
@@ -26,55 +26,52 @@ MODEL = os.path.join(HERE, "data", "wan1.3b_4layers_h200_calibrated.json")
 
 def simulate(samples: int, world: int, k: int, cost: CostModel) -> dict:
     meta = demo_metadata(samples, "joint-pretrain", seed=1)
-    lens, keys = meta.seq_lens, meta.group_keys()
-    common = dict(group_keys=keys, num_replicas=world, rank=0, micro_batches_per_step=k, seed=0)
-    max_tokens = int(2 * lens.max())
-    plans = {
-        "AdaptiveLoad": AdaptiveBatchSampler(lens, max_tokens, cost_model=cost, **common).plan(),
-        "equal-token": EqualTokenBatchSampler(lens, max_tokens, cost_model=cost, **common).plan(),
-        "paper rule": rescore(
-            AdaptiveBatchSampler(
-                lens, max_tokens, cost_model=CostModel.power(1.5), balance=False, **common
-            ).plan(),
-            lens,
-            cost,
-        ),
-    }
-    return {name: balance_report(p) for name, p in plans.items()}
+    compared = compare_samplers(
+        meta.seq_lens,
+        int(2 * meta.seq_lens.max()),
+        cost_model=cost,
+        group_keys=meta.group_keys(),
+        num_replicas=world,
+        micro_batches_per_step=k,
+    )
+    return {COMPARED_SAMPLERS[name]: c.report for name, c in compared.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=MODEL)
     ap.add_argument("--samples", type=int, default=50_000)
-    ap.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
+    ap.add_argument(
+        "--write", action="store_true", help="write benchmarks/results/cpu/*.csv and RESULTS.md"
+    )
     args = ap.parse_args()
     cost = CostModel.from_json(args.model)
     lines = [
         f"Cost model `{os.path.relpath(args.model, os.path.dirname(HERE))}` ({cost!r}); "
-        f"{args.samples:,} samples of the joint-pretrain mix; max_tokens = 2 x the longest sample; "
-        f"{date.today()}; command: `python benchmarks/sim_calibrated.py --write`.",
+        f"{args.samples:,} samples of the joint-pretrain mix; max_tokens = 2 x the longest sample.",
         "",
         "| ranks | K | sampler | imbalance | epoch (s) | speedup vs equal-token |",
         "|---|---|---|---|---|---|",
     ]
+    rows = []
     for world in (2, 8):
         for k in (1, 4):
             reps = simulate(args.samples, world, k, cost)
             base = reps["equal-token"].epoch_time
             for name, r in reps.items():
-                lines.append(
-                    f"| {world} | {k} | {name} | {r.imbalance:.1%} | {r.epoch_time / 1000:.0f} | "
-                    f"{base / r.epoch_time:.2f}x |"
-                )
-    text = "\n".join(lines)
-    print(text)
+                rows.append(
+                    [world, k, name, f"{r.imbalance:.1%}", f"{r.epoch_time / 1000:.0f}",
+                     f"{base / r.epoch_time:.2f}x"]
+                )  # fmt: skip
+                lines.append("| " + " | ".join(str(c) for c in rows[-1]) + " |")
+    print("\n".join(lines))
     if args.write:
-        import bench_sampler
+        from make_results import write_results
 
-        bench_sampler.write_section(
-            text, "sim-calibrated", "8 ranks with the H200-calibrated cost model"
-        )
+        head = ["ranks", "K", "sampler", "imbalance", "epoch (s)", "speedup vs equal-token"]
+        meta = {"date": str(date.today()), "machine": "x86_64"}
+        meta["command"] = "python benchmarks/sim_calibrated.py --write"
+        write_results("cpu/sim_calibrated.csv", head, rows, meta)
 
 
 if __name__ == "__main__":

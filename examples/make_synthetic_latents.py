@@ -19,7 +19,11 @@ import torch
 from safetensors.torch import save_file
 
 from adaptiveload.demo import MIXES, demo_metadata
-from adaptiveload.models.wan import latent_shape
+from adaptiveload.wan import CONFIGS, PATCH, TEXT_LEN, VAE_STRIDE, latent_shape
+
+WAN = CONFIGS["wan2.1-1.3B"]
+# Height and width stay multiples of the pixels per token (VAE stride x patch, 16).
+PIXELS_H, PIXELS_W = VAE_STRIDE[1] * PATCH[1], VAE_STRIDE[2] * PATCH[2]
 
 
 def make_dataset(
@@ -27,9 +31,9 @@ def make_dataset(
     num_samples: int,
     mix: str = "joint-pretrain",
     scale: float = 1.0,
-    channels: int = 16,
-    text_len: int = 512,
-    text_dim: int = 4096,
+    channels: int = WAN["in_channels"],
+    text_len: int = TEXT_LEN,
+    text_dim: int = WAN["text_dim"],
     seed: int = 0,
     dtype: torch.dtype = torch.bfloat16,
 ) -> str:
@@ -42,9 +46,8 @@ def make_dataset(
         writer = csv.writer(f)
         writer.writerow(["path", "num_frames", "height", "width"])
         for i, (frames, height, width) in enumerate(meta.shapes.tolist()):
-            # Keep height and width multiples of 16 pixels (VAE stride x patch).
-            h = max(16, int(round(height * scale / 16)) * 16)
-            w = max(16, int(round(width * scale / 16)) * 16)
+            h = max(PIXELS_H, int(round(height * scale / PIXELS_H)) * PIXELS_H)
+            w = max(PIXELS_W, int(round(width * scale / PIXELS_W)) * PIXELS_W)
             name = f"{i:06d}.safetensors"
             save_file(
                 {
@@ -65,9 +68,9 @@ def main() -> None:
     ap.add_argument("--num-samples", type=int, default=400)
     ap.add_argument("--mix", default="joint-pretrain", choices=sorted(MIXES))
     ap.add_argument("--scale", type=float, default=1.0, help="spatial scale of the pixel sizes")
-    ap.add_argument("--channels", type=int, default=16)
-    ap.add_argument("--text-len", type=int, default=512)
-    ap.add_argument("--text-dim", type=int, default=4096)
+    ap.add_argument("--channels", type=int, default=WAN["in_channels"])
+    ap.add_argument("--text-len", type=int, default=TEXT_LEN)
+    ap.add_argument("--text-dim", type=int, default=WAN["text_dim"])
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     path = make_dataset(

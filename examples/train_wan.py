@@ -41,7 +41,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
 from adaptiveload.metadata import read_metadata
-from adaptiveload.models.wan import CONFIGS, PATCH, build_wan
+from adaptiveload.models.wan import build_wan
+from adaptiveload.wan import CONFIGS, PATCH
 
 
 class LatentDataset(Dataset):

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# On a CUDA machine with torch preinstalled and no network: build the extensions in
-# place, run the GPU tests and the benchmarks, and print a short table last.
+# On a CUDA machine with torch preinstalled and no network: build the extensions in place, run
+# the GPU tests and the benchmarks, and print a short table last.
 #
-#   bash scripts/gpu_check.sh [build] [test] [sweep] [bench] [profile] [e2e]   (default: build test bench)
+#   bash scripts/gpu_check.sh [build] [test] [bench] [host] [tune] [profile] [e2e]
+#                                                             (default: build test bench host)
 #
-# Logs and result tables go to $OUT (or ./out). TORCH_CUDA_ARCH_LIST defaults to 9.0
-# (H100/H200) here to keep the build short. Python wheels carried in .whl/ (packages the
+# Results go to $OUT (or ./out): logs, and the benchmarks' CSVs (copy them to
+# benchmarks/results/<gpu>/ and run benchmarks/make_results.py). TORCH_CUDA_ARCH_LIST defaults
+# to 9.0 (H100/H200) here to keep the build short. Python wheels carried in .whl/ (packages the
 # machine lacks, such as diffusers) are installed to /tmp/site first.
+#
+# BASELINE=DIR: a checkout of another revision (e.g. main before a change) built beside this one
+# (in the background, from the start); `bench` and `host` then measure it too, in the same run,
+# labelled "baseline".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -17,10 +23,10 @@ export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 # std::ostream while formatting an error message (TORCH_CHECK).
 if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
-export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-steps=${*:-build test bench}
+BASELINE=${BASELINE:-}
+steps=${*:-build test bench host}
 status=0
 summary=()
 
@@ -29,9 +35,9 @@ run_step() {  # name, command...
   local t0=$SECONDS
   echo "=== $name: $*"
   if "$@" > "$OUT/$name.log" 2>&1; then
-    summary+=("$(printf '%-10s ok     %4ds' "$name" $((SECONDS - t0)))")
+    summary+=("$(printf '%-14s ok     %4ds' "$name" $((SECONDS - t0)))")
   else
-    summary+=("$(printf '%-10s FAILED %4ds  (see %s.log)' "$name" $((SECONDS - t0)) "$name")")
+    summary+=("$(printf '%-14s FAILED %4ds  (see %s.log)' "$name" $((SECONDS - t0)) "$name")")
     status=1
   fi
   tail -n 25 "$OUT/$name.log"
@@ -39,17 +45,38 @@ run_step() {  # name, command...
 
 if compgen -G ".whl/*.whl" > /dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+    && export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/site
 fi
+SITE=${PYTHONPATH:-}
+ours() { PYTHONPATH=$PWD/python${SITE:+:$SITE} "$@"; }
+baseline() { PYTHONPATH=$BASELINE/python${SITE:+:$SITE} "$@"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 $PY -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
+
+baseline_pid=
+if [ -n "$BASELINE" ] && [[ " $steps " == *" build "* ]]; then
+  # One core is all a single-file build can use; it runs while ours builds and tests.
+  (cd "$BASELINE" && MAX_JOBS=1 $PY setup.py build_ext --inplace) > "$OUT/build_baseline.log" 2>&1 &
+  baseline_pid=$!
+fi
+wait_baseline() {
+  if [ -n "$baseline_pid" ]; then
+    local t0=$SECONDS
+    if wait "$baseline_pid"; then
+      summary+=("$(printf '%-14s ok   +%4ds' build_baseline $((SECONDS - t0)))")
+    else
+      summary+=("$(printf '%-14s FAILED' build_baseline)"); status=1; BASELINE=
+    fi
+    baseline_pid=
+  fi
+}
 
 for step in $steps; do
   case $step in
     build)
       run_step build $PY setup.py build_ext --inplace
-      run_step smoke $PY - <<'PY'
+      run_step smoke ours $PY - <<'PY'
 import torch, adaptiveload
 from adaptiveload import layer_norm_modulate
 print("adaptiveload", adaptiveload.__version__, "torch", torch.__version__, torch.cuda.get_device_name())
@@ -64,41 +91,68 @@ PY
       # The CPU-only suites run in CI; here the ones with CUDA cases.
       # TEST_ARGS is split like a shell line, so quoted -k expressions work.
       eval "extra=(${TEST_ARGS:-})"
-      run_step test timeout "${TEST_TIMEOUT:-400}" $PY -m pytest tests/python/test_ops.py tests/python/test_wan_integration.py \
-        -q -rs -p no:cacheprovider "${extra[@]}"
+      run_step test ours timeout "${TEST_TIMEOUT:-420}" $PY -m pytest tests/python/test_ops.py \
+        tests/python/test_wan_integration.py -q -rs -p no:cacheprovider "${extra[@]}"
       ;;
     bench)
-      eval "extra=(${BENCH_ARGS:-})"
-      run_step bench timeout "${BENCH_TIMEOUT:-400}" $PY benchmarks/bench_layer_norm_modulate.py \
-        --out "$OUT/ops_results.md" "${extra[@]}"
+      eval "extra=(${BENCH_ARGS:---no-compile})"
+      run_step bench ours timeout "${BENCH_TIMEOUT:-400}" $PY benchmarks/bench_layer_norm_modulate.py \
+        --csv "$OUT/layer_norm_modulate.csv" --label ours "${extra[@]}"
+      wait_baseline
+      if [ -n "$BASELINE" ]; then
+        run_step bench_baseline baseline timeout "${BENCH_TIMEOUT:-400}" $PY \
+          benchmarks/bench_layer_norm_modulate.py --csv "$OUT/layer_norm_modulate.csv" \
+          --label baseline "${extra[@]}"
+      fi
       ;;
-    sweep)
-      run_step sweep timeout "${SWEEP_TIMEOUT:-240}" $PY benchmarks/bench_layer_norm_modulate.py \
-        --sweep --out "$OUT/sweep.md"
+    host)
+      run_step host ours $PY benchmarks/bench_host_overhead.py --csv "$OUT/host_overhead.csv" --label ours
+      wait_baseline
+      if [ -n "$BASELINE" ]; then
+        run_step host_baseline baseline $PY benchmarks/bench_host_overhead.py \
+          --csv "$OUT/host_overhead.csv" --label baseline
+      fi
+      ;;
+    tune)
+      run_step tune ours timeout "${TUNE_TIMEOUT:-400}" $PY benchmarks/tune_layer_norm_modulate.py \
+        --csv "$OUT/tune.csv" ${TUNE_ARGS:-}
       ;;
     profile)
       # Hardware counters of our kernels (Nsight Compute; works on the Firecracker machines).
       # PROFILE_CACHE=none keeps the L2 as the previous kernel left it (ncu flushes it by default).
-      run_step profile timeout "${PROFILE_TIMEOUT:-240}" ncu --profile-from-start off \
+      run_step profile ours timeout "${PROFILE_TIMEOUT:-240}" ncu --profile-from-start off \
         --cache-control "${PROFILE_CACHE:-all}" --clock-control none \
-        -k 'regex:layer_norm_modulate|reduce_partials|copy|elementwise' --section SpeedOfLight \
+        -k 'regex:layer_norm_modulate|reduce_partials|elementwise' --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-        --section SchedulerStats --section WarpStateStats --section InstructionStats \
-        --section SourceCounters \
-        --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+        --section WarpStateStats --section InstructionStats \
         $PY benchmarks/profile_layer_norm_modulate.py ${PROFILE_ARGS:-}
       ;;
     e2e)
       eval "extra=(${E2E_ARGS:-})"
-      run_step e2e timeout "${E2E_TIMEOUT:-420}" $PY benchmarks/e2e_wan.py --out "$OUT/e2e" "${extra[@]}"
+      run_step e2e ours timeout "${E2E_TIMEOUT:-420}" $PY benchmarks/e2e_wan.py --out "$OUT/e2e" "${extra[@]}"
       ;;
     *) echo "unknown step $step"; status=2 ;;
   esac
 done
+wait_baseline
 
 echo
 echo "=== summary ($(date -u +%F' '%H:%M) UTC, $(head -n1 "$OUT/gpu.txt"))"
 printf '%s\n' "${summary[@]}"
-[ -f "$OUT/sweep.md" ] && cat "$OUT/sweep.md"
-[ -f "$OUT/ops_results.md" ] && tail -n 40 "$OUT/ops_results.md"
+if [ -f "$OUT/layer_norm_modulate.csv" ]; then
+  $PY - "$OUT/layer_norm_modulate.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["impl"] == "ours"]
+labels = sorted({r["label"] for r in rows})
+print("\n% of copy bandwidth (ours), by build: " + ", ".join(labels))
+by = {(r["shape"], r["label"]): r for r in rows}
+for shape in dict.fromkeys(r["shape"] for r in rows):
+    cells = []
+    for lab in labels:
+        r = by.get((shape, lab))
+        cells.append(f"{lab} fwd {float(r['fwd_pct']):5.1f} bwd {float(r['bwd_pct']):5.1f}" if r else f"{lab} -")
+    print(f"  {shape:<30} " + " | ".join(cells))
+PY
+fi
+[ -f "$OUT/host_overhead.csv" ] && cat "$OUT/host_overhead.csv"
 exit $status

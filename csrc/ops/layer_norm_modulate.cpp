@@ -1,9 +1,11 @@
-// adaptiveload::layer_norm_modulate: schema, CPU kernels, and the CPU implementation that the
-// fused gated-residual op (gated_residual_layer_norm_modulate.cpp) shares.
+// adaptiveload::layer_norm_modulate: schema and CPU kernels, which the gated-residual op
+// (gated_residual_layer_norm_modulate.cpp) shares. The host prologue is entry_points.h.
 #include "layer_norm_modulate.h"
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include "entry_points.h"
 
 #include <cmath>
 #include <vector>
@@ -35,10 +37,13 @@ void load_affine(const std::optional<at::Tensor>& t, int64_t D, acc_t fill, std:
 }
 
 template <typename acc_t>
-void fwd_cpu(const at::Tensor& x, const FusedResidual* fused, const Operand& shift,
-             const Operand& scale, const std::optional<at::Tensor>& weight,
-             const std::optional<at::Tensor>& bias, double eps, at::Tensor& y, at::Tensor& mean,
-             at::Tensor& rstd) {
+void fwd_cpu(const ForwardProblem& p) {
+  const at::Tensor& x = *p.x;
+  const Operand &shift = *p.shift, &scale = *p.scale;
+  const auto &weight = *p.weight, &bias = *p.bias;
+  at::Tensor &y = *p.y, &mean = *p.mean, &rstd = *p.rstd;
+  const double eps = p.eps;
+  const bool gated = p.h != nullptr;
   const int64_t D = x.size(-1);
   const int64_t rows = x.numel() / D;
   std::vector<acc_t> w, b;
@@ -50,14 +55,14 @@ void fwd_cpu(const at::Tensor& x, const FusedResidual* fused, const Operand& shi
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> v(D), a(D), c(D);
     for (int64_t r = begin; r < end; ++r) {
-      if (fused != nullptr) {
-        load_row(fused->residual, r * D, D, v.data());
-        load_row(fused->h, r * D, D, a.data());
-        load_row(fused->gate.tensor, row_offset(fused->gate.map, r), D, c.data());
+      if (gated) {
+        load_row(x, r * D, D, v.data());
+        load_row(*p.h, r * D, D, a.data());
+        load_row(p.gate->tensor, row_offset(p.gate->map, r), D, c.data());
         for (int64_t i = 0; i < D; ++i) v[i] += c[i] * a[i];
         // Normalize the rounded r that is returned and saved, so backward sees the same input.
-        store_row(fused->r, r * D, D, v.data());
-        load_row(fused->r, r * D, D, v.data());
+        store_row(*p.r, r * D, D, v.data());
+        load_row(*p.r, r * D, D, v.data());
       } else {
         load_row(x, r * D, D, v.data());
       }
@@ -80,16 +85,19 @@ void fwd_cpu(const at::Tensor& x, const FusedResidual* fused, const Operand& shi
 }
 
 template <typename acc_t>
-void bwd_cpu(const at::Tensor& dy, const at::Tensor& x, const FusedResidualGrad* fused,
-             const Operand& scale, const std::optional<at::Tensor>& weight,
-             const std::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& rstd,
-             at::Tensor& dx, GradTarget& dshift, GradTarget& dscale, GradTarget& dweight,
-             GradTarget& dbias) {
+void bwd_cpu(const BackwardProblem& p) {
+  const at::Tensor &dy = *p.dy, &x = *p.x;
+  const Operand& scale = *p.scale;
+  const auto &weight = *p.weight, &bias = *p.bias;
+  const at::Tensor &mean = *p.mean, &rstd = *p.rstd;
+  at::Tensor& dx = *p.dx;
+  GradTarget &dshift = *p.targets[kTargetShift], &dscale = *p.targets[kTargetScale];
+  GradTarget &dweight = *p.targets[kTargetWeight], &dbias = *p.targets[kTargetBias];
+  const bool gated = p.h != nullptr;
   const int64_t D = x.size(-1);
   const int64_t rows = x.numel() / D;
-  GradTarget none;
-  GradTarget& dgate = fused != nullptr ? fused->dgate : none;
-  GradTarget* targets[5] = {&dshift, &dscale, &dgate, &dweight, &dbias};
+  GradTarget& dgate = *p.targets[kTargetGate];
+  GradTarget* const* targets = p.targets;
   const int64_t gmin = min_group({&dshift, &dscale, &dgate, &dweight, &dbias}, rows);
   // Fixed chunking (independent of the thread count) keeps the reduction order, and so the
   // result, the same on every run and machine.
@@ -106,7 +114,7 @@ void bwd_cpu(const at::Tensor& dy, const at::Tensor& x, const FusedResidualGrad*
   const acc_t* mean_p = mean.const_data_ptr<acc_t>();
   const acc_t* rstd_p = rstd.const_data_ptr<acc_t>();
   const bool want_dx = dx.numel() > 0;
-  const bool want_dh = fused != nullptr && fused->dh.numel() > 0;
+  const bool want_dh = gated && p.dh->numel() > 0;
 
   at::parallel_for(0, nchunks, 1, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> xv(D), g(D), dyv(D), s1(D), t(D), e(D);
@@ -130,13 +138,13 @@ void bwd_cpu(const at::Tensor& dy, const at::Tensor& x, const FusedResidualGrad*
         sg /= D;
         sgx /= D;
         for (int64_t i = 0; i < D; ++i) g[i] = rs * (g[i] - sg - xv[i] * sgx);  // dx
-        if (fused != nullptr) {
-          if (fused->dr != nullptr && fused->dr->defined()) {
-            load_row(*fused->dr, r * D, D, t.data());
+        if (gated) {
+          if (p.dr->defined()) {
+            load_row(*p.dr, r * D, D, t.data());
             for (int64_t i = 0; i < D; ++i) g[i] += t[i];
           }
           if (dgate.mode != GradMode::kNone) {
-            load_row(fused->h, r * D, D, t.data());
+            load_row(*p.h, r * D, D, t.data());
             for (int64_t i = 0; i < D; ++i) t[i] *= g[i];  // dgate contribution
             if (dgate.mode == GradMode::kGrouped) {
               acc_t* p = part + slot[2] * D;
@@ -146,9 +154,9 @@ void bwd_cpu(const at::Tensor& dy, const at::Tensor& x, const FusedResidualGrad*
             }
           }
           if (want_dh) {
-            load_row(fused->gate.tensor, row_offset(fused->gate.map, r), D, t.data());
+            load_row(p.gate->tensor, row_offset(p.gate->map, r), D, t.data());
             for (int64_t i = 0; i < D; ++i) t[i] *= g[i];
-            store_row(fused->dh, r * D, D, t.data());
+            store_row(*p.dh, r * D, D, t.data());
           }
         }
         if (want_dx) store_row(dx, r * D, D, g.data());
@@ -200,75 +208,23 @@ void bwd_cpu(const at::Tensor& dy, const at::Tensor& x, const FusedResidualGrad*
       }
     });
   }
-  for (auto* tg : targets) finish_grad(*tg);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_modulate_cpu(
-    const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
-    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps,
-    std::optional<at::ScalarType> out_dtype) {
-  constexpr const char* op = "layer_norm_modulate";
-  check_inputs(op, "x", x, {{"shift", shift}, {"scale", scale}}, weight, bias);
-  auto [y, mean, rstd] = make_forward_outputs(op, x, out_dtype);
-  if (x.numel() == 0) return {y, mean, rstd};
-  const Operand sh = prepare_operand(shift, x), sc = prepare_operand(scale, x);
-  layer_norm_modulate_fwd_cpu_impl(x, nullptr, sh, sc, weight, bias, eps, y, mean, rstd);
-  return {y, mean, rstd};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-layer_norm_modulate_backward_cpu(const at::Tensor& dy_in, const at::Tensor& x,
-                                 const at::Tensor& shift, const at::Tensor& scale,
-                                 const std::optional<at::Tensor>& weight,
-                                 const std::optional<at::Tensor>& bias, const at::Tensor& mean,
-                                 const at::Tensor& rstd, std::array<bool, 5> mask) {
-  constexpr const char* op = "_layer_norm_modulate_backward";
-  check_inputs(op, "x", x, {{"shift", shift}, {"scale", scale}}, weight, bias);
-  check_grad_input(op, "dy", dy_in, "x", x);
-  const at::Tensor dy = dy_in.contiguous();
-  const auto acc = stats_dtype(x);
-  at::Tensor dx =
-      mask[0] ? at::empty_like(x, at::MemoryFormat::Contiguous) : at::empty({0}, x.options());
-  GradTarget dshift = make_grad_target(shift, x, mask[1], acc);
-  GradTarget dscale = make_grad_target(scale, x, mask[2], acc);
-  GradTarget dweight = make_grad_target(weight.value_or(x), x, mask[3] && weight.has_value(), acc);
-  GradTarget dbias = make_grad_target(bias.value_or(x), x, mask[4] && bias.has_value(), acc);
-  if (x.numel() > 0) {
-    const Operand sc = prepare_operand(scale, x);
-    layer_norm_modulate_bwd_cpu_impl(dy, x, nullptr, sc, weight, bias, mean.contiguous(),
-                                     rstd.contiguous(), dx, dshift, dscale, dweight, dbias);
-  } else {
-    for (auto* g : {&dshift, &dscale, &dweight, &dbias}) g->out.zero_();
-  }
-  return {dx, dshift.out, dscale.out, dweight.out, dbias.out};
 }
 
 }  // namespace
 
-void layer_norm_modulate_fwd_cpu_impl(const at::Tensor& x, const FusedResidual* fused,
-                                      const Operand& shift, const Operand& scale,
-                                      const std::optional<at::Tensor>& weight,
-                                      const std::optional<at::Tensor>& bias, double eps,
-                                      at::Tensor& y, at::Tensor& mean, at::Tensor& rstd) {
-  if (x.scalar_type() == at::kDouble) {
-    fwd_cpu<double>(x, fused, shift, scale, weight, bias, eps, y, mean, rstd);
+void layer_norm_modulate_fwd_cpu(const ForwardProblem& p, const std::string*) {
+  if (p.x->scalar_type() == at::kDouble) {
+    fwd_cpu<double>(p);
   } else {
-    fwd_cpu<float>(x, fused, shift, scale, weight, bias, eps, y, mean, rstd);
+    fwd_cpu<float>(p);
   }
 }
 
-void layer_norm_modulate_bwd_cpu_impl(const at::Tensor& dy, const at::Tensor& x,
-                                      const FusedResidualGrad* fused, const Operand& scale,
-                                      const std::optional<at::Tensor>& weight,
-                                      const std::optional<at::Tensor>& bias, const at::Tensor& mean,
-                                      const at::Tensor& rstd, at::Tensor& dx, GradTarget& dshift,
-                                      GradTarget& dscale, GradTarget& dweight, GradTarget& dbias) {
-  if (x.scalar_type() == at::kDouble) {
-    bwd_cpu<double>(dy, x, fused, scale, weight, bias, mean, rstd, dx, dshift, dscale, dweight,
-                    dbias);
+void layer_norm_modulate_bwd_cpu(const BackwardProblem& p, const std::string*) {
+  if (p.x->scalar_type() == at::kDouble) {
+    bwd_cpu<double>(p);
   } else {
-    bwd_cpu<float>(dy, x, fused, scale, weight, bias, mean, rstd, dx, dshift, dscale, dweight,
-                   dbias);
+    bwd_cpu<float>(p);
   }
 }
 
@@ -288,8 +244,9 @@ TORCH_LIBRARY(adaptiveload, m) {
 }
 
 TORCH_LIBRARY_IMPL(adaptiveload, CPU, m) {
-  m.impl("layer_norm_modulate", &layer_norm_modulate_cpu);
-  m.impl("_layer_norm_modulate_backward", &layer_norm_modulate_backward_cpu);
+  m.impl("layer_norm_modulate", &layer_norm_modulate_op<layer_norm_modulate_fwd_cpu>);
+  m.impl("_layer_norm_modulate_backward",
+         &layer_norm_modulate_backward_op<layer_norm_modulate_bwd_cpu>);
 }
 
 }  // namespace adaptiveload

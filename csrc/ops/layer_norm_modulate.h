@@ -242,36 +242,63 @@ inline int64_t min_group(std::initializer_list<const GradTarget*> targets, int64
   return g;
 }
 
-// ---- CPU implementation shared by both ops (defined in layer_norm_modulate.cpp). ----
+// Per-row statistics saved by a forward op, as a backward op receives them.
+inline void check_stats(const char* op, const at::Tensor& mean, const at::Tensor& rstd,
+                        const at::Tensor& x) {
+  const int64_t rows = x.numel() / x.size(-1);
+  TORCH_CHECK(mean.scalar_type() == stats_dtype(x) && rstd.scalar_type() == stats_dtype(x) &&
+                  mean.numel() == rows && rstd.numel() == rows,
+              op, ": mean and rstd must be ", stats_dtype(x), " with ", rows,
+              " elements (one per row)");
+  TORCH_CHECK(mean.device() == x.device() && rstd.device() == x.device(), op,
+              ": mean and rstd must be on ", x.device());
+}
 
-struct FusedResidual {
-  const at::Tensor& residual;  // normalized input is r = residual + gate * h
-  const at::Tensor& h;
-  const Operand& gate;
-  at::Tensor& r;  // output, residual's dtype
+// ---- what a backend's kernels get (entry_points.h builds these) ----
+
+// A validated forward problem with its outputs allocated. For the gated op, x is residual,
+// and h, gate and the output r are set: the kernels form r = residual + gate * h (rounded to
+// x's dtype) and normalize r.
+struct ForwardProblem {
+  const at::Tensor* x;
+  const at::Tensor* h = nullptr;  // gated op: contiguous
+  const Operand* gate = nullptr;
+  at::Tensor* r = nullptr;
+  const Operand* shift;
+  const Operand* scale;
+  const std::optional<at::Tensor>* weight;
+  const std::optional<at::Tensor>* bias;
+  double eps;
+  at::Tensor* y;
+  at::Tensor* mean;
+  at::Tensor* rstd;
 };
 
-void layer_norm_modulate_fwd_cpu_impl(const at::Tensor& x, const FusedResidual* fused,
-                                      const Operand& shift, const Operand& scale,
-                                      const std::optional<at::Tensor>& weight,
-                                      const std::optional<at::Tensor>& bias, double eps,
-                                      at::Tensor& y, at::Tensor& mean, at::Tensor& rstd);
+// Gradient targets in the kernels' slot order.
+enum TargetSlot : int { kTargetShift = 0, kTargetScale, kTargetGate, kTargetWeight, kTargetBias };
 
-struct FusedResidualGrad {
-  const at::Tensor* dr;  // may be undefined
-  const at::Tensor& h;
-  const Operand& gate;
-  at::Tensor& dh;  // may be empty (not needed)
-  GradTarget& dgate;
+// A validated backward problem with its outputs allocated. x is the normalized tensor (r for
+// the gated op, with dr, h and gate set). dx is x's gradient (dresidual for the gated op: dr
+// plus the LayerNorm backward), empty when not needed and no gated gradient depends on it.
+struct BackwardProblem {
+  const at::Tensor* dy;
+  const at::Tensor* x;
+  const at::Tensor* dr = nullptr;  // gated op; may be undefined
+  const at::Tensor* h = nullptr;   // gated op; contiguous
+  const Operand* gate = nullptr;   // gated op
+  const Operand* scale;
+  const std::optional<at::Tensor>* weight;
+  const std::optional<at::Tensor>* bias;
+  const at::Tensor* mean;
+  const at::Tensor* rstd;
+  at::Tensor* dx;
+  at::Tensor* dh = nullptr;  // gated op; empty when not needed
+  GradTarget* targets[5];    // by TargetSlot; mode kNone when not needed
 };
 
-// dx is the gradient of x (or of residual for the fused op, i.e. dr + LN-backward); empty if
-// not needed and no fused gradient depends on it.
-void layer_norm_modulate_bwd_cpu_impl(const at::Tensor& dy, const at::Tensor& x,
-                                      const FusedResidualGrad* fused, const Operand& scale,
-                                      const std::optional<at::Tensor>& weight,
-                                      const std::optional<at::Tensor>& bias, const at::Tensor& mean,
-                                      const at::Tensor& rstd, at::Tensor& dx, GradTarget& dshift,
-                                      GradTarget& dscale, GradTarget& dweight, GradTarget& dbias);
+// ---- the CPU kernels of both ops (layer_norm_modulate.cpp); `config` is unused on CPU ----
+
+void layer_norm_modulate_fwd_cpu(const ForwardProblem& p, const std::string* config);
+void layer_norm_modulate_bwd_cpu(const BackwardProblem& p, const std::string* config);
 
 }  // namespace adaptiveload

@@ -1,10 +1,9 @@
 """Calibrate the sampler's cost and memory models on the real GPU.
 
-``calibrate_wan`` times forward+backward of micro-batches of B samples of S tokens and
-reads their peak memory; ``fit_cost_model`` fits ``time = c0 + B * (cs + c1*S + c2*S^2)``
-(ms) by non-negative least squares on relative error, ``fit_memory_model`` fits
-``peak = m0 + m1 * B * S`` (bytes). ``calibrate_wan`` does all of it for a Wan 2.1
-configuration; ``adaptiveload calibrate`` is its command line.
+``calibrate_wan`` times forward+backward of micro-batches of B samples of S tokens of a
+randomly initialized Wan 2.1 configuration, reads their peak memory, and fits
+``time = c0 + B * (cs + c1*S + c2*S^2)`` (ms) and ``peak = m0 + m1 * B * S`` (bytes) with
+``adaptiveload.fit``; ``adaptiveload calibrate`` is its command line.
 """
 
 from __future__ import annotations
@@ -13,40 +12,18 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 
 from adaptiveload.cost import CostModel
-from adaptiveload.seqlen import wan_seq_len
+from adaptiveload.fit import Point, fit_cost_model, fit_memory_model
+from adaptiveload.wan import SHAPES, TEXT_LEN, wan_seq_len
 
-# (frames, height, width) in pixels: images, 480p and 720p clips up to 81 frames.
-WAN_SHAPES = [
-    (1, 480, 832),
-    (1, 720, 1280),
-    (17, 480, 832),
-    (33, 480, 832),
-    (49, 480, 832),
-    (81, 480, 832),
-    (49, 720, 1280),
-    (81, 720, 1280),
-]
-
-
-@dataclass
-class Point:
-    batch: int
-    seq_len: int
-    ms: float
-    peak_bytes: int
-    shape: tuple[int, int, int] | None = None
-    predicted_ms: float | None = None
-
-    @property
-    def rel_error(self) -> float | None:
-        return None if self.predicted_ms is None else (self.predicted_ms - self.ms) / self.ms
+# The pixel shapes profiled by default (adaptiveload.wan.SHAPES), under the name callers use.
+WAN_SHAPES = SHAPES
 
 
 @dataclass
@@ -90,49 +67,6 @@ class Calibration:
             f.write("\n")
 
 
-def _nonneg_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Least squares with x >= 0 (active set on the few columns we have)."""
-    cols = list(range(a.shape[1]))
-    while True:
-        x = np.zeros(a.shape[1])
-        if cols:
-            x[cols] = np.linalg.lstsq(a[:, cols], b, rcond=None)[0]
-        neg = [c for c in cols if x[c] < 0]
-        if not neg:
-            return x
-        cols.remove(min(neg, key=lambda c: x[c]))
-
-
-def fit_cost_model(points: Iterable[Point]) -> CostModel:
-    """``time = c0 + B*(cs + c1*S + c2*S^2)``, non-negative coefficients, relative-error fit.
-    ``cs`` is work per sample that does not grow with S (e.g. the text conditioning)."""
-    pts = list(points)
-    if len(pts) < 4:
-        raise ValueError(f"need at least 4 calibration points, got {len(pts)}")
-    b = np.array([p.batch for p in pts], float)
-    s = np.array([p.seq_len for p in pts], float)
-    t = np.array([p.ms for p in pts], float)
-    if np.any(t <= 0):
-        raise ValueError("calibration times must be > 0")
-    a = np.stack([np.ones_like(s), b, b * s, b * s * s], axis=1) / t[:, None]
-    c0, cs, c1, c2 = _nonneg_lstsq(a, np.ones_like(t))
-    if c1 + c2 <= 0:
-        raise ValueError("calibration points do not grow with tokens; cannot fit a cost model")
-    model = CostModel.polynomial(c0, c1, c2, per_sample=cs, unit="ms")
-    for p in pts:
-        p.predicted_ms = model.batch_cost([p.seq_len] * p.batch)
-    return model
-
-
-def fit_memory_model(points: Iterable[Point]) -> tuple[float, float]:
-    """``peak = m0 + m1 * tokens`` in bytes (ordinary least squares, m1 > 0)."""
-    pts = list(points)
-    tokens = np.array([p.batch * p.seq_len for p in pts], float)
-    peak = np.array([p.peak_bytes for p in pts], float)
-    m0, m1 = _nonneg_lstsq(np.stack([np.ones_like(tokens), tokens], axis=1), peak)
-    return float(m0), float(m1)
-
-
 def time_call(
     fn: Callable[[], None], device: torch.device, warmup: int = 2, repeat: int = 5
 ) -> float:
@@ -155,7 +89,7 @@ def time_call(
     return statistics.median(times)
 
 
-def wan_grid(max_tokens: int, shapes=WAN_SHAPES) -> list[tuple[int, tuple[int, int, int]]]:
+def wan_grid(max_tokens: int, shapes=SHAPES) -> list[tuple[int, tuple[int, int, int]]]:
     """(batch, shape) pairs: each shape at batch 1, 2, a quarter, half and all of max_tokens."""
     grid = []
     for shape in shapes:
@@ -177,8 +111,8 @@ def calibrate_wan(
     dtype: torch.dtype = torch.bfloat16,
     fused: bool = True,
     max_tokens: int = 151_200,
-    shapes=WAN_SHAPES,
-    text_len: int = 512,
+    shapes=SHAPES,
+    text_len: int = TEXT_LEN,
     warmup: int = 2,
     repeat: int = 5,
     activation_checkpointing: bool = False,

@@ -17,9 +17,8 @@ import numpy as np
 from adaptiveload.cost import CostModel
 from adaptiveload.demo import MIXES, demo_metadata
 from adaptiveload.metadata import Metadata, read_metadata
-from adaptiveload.report import balance_report, rescore
-from adaptiveload.sampler import AdaptiveBatchSampler, EqualTokenBatchSampler
-from adaptiveload.seqlen import wan_seq_len
+from adaptiveload.report import compare_samplers
+from adaptiveload.wan import CONFIGS, SHAPES, TEXT_LEN, wan_seq_len
 
 
 def _cost_model(spec: str) -> CostModel:
@@ -132,33 +131,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 2
     cost = _cost_model(args.cost_model)
     max_tokens = args.max_tokens if args.max_tokens is not None else int(2 * meta.seq_lens.max())
-    common = dict(
-        group_keys=meta.group_keys(),
-        num_replicas=args.num_replicas,
-        rank=0,
-        micro_batches_per_step=args.micro_batches_per_step,
-        seed=args.seed,
-    )
-    ours = AdaptiveBatchSampler(
+    compared = compare_samplers(
         meta.seq_lens,
         max_tokens,
-        max_cost=args.max_cost,
         cost_model=cost,
+        group_keys=meta.group_keys(),
+        num_replicas=args.num_replicas,
+        micro_batches_per_step=args.micro_batches_per_step,
+        seed=args.seed,
+        epoch=args.epoch,
+        max_cost=args.max_cost,
         lookahead_steps=args.lookahead_steps,
-        **common,
     )
-    equal = EqualTokenBatchSampler(meta.seq_lens, max_tokens, cost_model=cost, **common)
-    paper = AdaptiveBatchSampler(
-        meta.seq_lens, max_tokens, cost_model=CostModel.power(1.5), balance=False, **common
-    )
-    for s in (ours, equal, paper):
-        s.set_epoch(args.epoch)
-    plans = {
-        "AdaptiveLoad": ours.plan(),
-        "equal-token buckets": equal.plan(),
-        "paper rule (S^1.5, no balancing)": rescore(paper.plan(), meta.seq_lens, cost),
-    }
-    reports = {name: (p, balance_report(p)) for name, p in plans.items()}
+    ours = compared["AdaptiveLoad"].sampler
+    equal = compared["equal-token buckets"].sampler
+    reports = {name: (c.plan, c.report) for name, c in compared.items()}
 
     unit = f" [{cost.unit}]" if cost.unit else ""
     print(f"data: {source}; {len(meta.seq_lens)} samples; cost model {cost!r}")
@@ -212,10 +199,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _shapes(spec: str | None):
-    from adaptiveload.calibrate import WAN_SHAPES
-
     if not spec:
-        return WAN_SHAPES
+        return SHAPES
     try:
         shapes = [tuple(int(v) for v in item.lower().split("x")) for item in spec.split(",")]
     except ValueError:
@@ -322,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser(
         "calibrate", help="profile a Wan model on this GPU and fit the cost and memory models"
     )
-    c.add_argument("--config", default="wan2.1-1.3B", help="tiny, wan2.1-1.3B or wan2.1-14B")
+    c.add_argument("--config", default="wan2.1-1.3B", help=", ".join(sorted(CONFIGS)))
     c.add_argument(
         "--layers", type=int, default=None, help="blocks to build (default: the full model)"
     )
@@ -343,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="FxHxW[,...] pixel shapes to profile (default: Wan 480p/720p set)",
     )
-    c.add_argument("--text-len", type=int, default=512)
+    c.add_argument("--text-len", type=int, default=TEXT_LEN)
     c.add_argument(
         "--memory-budget", type=float, default=None, help="GiB; prints the max_tokens that fits"
     )

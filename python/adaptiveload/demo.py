@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from adaptiveload.metadata import Metadata
-from adaptiveload.seqlen import wan_seq_len
+from adaptiveload.wan import wan_seq_len
 
 # name -> [(frames, height, width, share of samples)]
 MIXES: dict[str, list[tuple[int, int, int, float]]] = {

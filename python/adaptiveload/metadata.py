@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adaptiveload.seqlen import wan_seq_len
+from adaptiveload.wan import wan_seq_len
 
 SHAPE_COLUMNS = ("num_frames", "height", "width")
 

@@ -1,17 +1,39 @@
 """Fused adaLN ops: LayerNorm followed by the (1 + scale), shift modulation of DiT blocks.
 
-The kernels live in ``adaptiveload._C`` (``csrc/ops``); this module registers their fake
-(meta) implementations and autograd formulas and exposes the public functions. See
-``docs/ops.md`` for the math, the supported broadcast patterns and the kernel design.
+The kernels and their autograd (C++, double backward included) live in ``adaptiveload._C``
+(``csrc/ops``), which importing this module loads; ``import adaptiveload`` alone does not (the
+package's ``layer_norm_modulate`` attributes import it on first access). This module registers
+the ops' fake (meta) implementations for ``torch.compile`` and exposes the public functions.
+See ``docs/ops.md`` for the math, the supported broadcast patterns and the kernels.
 """
 
 from __future__ import annotations
 
+import json
+
 import torch
 
-from adaptiveload import _C  # noqa: F401  (loads the TORCH_LIBRARY registrations)
+from adaptiveload import _C  # loads the TORCH_LIBRARY registrations
 
 __all__ = ["layer_norm_modulate", "gated_residual_layer_norm_modulate"]
+
+# Outside torch.compile the public functions call _C's direct callers of the same ops (see
+# csrc/ops/module.cpp: no boxed argument conversion); torch.compile traces the torch.ops.
+_LAYER_NORM_MODULATE = torch.ops.adaptiveload.layer_norm_modulate.default
+_GATED = torch.ops.adaptiveload.gated_residual_layer_norm_modulate.default
+_is_compiling = torch.compiler.is_compiling
+_function_mode = torch._C._is_torch_function_mode_enabled
+
+
+def _plain(*tensors) -> bool:
+    """The direct path applies: not compiling, plain tensors, no __torch_function__ mode."""
+    if _is_compiling() or _function_mode():
+        return False
+    for t in tensors:
+        if t.__class__ is not torch.Tensor:
+            return False
+    return True
+
 
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
@@ -43,10 +65,9 @@ def layer_norm_modulate(
     Returns:
         ``y`` with ``x``'s shape. Backward saves only ``x`` plus 8 bytes per row (mean, rstd).
     """
-    y, _, _ = torch.ops.adaptiveload.layer_norm_modulate.default(
-        x, shift, scale, weight, bias, eps, out_dtype
-    )
-    return y
+    if _plain(x, shift, scale):
+        return _C.layer_norm_modulate(x, shift, scale, weight, bias, eps, out_dtype)
+    return _LAYER_NORM_MODULATE(x, shift, scale, weight, bias, eps, out_dtype)[0]
 
 
 def gated_residual_layer_norm_modulate(
@@ -76,9 +97,11 @@ def gated_residual_layer_norm_modulate(
         ``(r, y)``: ``r`` in ``residual``'s dtype (the next residual stream), ``y`` in
         ``out_dtype``. ``r`` is rounded to its dtype before it is normalized.
     """
-    r, y, _, _ = torch.ops.adaptiveload.gated_residual_layer_norm_modulate.default(
-        residual, h, gate, shift, scale, weight, bias, eps, out_dtype
-    )
+    if _plain(residual, h, gate, shift, scale):
+        return _C.gated_residual_layer_norm_modulate(
+            residual, h, gate, shift, scale, weight, bias, eps, out_dtype
+        )
+    r, y, _, _ = _GATED(residual, h, gate, shift, scale, weight, bias, eps, out_dtype)
     return r, y
 
 
@@ -161,134 +184,15 @@ def _gated_backward_fake(dr, dy, r, h, gate, shift, scale, weight, bias, mean, r
     )
 
 
-# ---- autograd ----
-#
-# The fused backward kernels compute first-order gradients only. When a backward runs with
-# create_graph=True (double backward: gradient penalties, Hessian-vector products), the
-# gradients are formed instead by the same formulas in plain PyTorch ops (_backward_graph),
-# which autograd can differentiate; grad mode is on inside a backward exactly in that case.
+# ---- the CUDA tuning tables (private; CUDA builds only) ----
 
 
-def _backward_graph(x, shift, scale, weight, bias, dy, eps, mask):
-    """(dx, dshift, dscale, dweight, dbias) of ``layer_norm_modulate`` in plain PyTorch ops,
-    so that autograd can differentiate them again; None where ``mask`` is False. Statistics
-    in fp32 (fp64 for fp64 input), gradients returned in their inputs' dtypes."""
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    xf, g_out = x.to(acc), dy.to(acc)
-    mean = xf.mean(-1, keepdim=True)
-    xc = xf - mean
-    rstd = torch.rsqrt(xc.square().mean(-1, keepdim=True) + eps)
-    xhat = xc * rstd
-    w = None if weight is None else weight.to(acc)
-    z = xhat if w is None else xhat * w
-    if bias is not None:
-        z = z + bias.to(acc)
-    g_z = g_out * (1 + scale.to(acc))  # d/dz
-    g_xhat = g_z if w is None else g_z * w
-    rows = tuple(range(x.dim() - 1))
-    grads = [None] * 5
-    if mask[0]:
-        dx = rstd * (
-            g_xhat - g_xhat.mean(-1, keepdim=True) - xhat * (g_xhat * xhat).mean(-1, keepdim=True)
-        )
-        grads[0] = dx.to(x.dtype)
-    if mask[1]:
-        grads[1] = g_out.sum_to_size(shift.shape).to(shift.dtype)
-    if mask[2]:
-        grads[2] = (g_out * z).sum_to_size(scale.shape).to(scale.dtype)
-    if mask[3]:
-        grads[3] = (g_z * xhat).sum(rows).to(weight.dtype)
-    if mask[4]:
-        grads[4] = g_z.sum(rows).to(bias.dtype)
-    return grads
+def _tuning_table() -> list[dict]:
+    """Every row of the CUDA tuning tables (csrc/ops/cuda/tuned_*.cu), in table order."""
+    return [json.loads(line) for line in torch.ops.adaptiveload._tuning_table().splitlines()]
 
 
-def _lnm_setup_context(ctx, inputs, output):
-    x, shift, scale, weight, bias, eps, out_dtype = inputs
-    _y, mean, rstd = output
-    ctx.eps, ctx.out_dtype = eps, out_dtype
-    # Only x, the (small or caller-owned) modulation and 8 bytes per row are kept.
-    ctx.save_for_backward(x, shift, scale, weight, bias, mean, rstd)
-    ctx.mark_non_differentiable(mean, rstd)
-
-
-def _lnm_backward(ctx, dy, _dmean, _drstd):
-    x, shift, scale, weight, bias, mean, rstd = ctx.saved_tensors
-    need = ctx.needs_input_grad
-    mask = [
-        need[0],
-        need[1],
-        need[2],
-        weight is not None and need[3],
-        bias is not None and need[4],
-    ]
-    if not any(mask):
-        return None, None, None, None, None, None, None
-    if torch.is_grad_enabled():  # create_graph=True
-        return *_backward_graph(x, shift, scale, weight, bias, dy, ctx.eps, mask), None, None
-    grads = torch.ops.adaptiveload._layer_norm_modulate_backward.default(
-        dy, x, shift, scale, weight, bias, mean, rstd, mask
-    )
-    out = [g if m else None for g, m in zip(grads, mask, strict=True)]
-    return *out, None, None
-
-
-torch.library.register_autograd(
-    "adaptiveload::layer_norm_modulate", _lnm_backward, setup_context=_lnm_setup_context
-)
-
-
-def _gated_setup_context(ctx, inputs, output):
-    _residual, h, gate, shift, scale, weight, bias, eps, out_dtype = inputs
-    r, _y, mean, rstd = output
-    ctx.eps, ctx.out_dtype = eps, out_dtype
-    # r (an output, the next residual stream) replaces residual; h is needed for dgate.
-    ctx.save_for_backward(r, h, gate, shift, scale, weight, bias, mean, rstd)
-    ctx.mark_non_differentiable(mean, rstd)
-
-
-def _gated_backward(ctx, dr, dy, _dmean, _drstd):
-    r, h, gate, shift, scale, weight, bias, mean, rstd = ctx.saved_tensors
-    need = ctx.needs_input_grad
-    mask = [
-        need[0],
-        need[1],
-        need[2],
-        need[3],
-        need[4],
-        weight is not None and need[5],
-        bias is not None and need[6],
-    ]
-    if not any(mask):
-        return (None,) * 9
-    if torch.is_grad_enabled():  # create_graph=True
-        return (
-            *_gated_double_backward(ctx, dr, dy, r, h, gate, shift, scale, weight, bias),
-            None,
-            None,
-        )
-    grads = torch.ops.adaptiveload._gated_residual_layer_norm_modulate_backward.default(
-        dr, dy, r, h, gate, shift, scale, weight, bias, mean, rstd, mask
-    )
-    out = [g if m else None for g, m in zip(grads, mask, strict=True)]
-    return *out, None, None
-
-
-def _gated_double_backward(ctx, dr, dy, r, h, gate, shift, scale, weight, bias):
-    """Differentiable gradients of the gated op, in terms of its saved output r (whose own
-    dependence on residual, h and gate autograd follows through this op's node)."""
-    need = ctx.needs_input_grad
-    mask = [any(need[:3]), need[3], need[4], weight is not None and need[5]]
-    mask.append(bias is not None and need[6])
-    d_r, *d_mods = _backward_graph(r, shift, scale, weight, bias, dy, ctx.eps, mask)
-    dr_total = dr if d_r is None else dr + d_r  # r = residual + gate * h
-    d_h = (dr_total * gate).to(h.dtype) if need[1] else None
-    d_gate = (dr_total * h).sum_to_size(gate.shape).to(gate.dtype) if need[2] else None
-    return (dr_total if need[0] else None), d_h, d_gate, *d_mods
-
-
-torch.library.register_autograd(
-    "adaptiveload::gated_residual_layer_norm_modulate",
-    _gated_backward,
-    setup_context=_gated_setup_context,
-)
+def _last_configs() -> tuple[str, str]:
+    """Ids of the forward and backward table rows this thread ran last ('' if none)."""
+    fwd, _, bwd = torch.ops.adaptiveload._last_configs().partition(" ")
+    return fwd, bwd

@@ -1,12 +1,23 @@
-"""How well a plan balances the ranks, from its predicted costs."""
+"""How well a plan balances the ranks, from its predicted costs, and the comparison of
+AdaptiveLoad with the baselines that the CLI and the benchmarks report."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from adaptiveload.sampler import Plan
+from adaptiveload.cost import CostModel
+from adaptiveload.sampler import AdaptiveBatchSampler, EqualTokenBatchSampler, Plan
+
+# The samplers compare_samplers builds, in its order: name -> short label for tables.
+COMPARED_SAMPLERS = {
+    "AdaptiveLoad": "AdaptiveLoad",
+    "equal-token buckets": "equal-token",
+    "paper rule (S^1.5, no balancing)": "paper rule",
+}
 
 
 @dataclass
@@ -96,8 +107,6 @@ def balance_report(plan: Plan) -> BalanceReport:
 def rescore(plan: Plan, seq_lens, cost_model, max_cost: float | None = None) -> Plan:
     """The same plan with each micro-batch's cost predicted by another ``cost_model``
     (to compare plans made with different models under one yardstick)."""
-    import dataclasses
-
     per_sample = cost_model.sample_cost(np.asarray(seq_lens)[plan.samples])
     sizes = np.diff(plan.offsets)
     sums = np.zeros(plan.num_micro_batches)
@@ -106,3 +115,67 @@ def rescore(plan: Plan, seq_lens, cost_model, max_cost: float | None = None) -> 
         sums[nonempty] = np.add.reduceat(per_sample, plan.offsets[:-1][nonempty])
     costs = cost_model.overhead + sums
     return dataclasses.replace(plan, costs=costs, max_cost=max_cost)
+
+
+class Compared(NamedTuple):
+    """One sampler of ``compare_samplers``, its plan and the plan's balance report."""
+
+    sampler: AdaptiveBatchSampler | EqualTokenBatchSampler
+    plan: Plan
+    report: BalanceReport
+
+
+def compare_samplers(
+    seq_lens,
+    max_tokens: int,
+    *,
+    cost_model: CostModel,
+    group_keys=None,
+    num_replicas: int,
+    micro_batches_per_step: int = 1,
+    seed: int = 0,
+    epoch: int = 0,
+    max_cost: float | None = None,
+    lookahead_steps: int = 16,
+) -> dict[str, Compared]:
+    """Plan one epoch (rank 0's view; plans are the same on every rank) with three samplers
+    at the same ``max_tokens``, all costed with ``cost_model``:
+
+    - "AdaptiveLoad": ``AdaptiveBatchSampler`` with ``cost_model``, ``max_cost`` and
+      ``lookahead_steps``;
+    - "equal-token buckets": ``EqualTokenBatchSampler`` (``floor(max_tokens / S)`` samples
+      per micro-batch, ranks draw independently);
+    - "paper rule (S^1.5, no balancing)": ``AdaptiveBatchSampler`` with
+      ``CostModel.power(1.5)``, its default cap and ``balance=False``, the plan then
+      rescored with ``cost_model`` (its report has no cost cap).
+
+    Returns ``{name: Compared(sampler, plan, report)}`` in that order (``COMPARED_SAMPLERS``
+    gives each name a short label).
+    """
+    common = dict(
+        group_keys=group_keys,
+        num_replicas=num_replicas,
+        rank=0,
+        micro_batches_per_step=micro_batches_per_step,
+        seed=seed,
+    )
+    ours = AdaptiveBatchSampler(
+        seq_lens,
+        max_tokens,
+        max_cost=max_cost,
+        cost_model=cost_model,
+        lookahead_steps=lookahead_steps,
+        **common,
+    )
+    equal = EqualTokenBatchSampler(seq_lens, max_tokens, cost_model=cost_model, **common)
+    paper = AdaptiveBatchSampler(
+        seq_lens, max_tokens, cost_model=CostModel.power(1.5), balance=False, **common
+    )
+    out = {}
+    for name, sampler in zip(COMPARED_SAMPLERS, (ours, equal, paper), strict=True):
+        sampler.set_epoch(epoch)
+        plan = sampler.plan()
+        if sampler is paper:
+            plan = rescore(plan, sampler.seq_lens, cost_model)
+        out[name] = Compared(sampler, plan, balance_report(plan))
+    return out

@@ -262,3 +262,49 @@ def test_bucket_table_values_match_the_plan(tmp_path):
         ]
         assert r["batch"] == max(sizes)
         assert r["equal_token_batch"] == 151200 // r["seq_len"]
+
+
+def test_compare_samplers_is_the_three_samplers_built_by_hand():
+    from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
+    from adaptiveload.report import COMPARED_SAMPLERS, balance_report, compare_samplers, rescore
+
+    meta = demo_metadata(2000, "wan-mix", seed=2)
+    cost = CostModel.wan21_h200("1.3B")
+    common = dict(
+        group_keys=meta.group_keys(), num_replicas=4, rank=0, micro_batches_per_step=2, seed=3
+    )
+    by_hand = [
+        AdaptiveBatchSampler(
+            meta.seq_lens, 151200, max_cost=30000.0, cost_model=cost, lookahead_steps=4, **common
+        ),
+        EqualTokenBatchSampler(meta.seq_lens, 151200, cost_model=cost, **common),
+        AdaptiveBatchSampler(
+            meta.seq_lens, 151200, cost_model=CostModel.power(1.5), balance=False, **common
+        ),
+    ]
+    for s in by_hand:
+        s.set_epoch(1)
+    plans = [s.plan() for s in by_hand]
+    plans[2] = rescore(plans[2], meta.seq_lens, cost)
+    compared = compare_samplers(
+        meta.seq_lens,
+        151200,
+        cost_model=cost,
+        group_keys=meta.group_keys(),
+        num_replicas=4,
+        micro_batches_per_step=2,
+        seed=3,
+        epoch=1,
+        max_cost=30000.0,
+        lookahead_steps=4,
+    )
+    assert list(compared) == list(COMPARED_SAMPLERS)
+    for (sampler, plan, report), hand, want in zip(compared.values(), by_hand, plans, strict=True):
+        assert type(sampler) is type(hand) and sampler.epoch == 1
+        assert sampler.cost_model.to_dict() == hand.cost_model.to_dict()
+        np.testing.assert_array_equal(plan.samples, want.samples)
+        np.testing.assert_array_equal(plan.offsets, want.offsets)
+        np.testing.assert_allclose(plan.costs, want.costs)
+        assert report == balance_report(want)
+    assert compared["AdaptiveLoad"].sampler.max_cost == 30000.0
+    assert compared["paper rule (S^1.5, no balancing)"].plan.max_cost is None

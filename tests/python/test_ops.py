@@ -447,6 +447,41 @@ def test_torch_compile_fullgraph(device, backend):
         torch.testing.assert_close(g, r)
 
 
+def test_direct_path_is_the_op_and_yields_to_modes_and_subclasses():
+    # The public functions call _C's direct callers outside torch.compile; they must give what
+    # torch.ops gives, and step aside for __torch_function__ modes and tensor subclasses.
+    gen = torch.Generator().manual_seed(9)
+    x = rand((2, 5, 32), torch.float32, "cpu", gen).requires_grad_()
+    shift, scale = (make_mod("per_sample", x.shape, torch.float32, "cpu", gen) for _ in range(2))
+    y = ops.layer_norm_modulate(x, shift, scale)
+    y_op = torch.ops.adaptiveload.layer_norm_modulate.default(
+        x, shift, scale, None, None, EPS, None
+    )[0]
+    assert torch.equal(y, y_op) and y.grad_fn is not None
+    (g,) = torch.autograd.grad(y.sum(), x)
+    (g_op,) = torch.autograd.grad(y_op.sum(), x)
+    assert torch.equal(g, g_op)
+
+    seen = []
+
+    class Spy(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Spy():
+        ops.layer_norm_modulate(x, shift, scale)
+        ops.gated_residual_layer_norm_modulate(x, x, shift, shift, scale)
+    assert any("layer_norm_modulate" in f for f in seen)
+    assert any("gated_residual" in f for f in seen)
+
+    class Sub(torch.Tensor):
+        pass
+
+    ys = ops.layer_norm_modulate(x.detach().as_subclass(Sub), shift, scale)
+    torch.testing.assert_close(ys.as_subclass(torch.Tensor), y.detach())
+
+
 def test_modules():
     m = LayerNormModulate(32, elementwise_affine=True, out_dtype=torch.bfloat16)
     x = torch.randn(2, 3, 32)
@@ -471,163 +506,243 @@ def test_cuda_matches_cpu_bitwise_stats_close():
     torch.testing.assert_close(y_gpu.cpu(), y_cpu, atol=1e-4, rtol=1e-4)
 
 
-# Every setting of the CUDA kernels' tuning knobs (docs/ops.md) must give correct results:
-# teams (rows per block in the backward), ring depth (rows prefetched), the forward's row layout
-# (one or two rows per warp at D <= 1536), row order (contiguous chunks or interleaved tiles),
-# the lean backward kernel on/off, the forward's shared-memory ring (off, or 1-3 slots) and its
-# warps per block.
-# 37 rows per sample is not a multiple of any team count, so teams idle in the last pass.
-KNOBS = [
-    (1, 1, 0, 0, 0, 0, 8),
-    (1, 2, 1, 1, 1, 2, 4),
-    (1, 3, 1, 0, 1, 3, 8),
-    (2, 3, 0, 1, 0, 1, 8),
-    (3, 2, 1, 0, 1, 0, 4),
-    (4, 3, 1, 1, 1, 2, 8),
-    (2, 2, 0, 1, 1, 3, 4),
-]
+# ---------------------------------------------------------------- the CUDA tuning table
+#
+# Every row of the tables (csrc/ops/cuda/tuned_*.cu) must be the one the op picks for a problem
+# in its key, and must compute the right result; an explicit row (the private *_with_config
+# ops) with its settings overridden must too. 37 rows per sample is not a multiple of any team
+# or warp count, so teams and warps idle in the last pass.
+
+TABLE = ops._tuning_table() if CUDA else []
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
-def set_knobs(monkeypatch, teams, stages, layout=0, order=1, lean=1, ring=0, warps=8):
-    for name, v in [
-        ("ADAPTIVELOAD_BWD_TEAMS", teams),
-        ("ADAPTIVELOAD_BWD_STAGES", stages),
-        ("ADAPTIVELOAD_FWD_LAYOUT", layout),
-        ("ADAPTIVELOAD_ROW_ORDER", order),
-        ("ADAPTIVELOAD_BWD_LEAN", lean),
-        ("ADAPTIVELOAD_FWD_RING", ring),
-        ("ADAPTIVELOAD_FWD_WARPS", warps),
-    ]:
-        monkeypatch.setenv(name, str(v))
+def row_problems(row):
+    """Problems in the row's key, (x shape, x dtype, modulation kind, out dtype, affine, gated),
+    smallest first: D at the top of the row's range (capped) and at its bottom with 111 rows,
+    then, for rows without a row-count limit, 40,000 rows (where an earlier row with a limit,
+    such as the ring's, shadows it below)."""
+    dtype = DTYPES[row["x"]]
+    vec = 16 // torch.tensor([], dtype=dtype).element_size()
+    if not row["vector"]:
+        dims = [770]  # not a multiple of any vector width: the loop kernels
+    elif row.get("exact_nvec"):
+        dims = [row["exact_nvec"] * vec]
+    else:
+        top = min(row["d_max"], 6144)
+        dims = [max(top - top % vec, row["d_min"]), row["d_min"]]
+    rows_max = row.get("rows_max", -1)
+    shapes = [(3, 37, d) if rows_max == -1 or rows_max >= 111 else (1, rows_max, d) for d in dims]
+    if rows_max == -1:
+        shapes.append((1, 40000, dims[-1]))
+    gated = row["op"] == "gated"
+    affine = row.get("affine", 0) == 1
+    if row["direction"] == "forward":
+        mod = {"block": "per_sample", "token": "per_token", "any": "per_sample"}[row["mod"]]
+        out = None
+    else:
+        # The lean kernel's case: plain op, no affine, per-sample modulation; the general
+        # rows of the plain op without affine get per-token scale, which is not its case.
+        mod = "per_sample" if row["lean"] or gated or affine else "per_token"
+        wide = dtype if dtype != torch.float32 else torch.bfloat16
+        out = {"any": None, "f32": torch.float32}.get(row["dy"], wide)
+    return [(shape, dtype, mod, out, affine, gated) for shape in shapes]
 
 
-@cuda_only
-@pytest.mark.parametrize("teams,stages,layout,order,lean,ring,warps", KNOBS)
-@pytest.mark.parametrize(
-    "shape,dtype,mod_kind,affine",
-    [
-        ((3, 37, 1536), torch.bfloat16, "per_sample", False),
-        ((2, 37, 768), torch.bfloat16, "chunk", True),
-        ((2, 19, 5120), torch.float32, "per_sample", False),
-        ((2, 9, 3072), torch.bfloat16, "per_token", False),
-        ((3, 29, 1024), torch.float16, "shared", False),
-        ((2, 23, 5120), torch.bfloat16, "per_sample", False),
-        ((2, 21, 3072), torch.float32, "chunk", False),
-        ((2, 25, 1536), torch.float32, "per_sample", False),
-        ((3, 31, 3072), torch.bfloat16, "shared", False),
-    ],
-)
-def test_cuda_tuning_knobs(
-    monkeypatch, teams, stages, layout, order, lean, ring, warps, shape, dtype, mod_kind, affine
-):
-    set_knobs(monkeypatch, teams, stages, layout, order, lean, ring, warps)
-    run_and_check(shape, dtype, torch.float32, None, mod_kind, "cuda", affine=affine, seed=teams)
+def row_problem(row):
+    return row_problems(row)[0]
 
 
-# Every block size of the forward's warp and ring kernels (1-8 warps, one or two rows per warp):
-# the rows are dealt to fewer or more row slots per block, and idle slots must not write.
-@cuda_only
-@pytest.mark.parametrize("warps", range(1, 9))
-@pytest.mark.parametrize("ring", [0, 2])
-@pytest.mark.parametrize(
-    "shape,dtype,mod_kind,affine",
-    [
-        ((3, 37, 1536), torch.bfloat16, "per_sample", False),
-        ((2, 41, 768), torch.float16, "chunk", True),
-    ],
-)
-def test_cuda_forward_block_warps(monkeypatch, warps, ring, shape, dtype, mod_kind, affine):
-    set_knobs(monkeypatch, 2, 2, ring=ring, warps=warps)
-    run_and_check(shape, dtype, torch.float32, None, mod_kind, "cuda", affine=affine, seed=warps)
+def selected_rows(problem):
+    """The rows the table picks for a problem (forward, backward), from one cheap run."""
+    shape, dtype, mod, out, affine, gated = problem
+    _, x, h, gate, shift, scale, w, b = make_problem(shape, dtype, mod, affine, gated, 0)
+    leaves = [t for t in (x, h, gate, shift, scale, w, b) if t is not None]
+    if gated:
+        r, y = ops.gated_residual_layer_norm_modulate(
+            x, h, gate, shift, scale, weight=w, bias=b, out_dtype=out
+        )
+        torch.autograd.grad([r, y], leaves, [torch.ones_like(r), torch.ones_like(y)])
+    else:
+        y = ops.layer_norm_modulate(x, shift, scale, weight=w, bias=b, out_dtype=out)
+        torch.autograd.grad(y, leaves, torch.ones_like(y))
+    torch.cuda.synchronize()
+    return ops._last_configs()
 
 
-# The forward ring kernel with bulk copies (sm_90+; ADAPTIVELOAD_FWD_BULK 1: rows loaded by one
-# bulk copy each, 2: and y stored so when y has x's dtype, else as 1), under the default and
-# explicit ring depths and block sizes; the long case gives every warp many rows, so each slot's
-# barrier runs through many phases.
-@cuda_only
-@pytest.mark.parametrize("bulk", [1, 2])
-@pytest.mark.parametrize("ring,warps", [(None, None), (2, 3), (3, 8), (1, 5)])
-@pytest.mark.parametrize(
-    "shape,dtype,out_dtype,mod_kind,affine",
-    [
-        ((3, 37, 1536), torch.bfloat16, None, "per_sample", False),
-        ((3, 37, 1536), torch.bfloat16, torch.float32, "per_sample", False),
-        ((2, 25, 1536), torch.float32, None, "per_sample", False),
-        ((3, 31, 3072), torch.bfloat16, None, "shared", False),
-        ((2, 41, 768), torch.float16, None, "chunk", True),
-        ((1, 20011, 1536), torch.bfloat16, None, "per_sample", False),
-    ],
-)
-def test_cuda_forward_bulk(
-    monkeypatch, bulk, ring, warps, shape, dtype, out_dtype, mod_kind, affine
-):
-    monkeypatch.setenv("ADAPTIVELOAD_FWD_BULK", str(bulk))
-    for name, v in [("ADAPTIVELOAD_FWD_RING", ring), ("ADAPTIVELOAD_FWD_WARPS", warps)]:
-        if v is None:
-            monkeypatch.delenv(name, raising=False)
+def make_problem(shape, dtype, mod_kind, affine, gated, seed):
+    gen = torch.Generator().manual_seed(seed)
+    d = shape[-1]
+    x = rand(shape, dtype, "cuda", gen, 2.0, 0.3).requires_grad_()
+    h = rand(shape, dtype, "cuda", gen).requires_grad_() if gated else None
+    gate = make_mod(mod_kind, shape, torch.float32, "cuda", gen).requires_grad_() if gated else None
+    shift = make_mod(mod_kind, shape, torch.float32, "cuda", gen).requires_grad_()
+    scale = make_mod(mod_kind, shape, torch.float32, "cuda", gen).requires_grad_()
+    w = b = None
+    if affine:
+        w = rand((d,), torch.float32, "cuda", gen, 0.2, 1.0).requires_grad_()
+        b = rand((d,), torch.float32, "cuda", gen, 0.2).requires_grad_()
+    return gen, x, h, gate, shift, scale, w, b
+
+
+def check_problem(shape, dtype, mod_kind, out_dtype, affine, gated, fwd=None, bwd=None, seed=0):
+    """Runs the ops (or the explicit rows fwd / bwd) on fresh inputs and checks every output
+    and gradient against the float64 reference; returns the rows that ran."""
+    gen, x, h, gate, shift, scale, w, b = make_problem(shape, dtype, mod_kind, affine, gated, seed)
+    leaves = [t for t in (x, h, gate, shift, scale, w, b) if t is not None]
+    if fwd is None:
+        if gated:
+            r, y = ops.gated_residual_layer_norm_modulate(
+                x, h, gate, shift, scale, weight=w, bias=b, out_dtype=out_dtype
+            )
         else:
-            monkeypatch.setenv(name, str(v))
-    run_and_check(
-        shape, dtype, torch.float32, out_dtype, mod_kind, "cuda", affine=affine, seed=bulk
-    )
+            y = ops.layer_norm_modulate(x, shift, scale, weight=w, bias=b, out_dtype=out_dtype)
+    else:
+        r, y, mean, rstd = torch.ops.adaptiveload._layer_norm_modulate_with_config(
+            x.detach(), None if h is None else h.detach(), None if gate is None else gate.detach(),
+            shift.detach(), scale.detach(), None if w is None else w.detach(),
+            None if b is None else b.detach(), EPS, out_dtype, fwd,
+        )  # fmt: skip
+    dy = rand(shape, y.dtype, "cuda", gen)
+    dr = rand(shape, dtype, "cuda", gen) if gated else None
+    outs, grads_out = ([r, y], [dr, dy]) if gated else ([y], [dy])
+    if fwd is None and bwd is None:
+        got = torch.autograd.grad(outs, leaves, grads_out)
+    else:
+        if fwd is None:  # the table's forward, an explicit backward
+            xs = (x, h, gate, shift, scale, w, b)
+            fwd_out = torch.ops.adaptiveload._layer_norm_modulate_with_config(
+                *[None if t is None else t.detach() for t in xs], EPS, out_dtype,
+                ops._last_configs()[0],
+            )  # fmt: skip
+            r, y, mean, rstd = fwd_out
+        mask = [True, gated, gated, True, True, affine, affine]
+        saved = r if gated else x
+        g = torch.ops.adaptiveload._layer_norm_modulate_backward_with_config(
+            dr, dy, saved.detach(), None if h is None else h.detach(),
+            None if gate is None else gate.detach(), shift.detach(), scale.detach(),
+            None if w is None else w.detach(), None if b is None else b.detach(), mean, rstd,
+            mask, bwd or "",
+        )  # fmt: skip
+        dx, dh, dgate, dshift, dscale, dw, db = g
+        got = [dx] + ([dh, dgate] if gated else []) + [dshift, dscale]
+        got += [dw, db] if affine else []
+    ran = ops._last_configs()
+    lowp_in = [t.detach().clone().requires_grad_() for t in leaves]
+    ref_in = f64(*leaves)
+    if gated:
+
+        def ref_fn(ins):
+            res, hh, gg, sh, sc, *wb = ins
+            wb = wb + [None] * (2 - len(wb))
+            return list(reference_gated(res, hh, gg, sh, sc, *wb, out_dtype=out_dtype))
+
+        lowp_out, ref_out = ref_fn(lowp_in), ref_fn(ref_in)
+    else:
+
+        def ref_fn(ins):
+            xx, sh, sc, *wb = ins
+            wb = wb + [None] * (2 - len(wb))
+            return [reference(xx, sh, sc, *wb, out_dtype=out_dtype)]
+
+        lowp_out, ref_out = ref_fn(lowp_in), ref_fn(ref_in)
+    lowp = torch.autograd.grad(lowp_out, lowp_in, grads_out)
+    ref = torch.autograd.grad(ref_out, ref_in, [t.double() for t in grads_out])
+    acc = max([dtype, out_dtype or dtype], key=lambda t: FLOOR[t])
+    assert_close("y", y, ref_out[-1], lowp_out[-1], acc)
+    if gated:
+        assert_close("r", r, ref_out[0], lowp_out[0], dtype)
+    for i, (gv, rf, lp) in enumerate(zip(got, ref, lowp, strict=True)):
+        assert_close(f"grad {i}", gv, rf, lp, acc)
+    return ran
 
 
-# Rows that fill every lane's vectors take the ring kernel without bounds tests; the
-# bounds-tested one (ADAPTIVELOAD_FWD_FULL=0) must give the same results on them.
+def _arch():
+    major, minor = torch.cuda.get_device_capability()
+    return major * 10 + minor
+
+
 @cuda_only
-@pytest.mark.parametrize("ring", [None, 2])
-@pytest.mark.parametrize(
-    "shape,dtype",
-    [
-        ((3, 37, 1536), torch.bfloat16),
-        ((2, 25, 1536), torch.float32),
-        ((2, 9, 3072), torch.float16),
-    ],
-)
-def test_cuda_forward_ring_bounds_tested(monkeypatch, ring, shape, dtype):
-    monkeypatch.setenv("ADAPTIVELOAD_FWD_FULL", "0")
-    if ring is not None:
-        monkeypatch.setenv("ADAPTIVELOAD_FWD_RING", str(ring))
-        monkeypatch.setenv("ADAPTIVELOAD_FWD_LAYOUT", "1")
-    run_and_check(shape, dtype, torch.float32, None, "per_sample", "cuda", seed=5)
+@pytest.mark.parametrize("row", TABLE, ids=[r["id"] for r in TABLE])
+def test_table_row_is_chosen_for_its_problem_and_right(row):
+    if row["arch_min"] > _arch():
+        pytest.skip(f"row for sm_{row['arch_min']} and newer")
+    slot = 0 if row["direction"] == "forward" else 1
+    # The first problem (smallest first) for which the table picks this row.
+    problem = next((p for p in row_problems(row) if selected_rows(p)[slot] == row["id"]), None)
+    assert problem, f"no problem of the row's key selects {row['id']}: a shadowed row"
+    ran = check_problem(*problem, seed=len(row["id"]))
+    assert ran[slot] == row["id"]
 
 
-# 16-bit y stored as 4-byte words or 16-byte vectors (ADAPTIVELOAD_FWD_Y_WORDS), by the
-# register kernel (ring 0) and the ring kernel, into every output dtype.
+def settings_cases():
+    """Each warp and ring row (bf16 and fp32 x) and each bf16 vector backward row under other
+    settings: block sizes down to one row slot, y store widths, ring depths, team counts and
+    both row orders."""
+    cases = []
+    for row in TABLE:
+        kernel = row["kernel"]
+        if row["x"] == "f16":
+            continue
+        if row["direction"] == "forward" and kernel.startswith("warp<"):
+            wpr = int(kernel.split(",")[3])
+            three = 3 * wpr if 3 * wpr <= 8 else wpr
+            for warps, y_words, order in ((8, 0, 0), (wpr, 1, 1), (three, 1, 0)):
+                cases.append((row, f";warps={warps};y_words={y_words};interleave={order}"))
+        elif row["direction"] == "forward" and kernel.startswith("ring<"):
+            for warps, stages in ((1, 1), (3, 2), (5, 3), (8, 3)):
+                cases.append((row, f";warps={warps};stages={stages};y_words={stages % 2}"))
+        elif row["direction"] == "backward" and row["vector"] and row["x"] == "bf16":
+            for teams, stages in ((1, 1), (2, 3), (4, 2)):
+                cases.append((row, f";teams={teams};stages={stages};interleave={teams % 2}"))
+    return cases
+
+
+SETTINGS = settings_cases()
+
+
 @cuda_only
-@pytest.mark.parametrize("words", [0, 1])
-@pytest.mark.parametrize("ring", [0, 2])
-@pytest.mark.parametrize(
-    "shape,dtype,out_dtype",
-    [
-        ((3, 37, 1536), torch.bfloat16, None),
-        ((2, 41, 768), torch.float16, None),
-        ((2, 23, 5120), torch.bfloat16, None),
-        ((2, 19, 3072), torch.float32, torch.bfloat16),
-        ((3, 37, 1536), torch.bfloat16, torch.float32),
-    ],
-)
-def test_cuda_forward_y_words(monkeypatch, words, ring, shape, dtype, out_dtype):
-    monkeypatch.setenv("ADAPTIVELOAD_FWD_Y_WORDS", str(words))
-    monkeypatch.setenv("ADAPTIVELOAD_FWD_RING", str(ring))
-    run_and_check(shape, dtype, torch.float32, out_dtype, "per_sample", "cuda", seed=words)
+@pytest.mark.parametrize("row,settings", SETTINGS, ids=[r["id"] + s for r, s in SETTINGS])
+def test_table_row_with_other_settings_is_right(row, settings):
+    if row["arch_min"] > _arch():
+        pytest.skip(f"row for sm_{row['arch_min']} and newer")
+    shape, dtype, mod, out, affine, gated = row_problem(row)
+    config = row["id"] + settings
+    if row["direction"] == "forward":
+        fwd_ran, _ = check_problem(shape, dtype, mod, out, affine, gated, fwd=config, seed=3)
+        assert fwd_ran == row["id"]
+    else:
+        _, bwd_ran = check_problem(shape, dtype, mod, out, affine, gated, bwd=config, seed=4)
+        assert bwd_ran == row["id"]
+
+
+@cuda_only
+def test_explicit_configurations_are_checked():
+    x = torch.randn(2, 8, 1536, device="cuda", dtype=torch.bfloat16)
+    m = torch.randn(2, 1, 1536, device="cuda")
+    run = torch.ops.adaptiveload._layer_norm_modulate_with_config
+    with pytest.raises(RuntimeError, match="no tuning-table row 'fwd.bf16.nope'"):
+        run(x, None, None, m, m, None, None, EPS, None, "fwd.bf16.nope")
+    with pytest.raises(RuntimeError, match="cannot run D = 1536"):
+        run(x, None, None, m, m, None, None, EPS, None, "fwd.bf16.plain.block.warp4x2x1")
+    with pytest.raises(RuntimeError, match="unknown forward setting 'teams'"):
+        run(x, None, None, m, m, None, None, EPS, None, "fwd.bf16.plain.block.warp6x2x1;teams=2")
+    x5 = torch.randn(2, 8, 5120, device="cuda")
+    m5 = torch.randn(2, 1, 5120, device="cuda")
+    with pytest.raises(RuntimeError, match="multiple of 4"):
+        run(x5, None, None, m5, m5, None, None, EPS, None, "fwd.f32.plain.block.warp10x1x4;warps=6")
 
 
 # Which gradients are asked for changes how the backward groups rows (dshift and dscale may
 # each be summed per sample, over everything, or not at all) and, on CUDA, which kernel runs.
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("lean", [0, 1])
 @pytest.mark.parametrize(
     "shift_kind,scale_kind",
     [("per_sample", "per_sample"), ("shared", "per_sample"), ("per_sample", "shared")],
 )
 @pytest.mark.parametrize("wanted", ["x", "shift", "scale", "x,scale", "shift,scale"])
-def test_backward_subsets_of_gradients(monkeypatch, device, lean, shift_kind, scale_kind, wanted):
-    if device == "cpu" and lean == 1:
-        pytest.skip("the lean kernel is CUDA only")
-    monkeypatch.setenv("ADAPTIVELOAD_BWD_LEAN", str(lean))
-    gen = torch.Generator().manual_seed(len(wanted) + 7 * lean)
+def test_backward_subsets_of_gradients(device, shift_kind, scale_kind, wanted):
+    gen = torch.Generator().manual_seed(len(wanted) + 7 * len(shift_kind))
     shape = (3, 41, 1536)
     x = rand(shape, torch.bfloat16, device, gen, 2.0, 0.3)
     shift = make_mod(shift_kind, shape, torch.float32, device, gen)
@@ -638,7 +753,20 @@ def test_backward_subsets_of_gradients(monkeypatch, device, lean, shift_kind, sc
         inputs[name].requires_grad_()
     y = ops.layer_norm_modulate(inputs["x"], inputs["shift"], inputs["scale"])
     dy = rand(shape, torch.bfloat16, device, gen)
-    got = torch.autograd.grad(y, [inputs[n] for n in names], dy)
+    got = [torch.autograd.grad(y, [inputs[n] for n in names], dy)]
+    if device == "cuda":
+        # The table takes the lean kernel here; the general kernel must agree.
+        assert ops._last_configs()[1].startswith("bwd.bf16.dy16.lean")
+        y2, mean, rstd = torch.ops.adaptiveload.layer_norm_modulate.default(
+            x, shift, scale, None, None, EPS, None
+        )
+        mask = [n in names for n in ("x", "", "", "shift", "scale", "", "")]
+        g = torch.ops.adaptiveload._layer_norm_modulate_backward_with_config(
+            None, dy, x, None, None, shift, scale, None, None, mean, rstd, mask,
+            "bwd.bf16.dy16.plain.vec2",
+        )  # fmt: skip
+        index = {"x": 0, "shift": 3, "scale": 4}
+        got.append([g[index[n]] for n in names])
     lowp_in = {k: v.detach().clone().requires_grad_(v.requires_grad) for k, v in inputs.items()}
     lowp = torch.autograd.grad(
         reference(lowp_in["x"], lowp_in["shift"], lowp_in["scale"]),
@@ -651,42 +779,30 @@ def test_backward_subsets_of_gradients(monkeypatch, device, lean, shift_kind, sc
         [ref_in[n] for n in names],
         dy.double(),
     )
-    for name, g, r, lp in zip(names, got, ref, lowp, strict=True):
-        assert_close("d" + name, g, r, lp, torch.bfloat16)
-
-
-@cuda_only
-@pytest.mark.parametrize("teams,stages", [(1, 1), (2, 3), (4, 2)])
-def test_cuda_tuning_knobs_gated(monkeypatch, teams, stages):
-    set_knobs(monkeypatch, teams, stages, order=stages % 2)
-    gen = torch.Generator().manual_seed(teams * 10 + stages)
-    shape = (2, 37, 1536)
-    inputs = [rand(shape, torch.bfloat16, "cuda", gen).requires_grad_() for _ in range(2)]
-    inputs += [
-        make_mod("per_sample", shape, torch.float32, "cuda", gen).requires_grad_() for _ in range(3)
-    ]
-    r, y = ops.gated_residual_layer_norm_modulate(*inputs)
-    dr, dy = (rand(shape, torch.bfloat16, "cuda", gen) for _ in range(2))
-    got = torch.autograd.grad([r, y], inputs, [dr, dy])
-    lowp_in = [t.detach().clone().requires_grad_() for t in inputs]
-    lowp = torch.autograd.grad(list(reference_gated(*lowp_in)), lowp_in, [dr, dy])
-    ref_in = f64(*inputs)
-    ref = torch.autograd.grad(list(reference_gated(*ref_in)), ref_in, [dr.double(), dy.double()])
-    names = ["dresidual", "dh", "dgate", "dshift", "dscale"]
-    for name, g, rf, lp in zip(names, got, ref, lowp, strict=True):
-        assert_close(name, g, rf, lp, torch.bfloat16)
+    for grads in got:
+        for name, g, r, lp in zip(names, grads, ref, lowp, strict=True):
+            assert_close("d" + name, g, r, lp, torch.bfloat16)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("d", [12, 1540])
-@pytest.mark.parametrize("teams,stages", [(None, None), (1, 1), (4, 2)])
-def test_fp32_stream_rows_not_a_multiple_of_8(monkeypatch, device, d, teams, stages):
+@pytest.mark.parametrize("settings", ["", ";teams=1;stages=1", ";teams=4;stages=2"])
+def test_fp32_stream_rows_not_a_multiple_of_8(device, d, settings):
     # fp32 x with bf16 y (the Wan case): an x row plus a bf16 dy row is 6 * D bytes, not a
-    # multiple of 16 when D % 8 == 4; the backward's shared-memory row slots must stay aligned.
-    if teams is not None:
-        monkeypatch.setenv("ADAPTIVELOAD_BWD_TEAMS", str(teams))
-        monkeypatch.setenv("ADAPTIVELOAD_BWD_STAGES", str(stages))
-    run_and_check((3, 21, d), torch.float32, torch.float32, torch.bfloat16, "per_sample", device)
+    # multiple of 16 when D % 8 == 4; the backward's shared-memory row slots must stay aligned,
+    # with every team count and ring depth.
+    if device == "cpu":
+        if settings:
+            pytest.skip("settings of the CUDA kernels")
+        run_and_check(
+            (3, 21, d), torch.float32, torch.float32, torch.bfloat16, "per_sample", device
+        )
+        return
+    check_problem((3, 21, d), torch.float32, "per_sample", torch.bfloat16, False, False)
+    row = ops._last_configs()[1]
+    check_problem(
+        (3, 21, d), torch.float32, "per_sample", torch.bfloat16, False, False, bwd=row + settings
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -696,32 +812,6 @@ def test_fp32_stream_at_the_default_shared_memory_limit(device, d):
     # 48 KB of dynamic shared memory, which with the kernel's static bytes is over the default
     # per-block limit; the launch must opt in to more (it failed with "invalid argument").
     run_and_check((2, 40, d), torch.float32, torch.float32, torch.bfloat16, "per_sample", device)
-
-
-@cuda_only
-def test_cuda_tuning_knob_errors(monkeypatch):
-    x = torch.randn(2, 8, 1536, device="cuda", requires_grad=True)
-    m = torch.randn(2, 1, 1536, device="cuda", requires_grad=True)
-    monkeypatch.setenv("ADAPTIVELOAD_FWD_LAYOUT", "yes")
-    with pytest.raises(RuntimeError, match="ADAPTIVELOAD_FWD_LAYOUT must be an integer"):
-        ops.layer_norm_modulate(x.detach(), m.detach(), m.detach())
-    monkeypatch.delenv("ADAPTIVELOAD_FWD_LAYOUT")
-    monkeypatch.setenv("ADAPTIVELOAD_FWD_RING", "4")
-    with pytest.raises(RuntimeError, match=r"ADAPTIVELOAD_FWD_RING must be an integer in \[0, 3\]"):
-        ops.layer_norm_modulate(x.detach(), m.detach(), m.detach())
-    monkeypatch.delenv("ADAPTIVELOAD_FWD_RING")
-    # fp32 D = 5120: four warps per row, so blocks must have a multiple of 4 warps.
-    x5, m5 = (t[..., :1280].repeat(1, 1, 4).contiguous() for t in (x, m))
-    monkeypatch.setenv("ADAPTIVELOAD_FWD_WARPS", "6")
-    with pytest.raises(RuntimeError, match="ADAPTIVELOAD_FWD_WARPS must be a multiple of 4"):
-        ops.layer_norm_modulate(x5.detach(), m5.detach(), m5.detach())
-    monkeypatch.delenv("ADAPTIVELOAD_FWD_WARPS")
-    y = ops.layer_norm_modulate(x, m, m)
-    monkeypatch.setenv("ADAPTIVELOAD_BWD_STAGES", "7")
-    with pytest.raises(
-        RuntimeError, match=r"ADAPTIVELOAD_BWD_STAGES must be an integer in \[1, 3\]"
-    ):
-        torch.autograd.grad(y, [x, m], torch.ones_like(y))
 
 
 @cuda_only

@@ -221,4 +221,5 @@ def test_a_missing_peer_fails_within_the_timeout(dataset):
     t0 = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode != 0
+    assert "Timed out" in done.stderr, done.stderr[-2000:]
     assert time.monotonic() - t0 < 120

@@ -1,50 +1,15 @@
-"""Wan 2.1 transformer configurations (diffusers' WanTransformer3DModel) and batches.
+"""Wan 2.1 transformers (diffusers' WanTransformer3DModel) and batches of their inputs.
 
 Building needs diffusers (``pip install 'adaptiveload[wan]'``); no weights are
-downloaded: models are randomly initialized from these configs.
+downloaded: models are randomly initialized from ``CONFIGS``. The configurations and the
+geometry (``PATCH``, ``VAE_STRIDE``, ``TEXT_LEN``) are defined in ``adaptiveload.wan``.
 """
 
 from __future__ import annotations
 
 import torch
 
-PATCH = (1, 2, 2)
-VAE_STRIDE = (4, 8, 8)
-TEXT_LEN = 512
-
-CONFIGS: dict[str, dict] = {
-    # A model of a few thousand parameters, for CPU tests.
-    "tiny": dict(
-        num_attention_heads=2,
-        attention_head_dim=16,
-        in_channels=4,
-        out_channels=4,
-        text_dim=32,
-        freq_dim=32,
-        ffn_dim=64,
-        num_layers=2,
-    ),
-    "wan2.1-1.3B": dict(
-        num_attention_heads=12,
-        attention_head_dim=128,
-        in_channels=16,
-        out_channels=16,
-        text_dim=4096,
-        freq_dim=256,
-        ffn_dim=8960,
-        num_layers=30,
-    ),
-    "wan2.1-14B": dict(
-        num_attention_heads=40,
-        attention_head_dim=128,
-        in_channels=16,
-        out_channels=16,
-        text_dim=4096,
-        freq_dim=256,
-        ffn_dim=13824,
-        num_layers=40,
-    ),
-}
+from adaptiveload.wan import CONFIGS, PATCH, TEXT_LEN, VAE_STRIDE, latent_shape
 
 # Modules diffusers keeps in fp32 when the rest of the model is bf16.
 _FP32_KEYS = ("scale_shift_table", "norm1", "norm2", "norm3", "time_embedder", "rope")
@@ -82,16 +47,6 @@ def build_wan(
     return model
 
 
-def latent_shape(frames: int, height: int, width: int, channels: int) -> tuple[int, int, int, int]:
-    """(C, F', H', W') of the VAE latent of a (frames, height, width) pixel clip."""
-    return (
-        channels,
-        (frames - 1) // VAE_STRIDE[0] + 1,
-        height // VAE_STRIDE[1],
-        width // VAE_STRIDE[2],
-    )
-
-
 def random_batch(
     model,
     batch: int,
@@ -114,3 +69,14 @@ def random_batch(
             batch, text_len, cfg.text_dim, device=p.device, generator=generator
         ).to(dtype),
     }
+
+
+__all__ = [
+    "CONFIGS",
+    "PATCH",
+    "TEXT_LEN",
+    "VAE_STRIDE",
+    "build_wan",
+    "latent_shape",
+    "random_batch",
+]

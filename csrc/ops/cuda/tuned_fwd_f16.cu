@@ -1,0 +1,43 @@
+// The forward tuning table for f16 x: one line per row, first match wins (dispatch.cu). Each
+// row's kernel is instantiated here and nowhere else. See configs.h for the columns and
+// docs/ops.md for how the rows were measured; benchmarks/tune_layer_norm_modulate.py prints
+// candidate rows from a sweep.
+#include "launch.cuh"
+
+namespace adaptiveload {
+namespace {
+
+// clang-format off
+constexpr FwdRow kRows[] = {
+// id, arch, op, modulation, vector path, D min, D max, rows min, rows max, kernel, {warps, stages, y_words, interleave}
+{"fwd.f16.loop", 0, kEither, Mod::kAny, false, 1, kNoLimit, 1, kNoLimit, fwd_loop<c10::Half>("loop<f16>"), {8, 2, false, true}},
+{"fwd.f16.plain.token.block1", 0, 0, Mod::kToken, true, 8, 2048, 1, kNoLimit, fwd_block<c10::Half, 1, false>("block<f16,1,plain>"), {8, 2, false, true}},
+{"fwd.f16.plain.token.block2", 0, 0, Mod::kToken, true, 2056, 4096, 1, kNoLimit, fwd_block<c10::Half, 2, false>("block<f16,2,plain>"), {8, 2, false, true}},
+{"fwd.f16.plain.token.block4", 0, 0, Mod::kToken, true, 4104, 8192, 1, kNoLimit, fwd_block<c10::Half, 4, false>("block<f16,4,plain>"), {8, 2, false, true}},
+{"fwd.f16.plain.token.block8", 0, 0, Mod::kToken, true, 8200, 32768, 1, kNoLimit, fwd_block<c10::Half, 8, false>("block<f16,8,plain>"), {8, 2, false, true}},
+{"fwd.f16.plain.block.warp4x2x1", 0, 0, Mod::kBlock, true, 8, 1024, 1, kNoLimit, fwd_warp<c10::Half, 4, 2, 1, false>("warp<f16,4,2,1,plain>"), {8, 2, true, true}},
+{"fwd.f16.plain.block.warp6x2x1", 0, 0, Mod::kBlock, true, 1032, 1536, 1, kNoLimit, fwd_warp<c10::Half, 6, 2, 1, false>("warp<f16,6,2,1,plain>"), {8, 2, true, true}},
+{"fwd.f16.plain.block.warp12x1x1", 0, 0, Mod::kBlock, true, 1544, 3072, 1, kNoLimit, fwd_warp<c10::Half, 12, 1, 1, false>("warp<f16,12,1,1,plain>"), {8, 2, true, true}},
+{"fwd.f16.plain.block.warp10x1x2", 0, 0, Mod::kBlock, true, 3080, 5120, 1, kNoLimit, fwd_warp<c10::Half, 10, 1, 2, false>("warp<f16,10,1,2,plain>"), {8, 2, true, true}},
+{"fwd.f16.plain.block.warp12x1x2", 0, 0, Mod::kBlock, true, 5128, 6144, 1, kNoLimit, fwd_warp<c10::Half, 12, 1, 2, false>("warp<f16,12,1,2,plain>"), {8, 2, true, true}},
+{"fwd.f16.plain.block.warp10x1x4", 0, 0, Mod::kBlock, true, 6152, 10240, 1, kNoLimit, fwd_warp<c10::Half, 10, 1, 4, false>("warp<f16,10,1,4,plain>"), {8, 2, true, true}},
+{"fwd.f16.plain.block.block8", 0, 0, Mod::kBlock, true, 10248, 32768, 1, kNoLimit, fwd_block<c10::Half, 8, false>("block<f16,8,plain>"), {8, 2, false, true}},
+{"fwd.f16.gated.token.block1", 0, 1, Mod::kToken, true, 8, 2048, 1, kNoLimit, fwd_block<c10::Half, 1, true>("block<f16,1,gated>"), {8, 2, false, true}},
+{"fwd.f16.gated.token.block2", 0, 1, Mod::kToken, true, 2056, 4096, 1, kNoLimit, fwd_block<c10::Half, 2, true>("block<f16,2,gated>"), {8, 2, false, true}},
+{"fwd.f16.gated.token.block4", 0, 1, Mod::kToken, true, 4104, 8192, 1, kNoLimit, fwd_block<c10::Half, 4, true>("block<f16,4,gated>"), {8, 2, false, true}},
+{"fwd.f16.gated.token.block8", 0, 1, Mod::kToken, true, 8200, 32768, 1, kNoLimit, fwd_block<c10::Half, 8, true>("block<f16,8,gated>"), {8, 2, false, true}},
+{"fwd.f16.gated.block.warp4x2x1", 0, 1, Mod::kBlock, true, 8, 1024, 1, kNoLimit, fwd_warp<c10::Half, 4, 2, 1, true>("warp<f16,4,2,1,gated>"), {8, 2, true, true}},
+{"fwd.f16.gated.block.warp6x2x1", 0, 1, Mod::kBlock, true, 1032, 1536, 1, kNoLimit, fwd_warp<c10::Half, 6, 2, 1, true>("warp<f16,6,2,1,gated>"), {8, 2, true, true}},
+{"fwd.f16.gated.block.warp12x1x1", 0, 1, Mod::kBlock, true, 1544, 3072, 1, kNoLimit, fwd_warp<c10::Half, 12, 1, 1, true>("warp<f16,12,1,1,gated>"), {8, 2, true, true}},
+{"fwd.f16.gated.block.warp10x1x2", 0, 1, Mod::kBlock, true, 3080, 5120, 1, kNoLimit, fwd_warp<c10::Half, 10, 1, 2, true>("warp<f16,10,1,2,gated>"), {8, 2, true, true}},
+{"fwd.f16.gated.block.warp12x1x2", 0, 1, Mod::kBlock, true, 5128, 6144, 1, kNoLimit, fwd_warp<c10::Half, 12, 1, 2, true>("warp<f16,12,1,2,gated>"), {8, 2, true, true}},
+{"fwd.f16.gated.block.warp10x1x4", 0, 1, Mod::kBlock, true, 6152, 10240, 1, kNoLimit, fwd_warp<c10::Half, 10, 1, 4, true>("warp<f16,10,1,4,gated>"), {8, 2, true, true}},
+{"fwd.f16.gated.block.block8", 0, 1, Mod::kBlock, true, 10248, 32768, 1, kNoLimit, fwd_block<c10::Half, 8, true>("block<f16,8,gated>"), {8, 2, false, true}},
+};
+// clang-format on
+
+}  // namespace
+
+const Table<FwdRow> kFwdTableF16 = {kRows, sizeof(kRows) / sizeof(kRows[0])};
+
+}  // namespace adaptiveload

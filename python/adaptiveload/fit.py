@@ -1,0 +1,150 @@
+"""Fitting the sampler's cost and memory models to measured micro-batches.
+
+``fit_cost_model`` fits ``time = c0 + B * (cs + c1*S + c2*S^2)`` (ms) and ``fit_memory_model``
+``peak = m0 + m1 * B * S`` (bytes) to ``Point`` measurements of micro-batches of B samples of
+S tokens, both by non-negative least squares (``nnls``, numpy only). ``adaptiveload.calibrate``
+measures the points on a GPU; any other source of points works the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from adaptiveload.cost import CostModel
+
+
+@dataclass
+class Point:
+    """One measured micro-batch: ``batch`` samples of ``seq_len`` tokens took ``ms``
+    milliseconds and peaked at ``peak_bytes``; ``predicted_ms`` is filled in by the fit."""
+
+    batch: int
+    seq_len: int
+    ms: float
+    peak_bytes: int
+    shape: tuple[int, int, int] | None = None
+    predicted_ms: float | None = None
+
+    @property
+    def rel_error(self) -> float | None:
+        return None if self.predicted_ms is None else (self.predicted_ms - self.ms) / self.ms
+
+
+def nnls(a, b, *, max_iter: int | None = None) -> np.ndarray:
+    """x minimizing ``||a @ x - b||_2`` subject to ``x >= 0``.
+
+    Lawson and Hanson's active-set algorithm (Solving Least Squares Problems, 1974, ch. 23):
+    starting from x = 0, repeatedly free the coefficient j whose negative gradient
+    ``w_j = (a^T (b - a x))_j`` is largest, solve unconstrained least squares on the free
+    set, and step back along the segment to the last feasible point (dropping the
+    coefficients that reach 0) until the free solution is positive. It stops at the KKT
+    point: ``w_j <= 0`` where ``x_j = 0``, ``w_j = 0`` where ``x_j > 0``, which is the global
+    minimum (the problem is convex). Meant for a handful of coefficients: each step is a
+    dense ``lstsq`` on the free columns.
+
+    Args:
+        a: (m, n) design matrix; b: (m,) targets; both finite.
+        max_iter: coefficients freed at most (default 3 n); ``RuntimeError`` past it.
+
+    Returns:
+        x, shape (n,), float64, every entry >= 0 (0 for all-zero columns of ``a``).
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.ndim != 2 or b.ndim != 1 or a.shape[0] != b.shape[0]:
+        raise ValueError(
+            f"nnls: need a of shape (m, n) and b of shape (m,), got {a.shape}, {b.shape}"
+        )
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        raise ValueError("nnls: a and b must be finite")
+    m, n = a.shape
+    max_iter = 3 * n if max_iter is None else int(max_iter)
+    # x_j >= 0 is unchanged by scaling column j by a positive number, so work on unit
+    # columns: the gradient test then compares columns that span orders of magnitude
+    # (1, B*S, B*S^2 in the cost fit) on one scale.
+    norms = np.linalg.norm(a, axis=0)
+    usable = norms > 0
+    a = a / np.where(usable, norms, 1.0)
+    tol = 10 * max(m, n) * np.finfo(np.float64).eps * max(float(np.linalg.norm(b)), 1e-300)
+
+    def solve_free(free: np.ndarray) -> np.ndarray:
+        s = np.zeros(n)
+        if free.any():
+            s[free] = np.linalg.lstsq(a[:, free], b, rcond=None)[0]
+        return s
+
+    x = np.zeros(n)
+    free = np.zeros(n, dtype=bool)
+    blocked = np.zeros(n, dtype=bool)  # rounding kept them from entering at this x
+    w = a.T @ b
+    freed = 0
+    while True:
+        candidates = ~free & ~blocked & usable & (w > tol)
+        if not candidates.any():
+            break
+        if freed == max_iter:
+            raise RuntimeError(f"nnls: no convergence after freeing {max_iter} coefficients")
+        j = int(np.argmax(np.where(candidates, w, -np.inf)))
+        free[j] = True
+        s = solve_free(free)
+        if s[j] <= 0:
+            # In exact arithmetic s_j > 0 whenever w_j > 0; at the rounding level it may not
+            # be. Keep x and try the next candidate.
+            free[j] = False
+            blocked[j] = True
+            continue
+        freed += 1
+        while np.any(s[free] <= 0):
+            # Step from x towards s as far as feasibility allows; the coefficient that
+            # reaches 0 first (and any other at 0) leaves the free set.
+            hit = free & (s <= 0)
+            ratios = np.where(hit, x / np.where(hit, x - s, 1.0), np.inf)
+            k = int(np.argmin(ratios))
+            x = x + ratios[k] * (s - x)
+            x[k] = 0.0
+            free &= x > 0
+            x[~free] = 0.0
+            s = solve_free(free)
+        x = s
+        blocked[:] = False
+        w = a.T @ (b - a @ x)
+    return np.where(usable, x / np.where(usable, norms, 1.0), 0.0)
+
+
+def fit_cost_model(points: Iterable[Point]) -> CostModel:
+    """``time = c0 + B*(cs + c1*S + c2*S^2)`` in ms, coefficients >= 0, fitted to the
+    points' relative error ``(predicted - measured) / measured`` by ``nnls``. ``cs`` is work
+    per sample that does not grow with S (e.g. the text conditioning). Fills each point's
+    ``predicted_ms``."""
+    pts = list(points)
+    if len(pts) < 4:
+        raise ValueError(f"need at least 4 calibration points, got {len(pts)}")
+    b = np.array([p.batch for p in pts], float)
+    s = np.array([p.seq_len for p in pts], float)
+    t = np.array([p.ms for p in pts], float)
+    if np.any(t <= 0):
+        raise ValueError("calibration times must be > 0")
+    a = np.stack([np.ones_like(s), b, b * s, b * s * s], axis=1) / t[:, None]
+    c0, cs, c1, c2 = nnls(a, np.ones_like(t))
+    if c1 + c2 <= 0:
+        raise ValueError("calibration points do not grow with tokens; cannot fit a cost model")
+    model = CostModel.polynomial(c0, c1, c2, per_sample=cs, unit="ms")
+    for p in pts:
+        p.predicted_ms = model.batch_cost([p.seq_len] * p.batch)
+    return model
+
+
+def fit_memory_model(points: Iterable[Point]) -> tuple[float, float]:
+    """``peak = m0 + m1 * B * S`` in bytes, ``m0, m1 >= 0``, least squares on absolute
+    error by ``nnls``. Returns ``(m0, m1)``."""
+    pts = list(points)
+    tokens = np.array([p.batch * p.seq_len for p in pts], float)
+    peak = np.array([p.peak_bytes for p in pts], float)
+    m0, m1 = nnls(np.stack([np.ones_like(tokens), tokens], axis=1), peak)
+    return float(m0), float(m1)
+
+
+__all__ = ["Point", "fit_cost_model", "fit_memory_model", "nnls"]

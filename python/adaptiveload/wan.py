@@ -1,0 +1,120 @@
+"""Wan 2.1's geometry in one place: VAE stride, patch size, text length, the transformer
+configurations, and the token count of a sample.
+
+Plain Python and numpy (no torch, no diffusers): the metadata readers, the demo mixes and
+calibration count tokens with ``wan_seq_len``; ``adaptiveload.models.wan`` builds diffusers
+models from ``CONFIGS``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Pixels per latent element, (frames, height, width): the VAE keeps the first frame and
+# compresses each further 4 frames into one, and 8 x 8 pixels into one element.
+VAE_STRIDE = (4, 8, 8)
+# Latent elements per token, (frames, height, width).
+PATCH = (1, 2, 2)
+# Text tokens per sample (umT5 embeddings, padded to this length).
+TEXT_LEN = 512
+
+# Keyword arguments of diffusers' WanTransformer3DModel (patch_size=PATCH besides).
+CONFIGS: dict[str, dict] = {
+    # A model of a few thousand parameters, for CPU tests.
+    "tiny": dict(
+        num_attention_heads=2,
+        attention_head_dim=16,
+        in_channels=4,
+        out_channels=4,
+        text_dim=32,
+        freq_dim=32,
+        ffn_dim=64,
+        num_layers=2,
+    ),
+    "wan2.1-1.3B": dict(
+        num_attention_heads=12,
+        attention_head_dim=128,
+        in_channels=16,
+        out_channels=16,
+        text_dim=4096,
+        freq_dim=256,
+        ffn_dim=8960,
+        num_layers=30,
+    ),
+    "wan2.1-14B": dict(
+        num_attention_heads=40,
+        attention_head_dim=128,
+        in_channels=16,
+        out_channels=16,
+        text_dim=4096,
+        freq_dim=256,
+        ffn_dim=13824,
+        num_layers=40,
+    ),
+}
+
+# (frames, height, width) in pixels that calibration profiles: images, 480p and 720p clips
+# up to 81 frames.
+SHAPES = [
+    (1, 480, 832),
+    (1, 720, 1280),
+    (17, 480, 832),
+    (33, 480, 832),
+    (49, 480, 832),
+    (81, 480, 832),
+    (49, 720, 1280),
+    (81, 720, 1280),
+]
+
+
+def latent_shape(frames: int, height: int, width: int, channels: int) -> tuple[int, int, int, int]:
+    """(C, F', H', W') of the VAE latent of a (frames, height, width) pixel clip."""
+    return (
+        channels,
+        (frames - 1) // VAE_STRIDE[0] + 1,
+        height // VAE_STRIDE[1],
+        width // VAE_STRIDE[2],
+    )
+
+
+def wan_seq_len(frames, height, width, *, vae_stride=VAE_STRIDE, patch_size=PATCH):
+    """Sequence length S of Wan 2.1 samples, vectorized over numpy arrays.
+
+    S = ((F - 1) // vt + 1) // pt  *  (H // vh // ph)  *  (W // vw // pw)
+
+    with VAE stride (vt, vh, vw) = (4, 8, 8) and patch (pt, ph, pw) = (1, 2, 2) by default:
+    a 480x832 image is 1,560 tokens, a 480x832 81-frame video 32,760, a 720x1280
+    81-frame video 75,600. Returns an int64 array (a Python int for scalar inputs).
+    """
+    f = np.asarray(frames)
+    h = np.asarray(height)
+    w = np.asarray(width)
+    for name, a in (("frames", f), ("height", h), ("width", w)):
+        if a.dtype.kind not in "iu":
+            if a.dtype.kind != "f" or not np.all(np.isfinite(a)) or np.any(a != np.floor(a)):
+                raise ValueError(f"wan_seq_len: {name} must hold integers, got dtype {a.dtype}")
+        if np.any(a < 1):
+            bad = np.flatnonzero(np.atleast_1d(a) < 1)[0]
+            raise ValueError(f"wan_seq_len: {name}[{bad}] = {np.atleast_1d(a)[bad]} must be >= 1")
+    vt, vh, vw = vae_stride
+    pt, ph, pw = patch_size
+    f, h, w = (a.astype(np.int64) for a in (f, h, w))
+    seq = ((f - 1) // vt + 1) // pt * (h // vh // ph) * (w // vw // pw)
+    if np.any(seq < 1):
+        bad = np.flatnonzero(np.atleast_1d(seq) < 1)[0]
+        raise ValueError(
+            f"wan_seq_len: sample {bad} ({np.atleast_1d(f)[bad]}x{np.atleast_1d(h)[bad]}x"
+            f"{np.atleast_1d(w)[bad]}) is smaller than one patch"
+        )
+    return int(seq) if seq.ndim == 0 else seq
+
+
+__all__ = [
+    "CONFIGS",
+    "PATCH",
+    "SHAPES",
+    "TEXT_LEN",
+    "VAE_STRIDE",
+    "latent_shape",
+    "wan_seq_len",
+]

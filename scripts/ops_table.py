@@ -1,0 +1,125 @@
+"""Writes the "which kernel runs" tables of docs/ops.md from the CUDA tuning tables.
+
+Reads the rows of csrc/ops/cuda/tuned_{fwd,bwd}_*.cu (one C++ initializer per line) and
+replaces the text between the `<!-- tuning-table:begin -->` and `<!-- tuning-table:end -->`
+markers of docs/ops.md. Needs no build and no GPU:
+
+    python scripts/ops_table.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CUDA = os.path.join(ROOT, "csrc", "ops", "cuda")
+DOC = os.path.join(ROOT, "docs", "ops.md")
+ROW = re.compile(r'^\{"([^"]+)", (.*)\},$')
+
+
+def fields(line: str) -> list[str] | None:
+    """A row's fields, split at top-level commas (the kernel's template arguments and the
+    settings braces stay whole)."""
+    m = ROW.match(line.strip())
+    if not m:
+        return None
+    out, depth, cur = [m.group(1)], 0, ""
+    for ch in m.group(2):
+        if ch in "<({":
+            depth += 1
+        elif ch in ">)}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur.strip())
+    return out
+
+
+def limit(v: str) -> str:
+    return "any" if v == "kNoLimit" else v
+
+
+def kernel_name(call: str) -> str:
+    m = re.search(r'\("([^"]+)"\)', call)
+    return m.group(1) if m else call
+
+
+def forward_rows(dtype: str) -> list[str]:
+    rows = []
+    for line in open(os.path.join(CUDA, f"tuned_fwd_{dtype}.cu")):
+        f = fields(line)
+        if f is None:
+            continue
+        rid, arch, op, mod, vector, dmin, dmax, rmin, rmax, kernel, settings = f
+        op = {"kEither": "any", "0": "plain", "1": "gated"}[op]
+        mod = mod.replace("Mod::k", "").lower()
+        d = f"{dmin}-{limit(dmax)}" if vector == "true" else "any, not vector"
+        rows_ = "any" if rmax == "kNoLimit" else f"{rmin}-{rmax}"
+        arch = f">= sm_{arch}" if arch != "0" else "any"
+        rows.append(
+            f"| {dtype} | {op} | {mod} | {d} | {rows_} | {arch} | `{kernel_name(kernel)}` "
+            f"{settings.strip('{}')} | `{rid}` |"
+        )
+    return rows
+
+
+def backward_rows(dtype: str) -> list[str]:
+    rows = []
+    for line in open(os.path.join(CUDA, f"tuned_bwd_{dtype}.cu")):
+        f = fields(line)
+        if f is None:
+            continue
+        rid, arch, dy, op, affine, lean, vector, dmin, dmax, kernel, settings = f
+        dy = {"-1": "any", "kF32": "f32", "kBF16": "bf16", "kF16": "f16"}[dy]
+        op = {"kEither": "any", "0": "plain", "1": "gated"}[op]
+        affine = {"kEither": "any", "0": "no", "1": "yes"}[affine]
+        case = "lean case" if lean == "true" else ""
+        d = f"{dmin}-{limit(dmax)}" if vector == "true" else "any, not vector"
+        rows.append(
+            f"| {dtype} | {dy} | {op} | {affine} {case} | {d} | `{kernel_name(kernel)}` | `{rid}` |"
+        )
+    return rows
+
+
+def render() -> str:
+    out = [
+        "Forward (first matching row wins; settings: warps per block, ring slots, y as 4-byte "
+        "words, interleaved rows):",
+        "",
+        "| x | op | modulation | D | rows | GPU | kernel, settings | row |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for dtype in ("bf16", "f16", "f32"):
+        out += forward_rows(dtype)
+    out += [
+        "",
+        "Backward (teams and ring depth 0: the launcher's rule, launch.cuh):",
+        "",
+        "| x | dy | op | affine | D | kernel | row |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for dtype in ("bf16", "f16", "f32"):
+        out += backward_rows(dtype)
+    return "\n".join(out)
+
+
+def main() -> int:
+    doc = open(DOC).read()
+    begin, end = "<!-- tuning-table:begin -->", "<!-- tuning-table:end -->"
+    if begin not in doc:
+        print(f"{DOC} has no {begin} marker", file=sys.stderr)
+        return 1
+    doc = doc[: doc.index(begin) + len(begin)] + "\n" + render() + "\n" + doc[doc.index(end) :]
+    with open(DOC, "w") as f:
+        f.write(doc)
+    print(f"wrote the tuning tables into {os.path.relpath(DOC, ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
