@@ -180,10 +180,8 @@ def _as_seq_lens(seq_lens) -> np.ndarray:
 def _as_group_ids(group_keys, seq_lens: np.ndarray) -> np.ndarray:
     """Dense int64 ids, numbered in sorted key order, so that the same keys plan alike in
     any container: a 1-D array, tensor or list of keys, or an ``(n, k)`` array, tensor or
-    list of tuples (e.g. ``(frames, height, width)``). ``None``: the sequence length."""
+    list of tuples (e.g. ``(frames, height, width)``)."""
     n = len(seq_lens)
-    if group_keys is None:
-        return np.unique(seq_lens, return_inverse=True)[1].reshape(-1).astype(np.int64)
     a = _to_numpy(group_keys, "group_keys")
     if a.ndim == 0 or len(a) != n:
         got = "a scalar" if a.ndim == 0 else f"{len(a)} entries"
@@ -376,8 +374,10 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         self.on_oversize = on_oversize
         self.cost_model = cost_model if cost_model is not None else CostModel.default()
         self.num_replicas, self.rank = _distributed_defaults(num_replicas, rank, process_group)
-        self._group_ids = _as_group_ids(group_keys, self.seq_lens)
-        self.group_keys = None if group_keys is None else self._group_ids
+        # None: the sequence length is the key (the C++ table numbers lengths in sorted order,
+        # as these ids are numbered).
+        self._group_ids = None if group_keys is None else _as_group_ids(group_keys, self.seq_lens)
+        self.group_keys = self._group_ids
         self._max_cost_arg = None if max_cost is None else float(max_cost)
         self._build_table()
         self._refuse_oversize()
@@ -400,7 +400,7 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         self._max_cost = self._compute_max_cost()
         h = hashlib.blake2b(digest_size=16)
         h.update(self.seq_lens.tobytes())
-        h.update(self._group_ids.tobytes())
+        h.update(b"by length" if self._group_ids is None else self._group_ids.tobytes())
         self._data_digest = h.hexdigest()
 
     def _compute_max_cost(self) -> float:
