@@ -18,8 +18,6 @@ end of each round (no per-call sync). Targets (issue 17): forward <= 20 us, forw
 from __future__ import annotations
 
 import argparse
-import csv
-import os
 import statistics
 import sys
 import time
@@ -150,12 +148,9 @@ def main() -> int:
     if args.profile:
         profile(impls["ours"], inputs["ours"], dy, sync)
     if args.csv:
-        new = not os.path.exists(args.csv)
-        with open(args.csv, "a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            if new:
-                w.writeheader()
-            w.writerows(rows)
+        from make_results import append_csv
+
+        append_csv(args.csv, rows)
     return 0
 
 

@@ -21,9 +21,7 @@ benchmarks/tune_layer_norm_modulate.py.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
-import os
 import sys
 
 import torch
@@ -392,12 +390,9 @@ def main() -> int:
         )
 
     if args.csv:
-        new = not os.path.exists(args.csv)
-        with open(args.csv, "a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
-            if new:
-                w.writeheader()
-            w.writerows(csv_rows)
+        from make_results import append_csv
+
+        append_csv(args.csv, csv_rows)
         print(f"wrote {args.csv}")
     if args.out:
         lines = [

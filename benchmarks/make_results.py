@@ -31,6 +31,17 @@ def write_results(rel: str, head: list[str], rows: list[list], meta: dict) -> st
     return path
 
 
+def append_csv(path: str, rows: list[dict]) -> None:
+    """Appends `rows` to the CSV at `path`, writing the header (the first row's keys) when the
+    file is new: the --csv option of the GPU benchmarks."""
+    new = not os.path.exists(path)
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        if new:
+            w.writeheader()
+        w.writerows(rows)
+
+
 def read(rel: str) -> list[dict]:
     path = os.path.join(RESULTS, rel)
     if not os.path.exists(path):

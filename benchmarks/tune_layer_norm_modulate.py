@@ -15,7 +15,6 @@ a candidate within that is noise; rerun before editing the table.
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import os
 import sys
@@ -162,12 +161,9 @@ def main() -> int:
             f"(table: {picked} at {mine:.1f}%)"
         )
     if args.csv:
-        new = not os.path.exists(args.csv)
-        with open(args.csv, "a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(records[0]))
-            if new:
-                w.writeheader()
-            w.writerows(records)
+        from make_results import append_csv
+
+        append_csv(args.csv, records)
     return 0
 
 
