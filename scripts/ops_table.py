@@ -49,16 +49,26 @@ def kernel_name(call: str) -> str:
     return m.group(1) if m else call
 
 
+def table_rows(name: str) -> list[list[str]]:
+    """The fields of every row of the tuning table csrc/ops/cuda/<name>.cu."""
+    with open(os.path.join(CUDA, f"{name}.cu")) as f:
+        return [r for r in map(fields, f) if r is not None]
+
+
+OP = {"kEither": "any", "0": "plain", "1": "gated"}
+
+
+def d_range(vector: str, dmin: str, dmax: str) -> str:
+    return f"{dmin}-{limit(dmax)}" if vector == "true" else "any, not vector"
+
+
 def forward_rows(dtype: str) -> list[str]:
     rows = []
-    for line in open(os.path.join(CUDA, f"tuned_fwd_{dtype}.cu")):
-        f = fields(line)
-        if f is None:
-            continue
+    for f in table_rows(f"tuned_fwd_{dtype}"):
         rid, arch, op, mod, vector, dmin, dmax, rmin, rmax, kernel, settings = f
-        op = {"kEither": "any", "0": "plain", "1": "gated"}[op]
+        op = OP[op]
         mod = mod.replace("Mod::k", "").lower()
-        d = f"{dmin}-{limit(dmax)}" if vector == "true" else "any, not vector"
+        d = d_range(vector, dmin, dmax)
         rows_ = "any" if rmax == "kNoLimit" else f"{rmin}-{rmax}"
         arch = f">= sm_{arch}" if arch != "0" else "any"
         rows.append(
@@ -70,16 +80,13 @@ def forward_rows(dtype: str) -> list[str]:
 
 def backward_rows(dtype: str) -> list[str]:
     rows = []
-    for line in open(os.path.join(CUDA, f"tuned_bwd_{dtype}.cu")):
-        f = fields(line)
-        if f is None:
-            continue
+    for f in table_rows(f"tuned_bwd_{dtype}"):
         rid, arch, dy, op, affine, lean, vector, dmin, dmax, kernel, settings = f
         dy = {"-1": "any", "kF32": "f32", "kBF16": "bf16", "kF16": "f16"}[dy]
-        op = {"kEither": "any", "0": "plain", "1": "gated"}[op]
+        op = OP[op]
         affine = {"kEither": "any", "0": "no", "1": "yes"}[affine]
         case = "lean case" if lean == "true" else ""
-        d = f"{dmin}-{limit(dmax)}" if vector == "true" else "any, not vector"
+        d = d_range(vector, dmin, dmax)
         rows.append(
             f"| {dtype} | {dy} | {op} | {affine} {case} | {d} | `{kernel_name(kernel)}` | `{rid}` |"
         )
