@@ -72,20 +72,15 @@ class Plan:
     def micro_batches_per_rank(self) -> int:
         return self.num_steps * self.micro_batches_per_step
 
-    def slot(self, rank: int, i: int) -> int:
-        """Plan index of the ``i``-th micro-batch of ``rank``'s stream."""
-        k = self.micro_batches_per_step
-        return ((i // k) * self.num_replicas + rank) * k + i % k
-
     def micro_batch(self, step: int, rank: int, k: int = 0) -> np.ndarray:
         m = (step * self.num_replicas + rank) * self.micro_batches_per_step + k
         return self.samples[self.offsets[m] : self.offsets[m + 1]]
 
     def rank_micro_batches(self, rank: int, start: int = 0) -> Iterator[np.ndarray]:
         """This rank's micro-batches in order, step after step, from the ``start``-th."""
+        k = self.micro_batches_per_step
         for i in range(start, self.micro_batches_per_rank):
-            m = self.slot(rank, i)
-            yield self.samples[self.offsets[m] : self.offsets[m + 1]]
+            yield self.micro_batch(i // k, rank, i % k)
 
     def _per_slot(self, values: np.ndarray) -> np.ndarray:
         return values.reshape(self.num_steps, self.num_replicas, self.micro_batches_per_step)
@@ -251,6 +246,13 @@ def _pack(flags: np.ndarray) -> bytes:
     return np.packbits(flags).tobytes()
 
 
+def _state_count(state: dict, key: str) -> int:
+    v = state[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"sampler state: {key!r} must be an integer >= 0, got {v!r}")
+    return v
+
+
 def _unpack(state: dict, key: str, n: int) -> np.ndarray:
     raw = state[key]
     if not isinstance(raw, bytes | bytearray):
@@ -268,6 +270,12 @@ def _unpack(state: dict, key: str, n: int) -> np.ndarray:
 # -- who draws the batches ---------------------------------------------------------------------
 
 
+def _is_accelerate(obj, qualname: str) -> bool:
+    """Whether ``obj`` is an instance of accelerate's class ``qualname``."""
+    kind = type(obj)
+    return kind.__module__.startswith("accelerate.") and kind.__qualname__ == qualname
+
+
 @dataclass
 class _Consumer:
     """Who called ``iter(sampler)``: a name for messages, whether it reads batches ahead of
@@ -280,9 +288,7 @@ class _Consumer:
     @staticmethod
     def of(frame) -> _Consumer:
         caller = frame.f_locals.get("self") if frame is not None else None
-        kind = type(caller)
-        module, qual = kind.__module__, kind.__qualname__
-        if module.startswith("accelerate.") and qual == "BatchSamplerShard":
+        if _is_accelerate(caller, "BatchSamplerShard"):
             return _Consumer("accelerate's BatchSamplerShard", True, caller)
         # accelerate wrappers further up the stack (device placement reads one batch ahead;
         # the dispatcher iterates on process 0 only and splits batches evenly).
@@ -291,8 +297,7 @@ class _Consumer:
             if up is None:
                 break
             obj = up.f_locals.get("self")
-            t = type(obj)
-            if t.__module__.startswith("accelerate.") and t.__qualname__ == "DataLoaderDispatcher":
+            if _is_accelerate(obj, "DataLoaderDispatcher"):
                 raise RuntimeError(
                     "AdaptiveBatchSampler under accelerate with dispatch_batches=True: accelerate "
                     "would iterate it on process 0 only and split those batches evenly across "
@@ -300,10 +305,11 @@ class _Consumer:
                     "adaptiveload.integrations.accelerate.prepare_data_loader(accelerator, loader) "
                     "(or DataLoaderConfiguration(dispatch_batches=False))."
                 )
-            if t.__module__.startswith("accelerate."):
+            if type(obj).__module__.startswith("accelerate."):
                 return _Consumer("an accelerate DataLoader (it reads one batch ahead)", True)
             up = up.f_back
         workers = getattr(caller, "_num_workers", None)
+        module = type(caller).__module__
         if workers is not None and module.startswith(("torch.utils.data", "torchdata.")):
             if workers > 0:
                 prefetch = getattr(caller, "_prefetch_factor", 2) or 2
@@ -597,22 +603,17 @@ class _PlannedBatchSampler(Sampler[list[int]]):
                 f"{' with split_batches' if shard.split_batches else ''}: the two must agree. "
                 "Use adaptiveload.integrations.accelerate.prepare_data_loader(accelerator, loader)."
             )
-        end = plan.micro_batches_per_rank
-        for i in range(self._start, end):
+        k = plan.micro_batches_per_step
+        for i in range(self._start, plan.micro_batches_per_rank):
             for r in range(self.num_replicas):
-                m = plan.slot(r, i)
-                yield plan.samples[plan.offsets[m] : plan.offsets[m + 1]].tolist()
+                yield plan.micro_batch(i // k, r, i % k).tolist()
             self._position += 1
         self._pass = "done"
 
     def __len__(self) -> int:
         """Micro-batches of the current pass (from ``start_micro_batch`` to the plan's end)."""
         remaining = self.plan().micro_batches_per_rank - self._start
-        caller = type(sys._getframe(1).f_locals.get("self"))
-        if (
-            caller.__module__.startswith("accelerate.")
-            and caller.__qualname__ == "BatchSamplerShard"
-        ):
+        if _is_accelerate(sys._getframe(1).f_locals.get("self"), "BatchSamplerShard"):
             return remaining * self.num_replicas  # see _iter_all_ranks
         return remaining
 
@@ -750,14 +751,8 @@ class _PlannedBatchSampler(Sampler[list[int]]):
                 f"{saved['data']}); this sampler has {n} samples, digest {self._data_digest}: "
                 "its sequence lengths or group keys differ"
             )
-        epoch = state["epoch"]
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"sampler state: 'epoch' must be an integer >= 0, got {epoch!r}")
-        position = state["micro_batches_done"]
-        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
-            raise ValueError(
-                f"sampler state: 'micro_batches_done' must be an integer >= 0, got {position!r}"
-            )
+        epoch = _state_count(state, "epoch")
+        position = _state_count(state, "micro_batches_done")
         excluded = _unpack(state, "excluded", n)
         consumed = _unpack(state, "consumed", n)
         if (excluded & ~consumed).any():
