@@ -14,6 +14,8 @@
 #include <array>
 #include <tuple>
 
+#include "op_handles.h"
+
 namespace adaptiveload {
 namespace {
 
@@ -56,21 +58,13 @@ std::array<at::Tensor, 5> backward_graph(const at::Tensor& x, const at::Tensor& 
 
 // ---- layer_norm_modulate ----
 
-using Fwd3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-using Bwd5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
 class LayerNormModulate : public torch::autograd::Function<LayerNormModulate> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& shift,
                                const at::Tensor& scale, const std::optional<at::Tensor>& weight,
                                const std::optional<at::Tensor>& bias, double eps,
                                std::optional<at::ScalarType> out_dtype) {
-    static const auto op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("adaptiveload::layer_norm_modulate", "")
-            .typed<Fwd3(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                        const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double,
-                        std::optional<at::ScalarType>)>();
+    const auto& op = layer_norm_modulate_handle();
     at::AutoDispatchBelowADInplaceOrView below;
     auto [y, mean, rstd] = op.call(x, shift, scale, weight, bias, eps, out_dtype);
     ctx->save_for_backward(
@@ -83,12 +77,7 @@ class LayerNormModulate : public torch::autograd::Function<LayerNormModulate> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("adaptiveload::_layer_norm_modulate_backward", "")
-            .typed<Bwd5(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                        const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                        const at::Tensor&, const at::Tensor&, std::array<bool, 5>)>();
+    const auto& op = layer_norm_modulate_backward_handle();
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &shift = saved[1], &scale = saved[2];
     const at::Tensor &weight = saved[3], &bias = saved[4], &mean = saved[5], &rstd = saved[6];
@@ -128,10 +117,6 @@ Fwd3 layer_norm_modulate_autograd(const at::Tensor& x, const at::Tensor& shift,
 
 // ---- gated_residual_layer_norm_modulate ----
 
-using Fwd4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-using Bwd7 =
-    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
 class GatedResidualLayerNormModulate
     : public torch::autograd::Function<GatedResidualLayerNormModulate> {
  public:
@@ -140,12 +125,7 @@ class GatedResidualLayerNormModulate
                                const at::Tensor& scale, const std::optional<at::Tensor>& weight,
                                const std::optional<at::Tensor>& bias, double eps,
                                std::optional<at::ScalarType> out_dtype) {
-    static const auto op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("adaptiveload::gated_residual_layer_norm_modulate", "")
-            .typed<Fwd4(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                        const at::Tensor&, const std::optional<at::Tensor>&,
-                        const std::optional<at::Tensor>&, double, std::optional<at::ScalarType>)>();
+    const auto& op = gated_residual_layer_norm_modulate_handle();
     at::AutoDispatchBelowADInplaceOrView below;
     auto [r, y, mean, rstd] =
         op.call(residual, h, gate, shift, scale, weight, bias, eps, out_dtype);
@@ -159,13 +139,7 @@ class GatedResidualLayerNormModulate
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("adaptiveload::_gated_residual_layer_norm_modulate_backward", "")
-            .typed<Bwd7(const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&,
-                        const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                        const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                        const at::Tensor&, const at::Tensor&, std::array<bool, 7>)>();
+    const auto& op = gated_residual_layer_norm_modulate_backward_handle();
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &r = saved[0], &h = saved[1], &gate = saved[2], &shift = saved[3];
     const at::Tensor &scale = saved[4], &weight = saved[5], &bias = saved[6];

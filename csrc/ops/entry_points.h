@@ -13,17 +13,31 @@
 #include <tuple>
 
 #include "layer_norm_modulate.h"
+#include "op_handles.h"
 
 namespace adaptiveload {
 
 using ForwardKernels = void (*)(const ForwardProblem&, const std::string* config);
 using BackwardKernels = void (*)(const BackwardProblem&, const std::string* config);
 
-using Fwd3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-using Fwd4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-using Bwd5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-using Bwd7 =
-    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+// Fwd3, Fwd4, Bwd5, Bwd7: the ops' result tuples (op_handles.h).
+
+// The inputs both entry points take: the gated op's (x, h, gate, ...) when h is given, else
+// the plain op's.
+inline void check_op_inputs(const char* op, const char* x_name, const at::Tensor& x,
+                            const std::optional<at::Tensor>& h,
+                            const std::optional<at::Tensor>& gate, const at::Tensor& shift,
+                            const at::Tensor& scale, const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias) {
+  if (h.has_value()) {
+    TORCH_CHECK(gate.has_value(), op, ": the gated op needs gate");
+    check_inputs(op, x_name, x, {{"gate", *gate}, {"shift", shift}, {"scale", scale}}, weight,
+                 bias);
+    check_residual_pair(op, x, *h);
+  } else {
+    check_inputs(op, x_name, x, {{"shift", shift}, {"scale", scale}}, weight, bias);
+  }
+}
 
 // The gated op when h is given (then gate is too), else the plain op. Returns (r, y, mean,
 // rstd), r undefined for the plain op.
@@ -35,14 +49,7 @@ inline Fwd4 forward_entry(ForwardKernels kernels, const char* op, const at::Tens
                           std::optional<at::ScalarType> out_dtype, const std::string* config) {
   const bool gated = h_in.has_value();
   const char* x_name = gated ? "residual" : "x";
-  if (gated) {
-    TORCH_CHECK(gate.has_value(), op, ": the gated op needs gate");
-    check_inputs(op, x_name, x, {{"gate", *gate}, {"shift", shift}, {"scale", scale}}, weight,
-                 bias);
-    check_residual_pair(op, x, *h_in);
-  } else {
-    check_inputs(op, x_name, x, {{"shift", shift}, {"scale", scale}}, weight, bias);
-  }
+  check_op_inputs(op, x_name, x, h_in, gate, shift, scale, weight, bias);
   at::Tensor h, r;
   if (gated) {
     h = h_in->contiguous();
@@ -79,14 +86,7 @@ inline Bwd7 backward_entry(BackwardKernels kernels, const char* op,
                            const std::string* config) {
   const bool gated = h_in.has_value();
   const char* x_name = gated ? "r" : "x";
-  if (gated) {
-    TORCH_CHECK(gate.has_value(), op, ": the gated op needs gate");
-    check_inputs(op, x_name, x, {{"gate", *gate}, {"shift", shift}, {"scale", scale}}, weight,
-                 bias);
-    check_residual_pair(op, x, *h_in);
-  } else {
-    check_inputs(op, x_name, x, {{"shift", shift}, {"scale", scale}}, weight, bias);
-  }
+  check_op_inputs(op, x_name, x, h_in, gate, shift, scale, weight, bias);
   check_grad_input(op, "dy", dy_in, x_name, x);
   check_stats(op, mean, rstd, x);
   const at::Tensor dy = dy_in.contiguous();

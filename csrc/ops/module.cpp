@@ -8,34 +8,25 @@
 #include <optional>
 #include <tuple>
 
+#include "op_handles.h"
+
 namespace {
 
-using Fwd3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-using Fwd4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using adaptiveload::OptTensor;
 
 at::Tensor layer_norm_modulate(const at::Tensor& x, const at::Tensor& shift,
-                               const at::Tensor& scale, const std::optional<at::Tensor>& weight,
-                               const std::optional<at::Tensor>& bias, double eps,
+                               const at::Tensor& scale, const OptTensor& weight,
+                               const OptTensor& bias, double eps,
                                std::optional<at::ScalarType> out_dtype) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("adaptiveload::layer_norm_modulate", "")
-          .typed<Fwd3(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double,
-                      std::optional<at::ScalarType>)>();
+  const auto& op = adaptiveload::layer_norm_modulate_handle();
   return std::get<0>(op.call(x, shift, scale, weight, bias, eps, out_dtype));
 }
 
 std::tuple<at::Tensor, at::Tensor> gated_residual_layer_norm_modulate(
     const at::Tensor& residual, const at::Tensor& h, const at::Tensor& gate,
-    const at::Tensor& shift, const at::Tensor& scale, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, double eps, std::optional<at::ScalarType> out_dtype) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("adaptiveload::gated_residual_layer_norm_modulate", "")
-          .typed<Fwd4(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                      const at::Tensor&, const std::optional<at::Tensor>&,
-                      const std::optional<at::Tensor>&, double, std::optional<at::ScalarType>)>();
+    const at::Tensor& shift, const at::Tensor& scale, const OptTensor& weight,
+    const OptTensor& bias, double eps, std::optional<at::ScalarType> out_dtype) {
+  const auto& op = adaptiveload::gated_residual_layer_norm_modulate_handle();
   auto [r, y, mean, rstd] = op.call(residual, h, gate, shift, scale, weight, bias, eps, out_dtype);
   return {r, y};
 }
