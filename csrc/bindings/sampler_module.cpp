@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -48,6 +49,46 @@ PYBIND11_MODULE(_sampler, m) {
       .def_static("polynomial", &CostModel::polynomial, py::arg("c0"), py::arg("c1"), py::arg("c2"),
                   py::arg("cs") = 0.0)
       .def("sample_cost", &CostModel::sample_cost, py::arg("seq_len"))
+      .def("with_floor", &CostModel::with_floor, py::arg("h0"), py::arg("hs"))
+      .def(
+          "with_measured",
+          [](const CostModel& c, const std::vector<std::tuple<int64_t, int64_t, double>>& kinds) {
+            std::vector<adaptiveload::MeasuredKind> v;
+            v.reserve(kinds.size());
+            for (const auto& [s, b, cost] : kinds) v.push_back({s, b, cost});
+            return c.with_measured(v);
+          },
+          py::arg("kinds"), "A copy whose measured kinds are [(seq_len, batch, cost), ...].")
+      .def("measured",
+           [](const CostModel& c) {
+             std::vector<std::tuple<int64_t, int64_t, double>> out;
+             for (const auto& k : c.measured()) out.emplace_back(k.seq_len, k.batch, k.cost);
+             return out;
+           })
+      .def_property_readonly("num_measured", &CostModel::num_measured)
+      .def(
+          "batch_costs",
+          [](const CostModel& c, const Int64Array& seq_lens, const Int64Array& offsets,
+             bool fitted_only) {
+            const int64_t* lens = checked_1d(seq_lens, "seq_lens", -1);
+            const int64_t* off = checked_1d(offsets, "offsets", -1);
+            const py::ssize_t m = offsets.shape(0) - 1;
+            if (m < 0) throw py::value_error("offsets must hold at least one entry");
+            std::vector<double> out(m);
+            for (py::ssize_t i = 0; i < m; ++i) {
+              if (off[i] < 0 || off[i] > off[i + 1] || off[i + 1] > seq_lens.shape(0))
+                throw py::value_error("offsets must be non-decreasing and within seq_lens");
+              adaptiveload::BatchStats b;
+              for (int64_t j = off[i]; j < off[i + 1]; ++j) {
+                if (lens[j] < 1) throw py::value_error("sequence lengths must be >= 1 token");
+                b.add(lens[j], c.sample_cost(lens[j]));
+              }
+              out[i] = fitted_only ? c.fitted_cost(b) : c.batch_cost(b);
+            }
+            return to_numpy(std::move(out));
+          },
+          py::arg("seq_lens"), py::arg("offsets"), py::arg("fitted_only") = false,
+          "Cost of each micro-batch seq_lens[offsets[i]:offsets[i+1]].")
       .def_property_readonly("is_power",
                              [](const CostModel& c) { return c.kind == CostModel::Kind::kPower; })
       .def_readonly("p", &CostModel::p)
@@ -56,6 +97,8 @@ PYBIND11_MODULE(_sampler, m) {
       .def_readonly("c1", &CostModel::c1)
       .def_readonly("c2", &CostModel::c2)
       .def_readonly("cs", &CostModel::cs)
+      .def_readonly("h0", &CostModel::h0)
+      .def_readonly("hs", &CostModel::hs)
       .def("__repr__", &CostModel::describe);
 
   py::class_<SampleTable>(m, "SampleTable")

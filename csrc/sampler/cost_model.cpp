@@ -1,10 +1,17 @@
 #include "sampler/cost_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
 
 namespace adaptiveload {
+
+namespace {
+[[noreturn]] void fail(const std::string& what) {
+  throw std::invalid_argument("CostModel: " + what);
+}
+}  // namespace
 
 CostModel CostModel::power(double p, double coef) {
   CostModel m;
@@ -26,14 +33,62 @@ CostModel CostModel::polynomial(double c0, double c1, double c2, double cs) {
   return m;
 }
 
+CostModel CostModel::with_floor(double floor0, double floor_per_sample) const {
+  CostModel m = *this;
+  m.h0 = floor0;
+  m.hs = floor_per_sample;
+  m.validate();
+  return m;
+}
+
+CostModel CostModel::with_measured(const std::vector<MeasuredKind>& kinds) const {
+  CostModel m = *this;
+  m.measured_.clear();
+  m.measured_.reserve(kinds.size());
+  for (const MeasuredKind& k : kinds) {
+    const std::string which =
+        "measured kind (seq_len=" + std::to_string(k.seq_len) + ", batch=" + std::to_string(k.batch) +
+        ")";
+    if (k.seq_len < 1 || k.seq_len >= (int64_t{1} << 40)) fail(which + ": seq_len out of range");
+    if (k.batch < 1 || k.batch >= (int64_t{1} << 24)) fail(which + ": batch out of range");
+    if (!std::isfinite(k.cost) || k.cost <= 0.0)
+      fail(which + ": cost must be finite and > 0, got " + std::to_string(k.cost));
+    if (!m.measured_.emplace(key(k.seq_len, k.batch), k).second) fail(which + " given twice");
+  }
+  return m;
+}
+
+std::vector<MeasuredKind> CostModel::measured() const {
+  std::vector<MeasuredKind> out;
+  out.reserve(measured_.size());
+  for (const auto& kv : measured_) out.push_back(kv.second);
+  std::sort(out.begin(), out.end(), [](const MeasuredKind& a, const MeasuredKind& b) {
+    return a.seq_len != b.seq_len ? a.seq_len < b.seq_len : a.batch < b.batch;
+  });
+  return out;
+}
+
 double CostModel::sample_cost(int64_t seq_len) const {
   const double s = static_cast<double>(seq_len);
   if (kind == Kind::kPower) return coef * std::pow(s, p);
   return cs + c1 * s + c2 * s * s;
 }
 
+double CostModel::fitted_cost(const BatchStats& b) const {
+  return std::max(h0 + hs * static_cast<double>(b.count), batch_overhead() + b.additive);
+}
+
+double CostModel::batch_cost(const BatchStats& b) const {
+  if (b.uniform_len > 0 && !measured_.empty()) {
+    auto it = measured_.find(key(b.uniform_len, b.count));
+    if (it != measured_.end()) return it->second.cost;
+  }
+  return fitted_cost(b);
+}
+
 void CostModel::validate() const {
-  auto fail = [](const std::string& what) { throw std::invalid_argument("CostModel: " + what); };
+  if (!std::isfinite(h0) || h0 < 0.0) fail("h0 must be finite and >= 0, got " + std::to_string(h0));
+  if (!std::isfinite(hs) || hs < 0.0) fail("hs must be finite and >= 0, got " + std::to_string(hs));
   if (kind == Kind::kPower) {
     if (!std::isfinite(p) || p < 1.0 || p > 3.0)
       fail("p must be in [1, 3], got " + std::to_string(p));
@@ -50,12 +105,14 @@ void CostModel::validate() const {
 std::string CostModel::describe() const {
   std::ostringstream os;
   if (kind == Kind::kPower) {
-    os << "power(p=" << p << ", coef=" << coef << ")";
+    os << "power(p=" << p << ", coef=" << coef;
   } else {
     os << "polynomial(c0=" << c0 << ", c1=" << c1 << ", c2=" << c2;
     if (cs != 0.0) os << ", per_sample=" << cs;
-    os << ")";
   }
+  if (h0 != 0.0 || hs != 0.0) os << ", floor=" << h0 << "+" << hs << "*B";
+  if (!measured_.empty()) os << ", measured kinds=" << measured_.size();
+  os << ")";
   return os.str();
 }
 

@@ -4,19 +4,52 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 namespace adaptiveload {
 
-/// \brief Predicted cost of a micro-batch, additive over its samples:
+/// What the cost of a micro-batch depends on, accumulated sample by sample while packing.
+struct BatchStats {
+  int64_t count = 0;        ///< samples
+  int64_t tokens = 0;       ///< sum of S_i
+  double additive = 0.0;    ///< sum of f(S_i)
+  int64_t uniform_len = 0;  ///< S when every sample has S tokens; -1 once lengths differ
+
+  void add(int64_t seq_len, double sample_cost) {
+    if (count == 0) {
+      uniform_len = seq_len;
+    } else if (uniform_len != seq_len) {
+      uniform_len = -1;
+    }
+    ++count;
+    tokens += seq_len;
+    additive += sample_cost;
+  }
+};
+
+/// A measured micro-batch kind: `batch` samples of `seq_len` tokens took `cost`.
+struct MeasuredKind {
+  int64_t seq_len;
+  int64_t batch;
+  double cost;
+};
+
+/// \brief Predicted cost of a micro-batch. Three layers, the first that applies wins:
 ///
-///   cost(batch) = c0 + sum_i f(S_i)
-///
-/// with, for the two kinds,
-///   - kPower:      f(S) = coef * S^p           (the paper's B x S^p <= M_comp form; c0 = 0)
-///   - kPolynomial: f(S) = cs + c1 * S + c2 * S^2  (per-sample work, linear layers, attention)
+///  1. measured: a micro-batch of B samples of S tokens each whose (S, B) was measured
+///     costs exactly what was measured;
+///  2. the fitted form, for everything else:
+///       cost(batch) = max( h0 + hs * B,  c0 + sum_i f(S_i) )
+///     with f, for the two kinds,
+///       - kPower:      f(S) = coef * S^p           (the paper's B x S^p <= M_comp form; c0 = 0)
+///       - kPolynomial: f(S) = cs + c1 * S + c2 * S^2  (per-sample work, linear layers,
+///                                                      attention)
+///     The floor h0 + hs * B (0 unless fitted) is the time below which a micro-batch does not
+///     go however small its samples: the host's launch time, which the GPU then waits on.
 ///
 /// S is a sample's token count. Units are the caller's: milliseconds for a calibrated
-/// polynomial, "token^p" for the power form. Only ratios between micro-batches matter
+/// model, "token^p" for the power form. Only ratios between micro-batches matter
 /// to the planner, and the compute cap M_comp is in the same unit.
 struct CostModel {
   enum class Kind { kPower, kPolynomial };
@@ -28,17 +61,39 @@ struct CostModel {
   double c1 = 0.0;    ///< cost per token (polynomial form), >= 0
   double c2 = 0.0;    ///< cost per token^2 (polynomial form), >= 0; c1 + c2 > 0
   double cs = 0.0;    ///< cost per sample (polynomial form), >= 0: work that does not grow with S
+  double h0 = 0.0;    ///< floor per micro-batch, >= 0
+  double hs = 0.0;    ///< floor per sample, >= 0
 
   static CostModel power(double p, double coef = 1.0);
   static CostModel polynomial(double c0, double c1, double c2, double cs = 0.0);
 
-  /// f(S): the part of a micro-batch's cost that one sample of S tokens adds.
+  /// A copy with the floor h0 + hs * B.
+  CostModel with_floor(double floor0, double floor_per_sample) const;
+  /// A copy whose measured kinds are `kinds` (replacing any it had). Throws on a bad entry
+  /// or a kind given twice.
+  CostModel with_measured(const std::vector<MeasuredKind>& kinds) const;
+  /// The measured kinds, by increasing (seq_len, batch).
+  std::vector<MeasuredKind> measured() const;
+  int64_t num_measured() const { return static_cast<int64_t>(measured_.size()); }
+
+  /// f(S): the part of a micro-batch's fitted cost that one sample of S tokens adds.
   double sample_cost(int64_t seq_len) const;
-  /// The fixed part of a micro-batch's cost (0 for the power form).
+  /// The fixed part of a micro-batch's fitted cost (0 for the power form).
   double batch_overhead() const { return kind == Kind::kPolynomial ? c0 : 0.0; }
+  /// The cost of a micro-batch from its stats (`additive` = sum of sample_cost).
+  double batch_cost(const BatchStats& b) const;
+  /// The fitted form only (layer 2), ignoring measurements.
+  double fitted_cost(const BatchStats& b) const;
   /// Throws std::invalid_argument naming the bad coefficient.
   void validate() const;
   std::string describe() const;
+
+ private:
+  static uint64_t key(int64_t seq_len, int64_t batch) {
+    return (static_cast<uint64_t>(seq_len) << 24) ^ static_cast<uint64_t>(batch);
+  }
+  // (seq_len, batch) -> measured cost. Keys: seq_len < 2^40, batch < 2^24 (checked).
+  std::unordered_map<uint64_t, MeasuredKind> measured_;
 };
 
 }  // namespace adaptiveload

@@ -41,12 +41,10 @@ void validate_options(const PlanOptions& o) {
 
 MicroBatch make_micro_batch(const SampleTable& table, const std::vector<int64_t>& samples,
                             int64_t begin, int64_t end, bool padding) {
-  MicroBatch mb{begin, end, table.cost_model().batch_overhead(), 0, padding};
-  for (int64_t j = begin; j < end; ++j) {
-    mb.cost += table.sample_cost(samples[j]);
-    mb.tokens += table.seq_len(samples[j]);
-  }
-  return mb;
+  BatchStats stats;
+  for (int64_t j = begin; j < end; ++j)
+    stats.add(table.seq_len(samples[j]), table.sample_cost(samples[j]));
+  return {begin, end, table.cost_model().batch_cost(stats), stats.tokens, padding};
 }
 
 // Greedy packing of each group's samples, in their (shuffled) order, under both caps.
@@ -54,25 +52,29 @@ std::vector<MicroBatch> pack_groups(const SampleTable& table, const PlanOptions&
                                     const std::vector<int64_t>& bucketed,
                                     const std::vector<int64_t>& group_begin) {
   std::vector<MicroBatch> mbs;
-  const double overhead = table.cost_model().batch_overhead();
+  const CostModel& model = table.cost_model();
   for (size_t g = 0; g + 1 < group_begin.size(); ++g) {
     const int64_t end = group_begin[g + 1];
     int64_t begin = group_begin[g];
-    int64_t tokens = 0;
-    double cost = overhead;
+    BatchStats stats;
+    double cost = 0.0;
     for (int64_t j = begin; j < end; ++j) {
-      const int64_t s = table.seq_len(bucketed[j]);
-      const double c = table.sample_cost(bucketed[j]);
-      if (j > begin && (tokens + s > o.max_tokens || cost + c > o.max_cost)) {
-        mbs.push_back({begin, j, cost, tokens, false});
+      BatchStats grown = stats;
+      grown.add(table.seq_len(bucketed[j]), table.sample_cost(bucketed[j]));
+      const double grown_cost = model.batch_cost(grown);
+      if (j > begin && (grown.tokens > o.max_tokens || grown_cost > o.max_cost)) {
+        mbs.push_back({begin, j, cost, stats.tokens, false});
         begin = j;
-        tokens = 0;
-        cost = overhead;
+        grown = BatchStats{};
+        grown.add(table.seq_len(bucketed[j]), table.sample_cost(bucketed[j]));
+        stats = grown;
+        cost = model.batch_cost(stats);
+        continue;
       }
-      tokens += s;
-      cost += c;
+      stats = grown;
+      cost = grown_cost;
     }
-    if (end > begin) mbs.push_back({begin, end, cost, tokens, false});
+    if (end > begin) mbs.push_back({begin, end, cost, stats.tokens, false});
   }
   return mbs;
 }
@@ -192,30 +194,37 @@ SampleTable::SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* grou
 }
 
 double SampleTable::batch_cost(const int64_t* indices, int64_t count) const {
-  double c = cost_.batch_overhead();
-  for (int64_t j = 0; j < count; ++j) c += samples_[indices[j]].cost;
-  return c;
+  BatchStats stats;
+  for (int64_t j = 0; j < count; ++j) stats.add(samples_[indices[j]].seq_len, samples_[indices[j]].cost);
+  return cost_.batch_cost(stats);
+}
+
+double SampleTable::single_cost(int64_t i) const {
+  BatchStats stats;
+  stats.add(samples_[i].seq_len, samples_[i].cost);
+  return cost_.batch_cost(stats);
 }
 
 double SampleTable::default_max_cost(int64_t max_tokens) const {
   if (max_tokens <= 0) invalid("max_tokens must be > 0, got " + std::to_string(max_tokens));
-  const double overhead = cost_.batch_overhead();
   double heaviest = 0.0;
-  for (const Sample& s : samples_)
-    if (s.seq_len <= max_tokens) heaviest = std::max(heaviest, overhead + s.cost);
+  for (int64_t i = 0; i < size(); ++i)
+    if (samples_[i].seq_len <= max_tokens) heaviest = std::max(heaviest, single_cost(i));
   double lightest_full = std::numeric_limits<double>::infinity();
   for (int64_t g = 0; g < num_groups_; ++g) {
     const int64_t len = group_max_len_[g];
     if (len > max_tokens) continue;
-    lightest_full = std::min(
-        lightest_full, overhead + static_cast<double>(max_tokens / len) * cost_.sample_cost(len));
+    BatchStats full;
+    const double f = cost_.sample_cost(len);
+    for (int64_t b = 0; b < max_tokens / len; ++b) full.add(len, f);
+    lightest_full = std::min(lightest_full, cost_.batch_cost(full));
   }
   if (heaviest == 0.0) return 1.0;  // nothing fits; planning will report the samples
   return std::max(heaviest, lightest_full);
 }
 
 bool SampleTable::exceeds_caps(int64_t i, int64_t max_tokens, double max_cost) const {
-  return samples_[i].seq_len > max_tokens || cost_.batch_overhead() + samples_[i].cost > max_cost;
+  return samples_[i].seq_len > max_tokens || single_cost(i) > max_cost;
 }
 
 std::vector<int64_t> SampleTable::oversize_samples(int64_t max_tokens, double max_cost) const {
@@ -250,7 +259,6 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
   validate_options(o);
   const int64_t n = table.size();
   const int64_t W = o.num_replicas, K = o.micro_batches_per_step, per_step = W * K;
-  const double overhead = table.cost_model().batch_overhead();
   EpochPlan plan;
   plan.num_replicas = W;
   plan.micro_batches_per_step = K;
@@ -265,7 +273,7 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
     if (exclude && exclude[i]) continue;
     if (table.exceeds_caps(i, o.max_tokens, o.max_cost)) {
       const int64_t s = table.seq_len(i);
-      const double c = overhead + table.sample_cost(i);
+      const double c = table.single_cost(i);
       if (o.oversize == OversizePolicy::kSkip) {
         plan.skipped.push_back(i);
         continue;

@@ -8,7 +8,8 @@
 //
 // Every micro-batch obeys two caps:
 //   memory:  sum_i S_i            <= max_tokens       (M_mem, tokens)
-//   compute: c0 + sum_i f(S_i)    <= max_cost         (M_comp, the cost model's unit)
+//   compute: cost(micro-batch)    <= max_cost         (M_comp, the cost model's unit;
+//                                                       see CostModel for the cost)
 // and never mixes group keys. With balancing on, each step's W*K micro-batches are
 // drawn from a window of `lookahead_steps` steps sorted by cost, so a step holds
 // micro-batches of similar cost, and are then assigned to ranks, K each, by longest
@@ -43,6 +44,8 @@ class SampleTable {
 
   /// cost(batch) for an arbitrary list of indices.
   double batch_cost(const int64_t* indices, int64_t count) const;
+  /// cost of a micro-batch holding sample i alone.
+  double single_cost(int64_t i) const;
 
   /// \brief The default compute cap M_comp for a memory cap:
   ///   max( cost of the heaviest single sample,
@@ -53,7 +56,7 @@ class SampleTable {
   /// is what makes steps balanceable. Samples over max_tokens are ignored.
   double default_max_cost(int64_t max_tokens) const;
 
-  /// True when sample i alone breaks a cap: S_i > max_tokens or c0 + f(S_i) > max_cost.
+  /// True when sample i alone breaks a cap: S_i > max_tokens or single_cost(i) > max_cost.
   /// The planner uses this same test, so a sample it accepts here it accepts there.
   bool exceeds_caps(int64_t i, int64_t max_tokens, double max_cost) const;
 

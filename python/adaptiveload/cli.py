@@ -56,9 +56,9 @@ def bucket_table(meta: Metadata, ours, equal) -> list[dict]:
         owner = ids[plan.samples[plan.offsets[:-1][real]]]
         np.maximum.at(batch, owner, sizes[real])
     seq = meta.seq_lens[first]
-    cost = np.where(
-        batch > 0, ours.cost_model.overhead + batch * ours.cost_model.sample_cost(seq), 0
-    )
+    b = np.maximum(batch, 0)
+    cost = ours.cost_model.batch_costs(np.repeat(seq, b), np.concatenate([[0], np.cumsum(b)]))
+    cost = np.where(batch > 0, cost, 0.0)
     rows = [
         {
             "shape": "x".join(str(v) for v in meta.shapes[i]) if meta.shapes is not None else "-",

@@ -19,12 +19,20 @@ def _builtin_profiles() -> dict:
 
 
 class CostModel:
-    """Predicted cost of a micro-batch: ``cost(batch) = c0 + sum_i f(S_i)``.
+    """Predicted cost of a micro-batch, in three layers (the first that applies wins):
 
-    - ``CostModel.power(p)``: ``f(S) = coef * S**p``, ``c0 = 0`` (the paper's ``B x S^p`` form).
-    - ``CostModel.polynomial(c0, c1, c2, per_sample=cs)``: ``f(S) = cs + c1*S + c2*S**2``
-      (per-sample work such as text conditioning, linear layers, quadratic attention);
-      calibrated profiles are of this form, in milliseconds.
+    1. **measured kinds** (``with_measured``): a micro-batch of ``B`` samples of ``S`` tokens
+       each whose ``(S, B)`` was measured costs what was measured (plan-aware calibration and
+       online refinement fill these in);
+    2. **the fitted form**: ``cost(batch) = max(h0 + hs * B, c0 + sum_i f(S_i))``, with
+
+       - ``CostModel.power(p)``: ``f(S) = coef * S**p``, ``c0 = 0`` (the paper's ``B x S^p``);
+       - ``CostModel.polynomial(c0, c1, c2, per_sample=cs)``: ``f(S) = cs + c1*S + c2*S**2``
+         (per-sample work such as text conditioning, linear layers, quadratic attention);
+         calibrated profiles are of this form, in milliseconds;
+
+       and the floor ``h0 + hs * B`` (``with_floor``; 0 unless fitted): the time a micro-batch
+       of small samples does not go below, because the GPU waits on the host's launches.
 
     Only ratios between micro-batches matter for balancing; ``max_cost`` is in the same unit.
     """
@@ -99,10 +107,18 @@ class CostModel:
                 )
             else:
                 raise ValueError(f"{source}: 'kind' must be 'power' or 'polynomial', got {kind!r}")
+            if "floor" in d:
+                model = model.with_floor(d["floor"]["h0"], d["floor"]["hs"])
+            if d.get("measured"):
+                model = model.with_measured(
+                    [(int(k["seq_len"]), int(k["batch"]), float(k["cost"])) for k in d["measured"]]
+                )
         except KeyError as e:
             raise ValueError(
                 f"{source}: missing field {e.args[0]!r} for a {kind} cost model"
             ) from None
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{source}: {e}") from None
         model.meta = dict(d.get("meta", {}))
         return model
 
@@ -119,6 +135,12 @@ class CostModel:
                 "per_sample": c.cs,
                 "unit": self.unit,
             }
+        if c.h0 or c.hs:
+            d["floor"] = {"h0": c.h0, "hs": c.hs}
+        if c.num_measured:
+            d["measured"] = [
+                {"seq_len": s, "batch": b, "cost": cost} for s, b, cost in c.measured()
+            ]
         if self.meta:
             d["meta"] = self.meta
         return d
@@ -136,6 +158,28 @@ class CostModel:
         other = CostModel.from_dict(state, source="pickled CostModel")
         self._core, self.unit, self.meta = other._core, other.unit, other.meta
 
+    # -- layers -------------------------------------------------------------------------
+    def with_floor(self, h0: float, hs: float = 0.0) -> CostModel:
+        """A copy whose fitted form has the floor ``h0 + hs * B``."""
+        return CostModel(self._core.with_floor(float(h0), float(hs)), unit=self.unit, meta=self.meta)
+
+    def with_measured(self, kinds) -> CostModel:
+        """A copy whose measured kinds are ``kinds``: ``(seq_len, batch, cost)`` triples, or a
+        ``{(seq_len, batch): cost}`` mapping (replacing the measured kinds this one has)."""
+        if isinstance(kinds, dict):
+            kinds = [(s, b, c) for (s, b), c in kinds.items()]
+        triples = [(int(s), int(b), float(c)) for s, b, c in kinds]
+        return CostModel(self._core.with_measured(triples), unit=self.unit, meta=self.meta)
+
+    @property
+    def measured(self) -> dict[tuple[int, int], float]:
+        """``{(seq_len, batch): cost}`` of the measured kinds."""
+        return {(s, b): c for s, b, c in self._core.measured()}
+
+    def fitted(self) -> CostModel:
+        """This model without its measured kinds (the fitted form only)."""
+        return CostModel(self._core.with_measured([]), unit=self.unit, meta=self.meta)
+
     # -- evaluation ---------------------------------------------------------------------
     @property
     def overhead(self) -> float:
@@ -143,14 +187,23 @@ class CostModel:
         return 0.0 if self._core.is_power else self._core.c0
 
     def sample_cost(self, seq_lens):
-        """f(S), vectorized."""
+        """f(S) of the fitted form, vectorized (what one sample adds; the floor and the
+        measured kinds are not in it)."""
         s = np.asarray(seq_lens, dtype=np.float64)
         c = self._core
         return c.coef * s**c.p if c.is_power else c.cs + c.c1 * s + c.c2 * s * s
 
     def batch_cost(self, seq_lens) -> float:
-        """cost(batch) = c0 + sum_i f(S_i) for one micro-batch."""
-        return float(self.overhead + np.sum(self.sample_cost(seq_lens)))
+        """The cost of one micro-batch of samples with these token counts."""
+        lens = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
+        return float(self._core.batch_costs(lens, np.array([0, len(lens)], np.int64))[0])
+
+    def batch_costs(self, seq_lens, offsets, *, fitted_only: bool = False) -> np.ndarray:
+        """The cost of each micro-batch ``seq_lens[offsets[i]:offsets[i + 1]]``, vectorized;
+        ``fitted_only`` ignores the measured kinds."""
+        return self._core.batch_costs(
+            np.asarray(seq_lens, dtype=np.int64), np.asarray(offsets, dtype=np.int64), fitted_only
+        )
 
     def __repr__(self) -> str:
         return f"CostModel.{self._core!r}" + (f" [{self.unit}]" if self.unit else "")

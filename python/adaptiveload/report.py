@@ -107,13 +107,7 @@ def balance_report(plan: Plan) -> BalanceReport:
 def rescore(plan: Plan, seq_lens, cost_model, max_cost: float | None = None) -> Plan:
     """The same plan with each micro-batch's cost predicted by another ``cost_model``
     (to compare plans made with different models under one yardstick)."""
-    per_sample = cost_model.sample_cost(np.asarray(seq_lens)[plan.samples])
-    sizes = np.diff(plan.offsets)
-    sums = np.zeros(plan.num_micro_batches)
-    nonempty = sizes > 0
-    if nonempty.any():
-        sums[nonempty] = np.add.reduceat(per_sample, plan.offsets[:-1][nonempty])
-    costs = cost_model.overhead + sums
+    costs = cost_model.batch_costs(np.asarray(seq_lens)[plan.samples], plan.offsets)
     return dataclasses.replace(plan, costs=costs, max_cost=max_cost)
 
 

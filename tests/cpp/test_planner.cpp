@@ -98,6 +98,79 @@ TEST(CostModel, RejectsBadCoefficients) {
   }
 }
 
+BatchStats uniform(int64_t seq_len, int64_t count, const CostModel& m) {
+  BatchStats b;
+  for (int64_t i = 0; i < count; ++i) b.add(seq_len, m.sample_cost(seq_len));
+  return b;
+}
+
+TEST(CostModel, MeasuredKindsOverrideTheFitOnlyForUniformMicroBatches) {
+  const CostModel fit = CostModel::polynomial(1.0, 0.5, 0.0);
+  const CostModel m = fit.with_measured({{10, 2, 100.0}, {20, 1, 3.0}});
+  EXPECT_DOUBLE_EQ(m.batch_cost(uniform(10, 2, m)), 100.0);
+  EXPECT_DOUBLE_EQ(m.batch_cost(uniform(20, 1, m)), 3.0);
+  // Unmeasured kinds and mixed lengths use the fitted form.
+  EXPECT_DOUBLE_EQ(m.batch_cost(uniform(10, 3, m)), 1.0 + 15.0);
+  BatchStats mixed = uniform(10, 1, m);
+  mixed.add(20, m.sample_cost(20));
+  EXPECT_EQ(mixed.uniform_len, -1);
+  EXPECT_DOUBLE_EQ(m.batch_cost(mixed), 1.0 + 15.0);
+  EXPECT_DOUBLE_EQ(m.fitted_cost(uniform(10, 2, m)), 11.0);
+  ASSERT_EQ(m.measured().size(), 2u);
+  EXPECT_EQ(m.measured()[0].seq_len, 10);
+  EXPECT_EQ(fit.with_measured({}).num_measured(), 0);
+}
+
+TEST(CostModel, FloorBoundsSmallMicroBatchesFromBelow) {
+  const CostModel m = CostModel::polynomial(0.0, 1.0, 0.0).with_floor(50.0, 2.0);
+  EXPECT_DOUBLE_EQ(m.batch_cost(uniform(10, 1, m)), 52.0);    // floor: 50 + 2 * 1
+  EXPECT_DOUBLE_EQ(m.batch_cost(uniform(10, 3, m)), 56.0);    // floor: 50 + 2 * 3 > 30
+  EXPECT_DOUBLE_EQ(m.batch_cost(uniform(100, 1, m)), 100.0);  // work above the floor
+  EXPECT_THROW(m.with_floor(-1.0, 0.0), std::invalid_argument);
+  EXPECT_THROW(m.with_floor(0.0, NAN), std::invalid_argument);
+}
+
+TEST(CostModel, RejectsBadMeasuredKindsNamingThem) {
+  const CostModel m = CostModel::power(1.5);
+  auto message = [&](std::vector<MeasuredKind> kinds) {
+    try {
+      m.with_measured(kinds);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({{0, 1, 1.0}}).find("seq_len"), std::string::npos);
+  EXPECT_NE(message({{5, 0, 1.0}}).find("batch"), std::string::npos);
+  EXPECT_NE(message({{5, 1, -1.0}}).find("cost"), std::string::npos);
+  EXPECT_NE(message({{5, 1, NAN}}).find("cost"), std::string::npos);
+  EXPECT_NE(message({{5, 2, 1.0}, {5, 2, 3.0}}).find("twice"), std::string::npos);
+}
+
+TEST(PlanEpochTest, PackingUsesMeasuredCosts) {
+  // 12 samples of 10 tokens; the fit says 4 of them cost 4, but 4 were measured at 100 and
+  // 3 at 3: under a cap of 50, micro-batches hold 3 samples, not 4 (as the fit would allow).
+  const std::vector<int64_t> lens(12, 10);
+  const CostModel fit = CostModel::polynomial(0.0, 0.1, 0.0);
+  PlanOptions o;
+  o.max_tokens = 1000;
+  o.max_cost = 50.0;
+  o.shuffle = false;
+  SampleTable plain(lens.data(), 12, nullptr, fit);
+  EXPECT_EQ(plan_epoch(plain, o).num_micro_batches(), 1);
+  SampleTable measured(lens.data(), 12, nullptr, fit.with_measured({{10, 4, 100.0}, {10, 3, 3.0}}));
+  const EpochPlan p = plan_epoch(measured, o);
+  ASSERT_EQ(p.num_micro_batches(), 4);
+  for (int64_t m = 0; m < 4; ++m) {
+    EXPECT_EQ(p.offsets[m + 1] - p.offsets[m], 3);
+    EXPECT_DOUBLE_EQ(p.costs[m], 3.0);
+  }
+  check_plan(measured, o, p);
+  // The default cap sees the measured cost of a full micro-batch.
+  SampleTable full(lens.data(), 12, nullptr, fit.with_measured({{10, 100, 7.0}}));
+  EXPECT_DOUBLE_EQ(full.default_max_cost(1000), 7.0);
+}
+
 TEST(SampleTable, RejectsNonPositiveLengthNamingTheIndex) {
   const std::vector<int64_t> lens = {10, 20, 0, 5};
   try {

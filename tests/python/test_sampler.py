@@ -2,6 +2,7 @@
 
 import collections
 import json
+import pickle
 import warnings
 
 import numpy as np
@@ -85,6 +86,49 @@ def test_cost_models_evaluate_and_round_trip(tmp_path):
         back = CostModel.from_json(path)
         assert back.to_dict() == model.to_dict()
         assert back.batch_cost([1560, 75600]) == pytest.approx(model.batch_cost([1560, 75600]))
+
+
+def test_cost_model_layers_evaluate_and_round_trip(tmp_path):
+    fit = CostModel.polynomial(1.0, 0.5, 0.0).with_floor(20.0, 1.0)
+    m = fit.with_measured({(10, 2): 100.0, (30, 1): 4.0})
+    assert m.batch_cost([10, 10]) == 100.0  # measured
+    assert m.batch_cost([30]) == 4.0
+    assert m.batch_cost([10, 10, 10]) == pytest.approx(23.0)  # floor 20 + 3 > 1 + 15
+    assert m.batch_cost([40, 40]) == pytest.approx(41.0)  # fitted work above the floor
+    assert m.batch_cost([10, 30]) == pytest.approx(22.0)  # mixed lengths: fitted
+    assert m.fitted().batch_cost([10, 10]) == pytest.approx(22.0)
+    lens = np.array([10, 10, 30, 10, 30], np.int64)
+    got = m.batch_costs(lens, [0, 2, 3, 5])
+    assert got.tolist() == pytest.approx([100.0, 4.0, 22.0])
+    assert m.batch_costs(lens, [0, 2], fitted_only=True).tolist() == pytest.approx([22.0])
+    assert m.measured == {(10, 2): 100.0, (30, 1): 4.0}
+    for model in (m, fit):
+        path = tmp_path / "layered.json"
+        model.to_json(path)
+        back = CostModel.from_json(path)
+        assert back.to_dict() == model.to_dict()
+        assert pickle.loads(pickle.dumps(model)).measured == model.measured
+    bad = m.to_dict()
+    bad["measured"].append(dict(bad["measured"][0]))
+    with pytest.raises(ValueError, match="given twice"):
+        CostModel.from_dict(bad)
+    bad["measured"] = [{"seq_len": 5, "batch": 1, "cost": -1.0}]
+    with pytest.raises(ValueError, match="cost must be finite"):
+        CostModel.from_dict(bad)
+
+
+def test_sampler_plans_with_measured_kinds():
+    # Every sample alike: the fit allows micro-batches of 8, but 8 were measured as far
+    # over the cap, so the plan holds micro-batches of at most 7 and reports measured costs.
+    lens = np.full(64, 100)
+    fit = CostModel.polynomial(0.0, 0.01, 0.0)
+    kinds = {(100, 8): 1000.0, (100, 7): 7.0}
+    s = AdaptiveBatchSampler(lens, 10_000, max_cost=8.0, cost_model=fit.with_measured(kinds))
+    plan = s.plan()
+    sizes = np.diff(plan.offsets)
+    assert sizes.max() == 7 and sizes.sum() == 64
+    assert all(c == 7.0 for c, n in zip(plan.costs, sizes) if n == 7)
+    assert AdaptiveBatchSampler(lens, 10_000, max_cost=8.0, cost_model=fit).plan().num_micro_batches == 8
 
 
 def test_builtin_profile_reflects_quadratic_attention():
