@@ -1,9 +1,17 @@
 """Fitting the sampler's cost and memory models to measured micro-batches.
 
-``fit_cost_model`` fits ``time = c0 + B * (cs + c1*S + c2*S^2)`` (ms) and ``fit_memory_model``
-``peak = m0 + m1 * B * S`` (bytes) to ``Point`` measurements of micro-batches of B samples of
-S tokens, both by non-negative least squares (``nnls``, numpy only). ``adaptiveload.calibrate``
-measures the points on a GPU; any other source of points works the same.
+``fit_cost_model`` fits one of two forms (``COST_FORMS``) of time (ms) to ``Point``
+measurements of micro-batches of B samples of S tokens, and with ``form="auto"`` picks the one
+with the smaller held-out error (``heldout_errors``, k-fold):
+
+- ``"additive"``: ``time = c0 + B * (cs + c1*S + c2*S^2)``;
+- ``"floor"``: ``time = max(h0 + hs*B, c0 + B * (cs + c1*S + c2*S^2))``: micro-batches of small
+  samples do not go below the host's launch time (the GPU waits on it), which the additive form
+  can only fit by over-predicting large batches of them.
+
+``fit_memory_model`` fits ``peak = m0 + m1 * B * S`` (bytes). All by non-negative least squares
+(``nnls``, numpy only). ``adaptiveload.calibrate`` measures the points on a GPU; any other
+source of points works the same.
 """
 
 from __future__ import annotations
@@ -114,26 +122,120 @@ def nnls(a, b, *, max_iter: int | None = None) -> np.ndarray:
     return np.where(usable, x / np.where(usable, norms, 1.0), 0.0)
 
 
-def fit_cost_model(points: Iterable[Point]) -> CostModel:
-    """``time = c0 + B*(cs + c1*S + c2*S^2)`` in ms, coefficients >= 0, fitted to the
-    points' relative error ``(predicted - measured) / measured`` by ``nnls``. ``cs`` is work
-    per sample that does not grow with S (e.g. the text conditioning). Fills each point's
-    ``predicted_ms``."""
-    pts = list(points)
+COST_FORMS = ("additive", "floor")
+
+
+def _design(b: np.ndarray, s: np.ndarray) -> np.ndarray:
+    return np.stack([np.ones_like(s), b, b * s, b * s * s], axis=1)
+
+
+def _fit_additive(b, s, t) -> tuple[np.ndarray, np.ndarray]:
+    """(c0, cs, c1, c2) by NNLS on relative error, and no floor."""
+    return nnls(_design(b, s) / t[:, None], np.ones_like(t)), np.zeros(2)
+
+
+def _fit_floor(b, s, t) -> tuple[np.ndarray, np.ndarray]:
+    """(c0, cs, c1, c2) and (h0, hs) of ``max(h0 + hs*B, work)`` by alternating NNLS: points
+    are split into floor-bound and work-bound, each part fitted, the split redrawn from the
+    fit, until it no longer changes; the best of several starting splits is kept."""
+    work_a = _design(b, s) / t[:, None]
+    floor_a = np.stack([np.ones_like(b), b], axis=1) / t[:, None]
+    ones = np.ones_like(t)
+    best = None
+    for q in (0.1, 0.2, 0.3, 0.4, 0.5):
+        on_floor = t <= np.quantile(t, q)
+        for _ in range(50):
+            if on_floor.sum() < 1 or (~on_floor).sum() < 4:
+                break
+            c = nnls(work_a[~on_floor], ones[~on_floor])
+            h = nnls(floor_a[on_floor], ones[on_floor])
+            now = (floor_a @ h) > (work_a @ c)
+            if np.array_equal(now, on_floor):
+                break
+            on_floor = now
+        if on_floor.sum() < 1 or (~on_floor).sum() < 4:
+            continue
+        c = nnls(work_a[~on_floor], ones[~on_floor])
+        h = nnls(floor_a[on_floor], ones[on_floor])
+        loss = float(np.sum((np.maximum(floor_a @ h, work_a @ c) - 1) ** 2))
+        if best is None or loss < best[0]:
+            best = (loss, c, h)
+    if best is None:
+        return _fit_additive(b, s, t)
+    return best[1], best[2]
+
+
+def _arrays(pts: list[Point]):
     if len(pts) < 4:
         raise ValueError(f"need at least 4 calibration points, got {len(pts)}")
     b = np.array([p.batch for p in pts], float)
     s = np.array([p.seq_len for p in pts], float)
     t = np.array([p.ms for p in pts], float)
-    if np.any(t <= 0):
+    if np.any(t <= 0) or not np.all(np.isfinite(t)):
         raise ValueError("calibration times must be > 0")
-    a = np.stack([np.ones_like(s), b, b * s, b * s * s], axis=1) / t[:, None]
-    c0, cs, c1, c2 = nnls(a, np.ones_like(t))
+    return b, s, t
+
+
+def _fit_form(form: str, b, s, t) -> CostModel:
+    if form not in COST_FORMS:
+        raise ValueError(f"form must be one of {COST_FORMS} or 'auto', got {form!r}")
+    (c0, cs, c1, c2), (h0, hs) = (_fit_additive if form == "additive" else _fit_floor)(b, s, t)
     if c1 + c2 <= 0:
         raise ValueError("calibration points do not grow with tokens; cannot fit a cost model")
     model = CostModel.polynomial(c0, c1, c2, per_sample=cs, unit="ms")
-    for p in pts:
-        p.predicted_ms = model.batch_cost([p.seq_len] * p.batch)
+    return model.with_floor(h0, hs) if h0 or hs else model
+
+
+def _predict(model: CostModel, b, s) -> np.ndarray:
+    lens = np.repeat(s.astype(np.int64), b.astype(np.int64))
+    return model.batch_costs(lens, np.concatenate([[0], np.cumsum(b.astype(np.int64))]))
+
+
+def heldout_errors(points: Iterable[Point], form: str, folds: int = 5, seed: int = 0) -> np.ndarray:
+    """Relative errors ``(predicted - measured) / measured`` of ``form`` on each point when
+    fitted to the other folds (``folds`` random folds; leave-one-out when ``folds`` >= the
+    number of points)."""
+    pts = list(points)
+    b, s, t = _arrays(pts)
+    n = len(pts)
+    fold = np.random.default_rng(seed).permutation(n) % min(folds, n)
+    err = np.empty(n)
+    for f in range(min(folds, n)):
+        test = fold == f
+        if (~test).sum() < 4:
+            raise ValueError(f"heldout_errors: {folds} folds leave fewer than 4 points to fit")
+        model = _fit_form(form, b[~test], s[~test], t[~test])
+        err[test] = (_predict(model, b[test], s[test]) - t[test]) / t[test]
+    return err
+
+
+def fit_cost_model(points: Iterable[Point], form: str = "auto", folds: int = 5) -> CostModel:
+    """Fit ``form`` (one of ``COST_FORMS``; ``"auto"``: the one whose held-out relative
+    errors, ``heldout_errors``, have the smaller 90th percentile, ties to the simpler) with
+    coefficients >= 0 to the points' relative error ``(predicted - measured) / measured`` by
+    ``nnls``. ``cs`` is work per sample that does not grow with S (e.g. the text
+    conditioning). Fills each point's ``predicted_ms``; the model's ``meta`` records the form
+    and, for ``"auto"``, each form's held-out median and 90th percentile error."""
+    pts = list(points)
+    b, s, t = _arrays(pts)
+    meta: dict = {}
+    if form == "auto":
+        scores = {}
+        for f in COST_FORMS:
+            if len(pts) < 8:
+                break
+            e = np.abs(heldout_errors(pts, f, folds))
+            scores[f] = (float(np.percentile(e, 90)), float(np.median(e)))
+        form = (
+            min(scores, key=lambda f: scores[f][0] * (1 + 1e-9 * COST_FORMS.index(f)))
+            if scores
+            else "additive"
+        )
+        meta["heldout"] = {f: {"p90": v[0], "median": v[1]} for f, v in scores.items()}
+    model = _fit_form(form, b, s, t)
+    model.meta = {"form": form, **meta}
+    for p, pred in zip(pts, _predict(model, b, s), strict=True):
+        p.predicted_ms = float(pred)
     return model
 
 
@@ -147,4 +249,4 @@ def fit_memory_model(points: Iterable[Point]) -> tuple[float, float]:
     return float(m0), float(m1)
 
 
-__all__ = ["Point", "fit_cost_model", "fit_memory_model", "nnls"]
+__all__ = ["COST_FORMS", "Point", "fit_cost_model", "fit_memory_model", "heldout_errors", "nnls"]

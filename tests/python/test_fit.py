@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from adaptiveload.fit import nnls
+from adaptiveload.fit import Point, fit_cost_model, heldout_errors, nnls
 
 SEEDS = list(range(60))
 
@@ -137,3 +137,58 @@ def test_matches_scipy_when_installed():
         np.testing.assert_allclose(
             nnls(a, b) * scale, optimize.nnls(a, b)[0] * scale, rtol=1e-6, atol=1e-8
         )
+
+
+def floor_points(h0, c0, c1, c2, noise, seed):
+    """Micro-batches of time max(h0, c0 + B*(c1*S + c2*S^2)), with relative noise."""
+    rng = np.random.default_rng(seed)
+    pts = []
+    for s in (256, 1560, 3600, 7800, 14040, 32760, 75600):
+        for b in (1, 2, 4, max(1, 151200 // s // 2), max(1, 151200 // s)):
+            t = max(h0, c0 + b * (c1 * s + c2 * s * s)) * (1 + noise * rng.standard_normal())
+            pts.append(Point(b, s, float(t), 0))
+    return pts
+
+
+def test_auto_form_finds_a_launch_floor_and_recovers_it():
+    pts = floor_points(h0=15.0, c0=0.5, c1=1e-3, c2=4e-8, noise=0.0, seed=0)
+    model = fit_cost_model(pts)
+    assert model.meta["form"] == "floor"
+    d = model.to_dict()
+    assert d["floor"]["h0"] + d["floor"]["hs"] == pytest.approx(15.0, rel=1e-3)
+    assert max(abs(p.rel_error) for p in pts) < 1e-3
+    held = model.meta["heldout"]
+    assert held["floor"]["p90"] < held["additive"]["p90"]
+    # The additive form cannot express the floor: it misses somewhere by more than 10%.
+    pts = floor_points(15.0, 0.5, 1e-3, 4e-8, 0.0, 0)
+    additive = fit_cost_model(pts, form="additive")
+    assert "floor" not in additive.to_dict()
+    assert max(abs(p.rel_error) for p in pts) > 0.1
+
+
+def test_auto_form_keeps_the_additive_form_without_a_floor():
+    rng = np.random.default_rng(5)
+    pts = [
+        Point(
+            b,
+            s,
+            (2.0 + b * (0.3 + 2e-3 * s + 1e-7 * s * s)) * (1 + 0.01 * rng.standard_normal()),
+            0,
+        )
+        for s in (1560, 3600, 7800, 14040, 32760, 75600)
+        for b in (1, 2, max(1, 151200 // s))
+    ]
+    model = fit_cost_model(pts)
+    assert model.meta["form"] == "additive"
+    assert np.median([abs(p.rel_error) for p in pts]) < 0.02
+
+
+def test_heldout_errors_cover_every_point_and_reject_bad_forms():
+    pts = floor_points(h0=15.0, c0=0.5, c1=1e-3, c2=4e-8, noise=0.01, seed=2)
+    e = heldout_errors(pts, "floor", folds=5)
+    assert e.shape == (len(pts),) and np.all(np.isfinite(e))
+    assert np.median(np.abs(e)) < 0.05
+    with pytest.raises(ValueError, match="form must be one of"):
+        fit_cost_model(pts, form="cubic")
+    with pytest.raises(ValueError, match="fewer than 4"):
+        heldout_errors(pts[:6], "additive", folds=2)
