@@ -1,9 +1,16 @@
 """Calibrate the sampler's cost and memory models on the real GPU.
 
-``calibrate_wan`` times forward+backward of micro-batches of B samples of S tokens of a
-randomly initialized Wan 2.1 configuration, reads their peak memory, and fits
-``time = c0 + B * (cs + c1*S + c2*S^2)`` (ms) and ``peak = m0 + m1 * B * S`` (bytes) with
-``adaptiveload.fit``; ``adaptiveload calibrate`` is its command line.
+Two ways, both timing forward+backward of micro-batches of B samples of S tokens of a
+randomly initialized Wan 2.1 configuration (``WanTimer``) and fitting with ``adaptiveload.fit``:
+
+- ``calibrate_wan``: a fixed grid of shapes and batch sizes (``wan_grid``); the fitted form only.
+- ``calibrate_plan``: plan-aware. Plans the user's own dataset with the sampler, measures the
+  micro-batch kinds ``(S, B)`` the plan uses, re-plans with what was measured, measures the new
+  kinds, and so on until the plan uses no kind left to measure. The model is exact on the
+  measured kinds and falls back to a form fitted to them elsewhere. Resumable: every
+  measurement is appended to a JSON-lines file as it is made.
+
+``adaptiveload calibrate`` is the command line of both (``--metadata`` selects the second).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import numpy as np
 import torch
 
 from adaptiveload.cost import CostModel
-from adaptiveload.fit import Point, fit_cost_model, fit_memory_model
+from adaptiveload.fit import Point, fit_cost_model, fit_memory_model, heldout_errors
 from adaptiveload.wan import SHAPES, TEXT_LEN, wan_seq_len
 
 # The pixel shapes profiled by default (adaptiveload.wan.SHAPES), under the name callers use.
@@ -103,6 +110,62 @@ def wan_grid(max_tokens: int, shapes=SHAPES) -> list[tuple[int, tuple[int, int, 
     return grid
 
 
+class WanTimer:
+    """Times forward+backward of one micro-batch of a randomly initialized Wan model:
+    ``timer(batch, shape) -> (ms, peak_bytes)``, the median of ``repeat`` timed calls after
+    ``warmup`` untimed ones (the first call of a shape also builds its kernels' plans)."""
+
+    def __init__(
+        self,
+        config: str = "wan2.1-1.3B",
+        *,
+        layers: int | None = None,
+        device="cuda",
+        dtype: torch.dtype = torch.bfloat16,
+        fused: bool = True,
+        text_len: int = TEXT_LEN,
+        warmup: int = 2,
+        repeat: int = 5,
+        activation_checkpointing: bool = False,
+    ):
+        from adaptiveload.models.wan import build_wan
+
+        self.device = torch.device(device)
+        self.model = build_wan(config, layers=layers, device=self.device, dtype=dtype, fused=fused)
+        if activation_checkpointing:
+            self.model.enable_gradient_checkpointing()
+        self.text_len, self.warmup, self.repeat = text_len, warmup, repeat
+        self.meta = {
+            "config": config,
+            "layers": layers,
+            "dtype": str(dtype),
+            "fused": fused,
+            "activation_checkpointing": activation_checkpointing,
+            "text_len": text_len,
+            "device": torch.cuda.get_device_name(self.device)
+            if self.device.type == "cuda"
+            else "cpu",
+        }
+
+    def __call__(self, batch: int, shape) -> tuple[float, int]:
+        from adaptiveload.models.wan import random_batch
+
+        inputs = random_batch(self.model, batch, *shape, text_len=self.text_len)
+
+        def step():
+            out = self.model(**inputs, return_dict=False)[0]
+            out.float().square().mean().backward()
+
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+        ms = time_call(step, self.device, self.warmup, self.repeat)
+        peak = torch.cuda.max_memory_allocated(self.device) if cuda else 0
+        self.model.zero_grad(set_to_none=True)
+        return ms, int(peak)
+
+
 def calibrate_wan(
     config: str = "wan2.1-1.3B",
     *,
@@ -119,51 +182,195 @@ def calibrate_wan(
     progress: bool = True,
 ) -> Calibration:
     """Profile forward+backward of a randomly initialized Wan model over ``wan_grid`` and fit."""
-    from adaptiveload.models.wan import build_wan, random_batch
-
-    device = torch.device(device)
-    model = build_wan(config, layers=layers, device=device, dtype=dtype, fused=fused)
-    if activation_checkpointing:
-        model.enable_gradient_checkpointing()
+    timer = WanTimer(
+        config,
+        layers=layers,
+        device=device,
+        dtype=dtype,
+        fused=fused,
+        text_len=text_len,
+        warmup=warmup,
+        repeat=repeat,
+        activation_checkpointing=activation_checkpointing,
+    )
     grid = wan_grid(max_tokens, shapes)
     bar = _progress(len(grid), progress)
     points = []
     for b, shape in grid:
-        inputs = random_batch(model, b, *shape, text_len=text_len)
-
-        def step(inputs=inputs):
-            out = model(**inputs, return_dict=False)[0]
-            out.float().square().mean().backward()
-
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
-        ms = time_call(step, device, warmup, repeat)
-        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-        model.zero_grad(set_to_none=True)
-        points.append(Point(b, wan_seq_len(*shape), ms, int(peak), tuple(shape)))
+        ms, peak = timer(b, shape)
+        points.append(Point(b, wan_seq_len(*shape), ms, peak, tuple(shape)))
         bar(f"B={b} S={points[-1].seq_len}: {ms:.1f} ms")
-        del inputs
     cost = fit_cost_model(points)
-    m0, m1 = fit_memory_model(points) if device.type == "cuda" else (0.0, 1.0)
-    cost.meta = {
-        "source": "calibrate_wan",
-        "config": config,
-        "layers": layers,
-        "dtype": str(dtype),
-        "fused": fused,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-    }
+    m0, m1 = fit_memory_model(points) if timer.device.type == "cuda" else (0.0, 1.0)
+    cost.meta = {"source": "calibrate_wan", **cost.meta, **timer.meta}
     return Calibration(cost, m0, m1, points, dict(cost.meta))
 
 
-def _progress(total: int, enabled: bool):
+def plan_kinds(sampler, shapes, epochs=(0,)) -> dict[tuple[int, int], tuple[int, ...]]:
+    """The micro-batch kinds ``(S, B) -> shape`` that ``sampler``'s plans of ``epochs`` use
+    (micro-batches of mixed lengths have no kind and are left out)."""
+    kinds: dict[tuple[int, int], tuple[int, ...]] = {}
+    lens = sampler.seq_lens
+    for epoch in epochs:
+        sampler.set_epoch(epoch)
+        plan = sampler.plan()
+        first = plan.samples[plan.offsets[:-1]]
+        last = plan.samples[plan.offsets[1:] - 1]
+        sizes = np.diff(plan.offsets)
+        for m in np.flatnonzero(sizes > 0):
+            s = int(lens[first[m]])
+            batch = plan.samples[plan.offsets[m] : plan.offsets[m + 1]]
+            if lens[last[m]] != s or np.any(lens[batch] != s):
+                continue
+            kinds.setdefault((s, int(sizes[m])), tuple(int(v) for v in shapes[first[m]]))
+    return dict(sorted(kinds.items()))
+
+
+def _read_points(path: str, header: dict) -> list[Point]:
+    """Points of an interrupted calibration (``calibrate_plan``'s file), after checking that
+    it measured the same model."""
+    points = []
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    if not lines:
+        return points
+    try:
+        saved = json.loads(lines[0])["header"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ValueError(f"{path}: not a calibration file (first line has no 'header')") from None
+    differ = [k for k in header if saved.get(k) != header[k]]
+    if differ:
+        raise ValueError(
+            f"{path} measured another setup; differences: "
+            + ", ".join(f"{k}: file {saved.get(k)!r}, now {header[k]!r}" for k in differ)
+            + " (use another --points file, or delete this one to start over)"
+        )
+    for n, line in enumerate(lines[1:], start=2):
+        try:
+            d = json.loads(line)
+            points.append(
+                Point(
+                    int(d["batch"]),
+                    int(d["seq_len"]),
+                    float(d["ms"]),
+                    int(d["peak_bytes"]),
+                    tuple(d["shape"]) if d.get("shape") else None,
+                )  # fmt: skip
+            )
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            if n == len(lines):
+                break  # a line cut short by the interruption
+            raise ValueError(f"{path}:{n}: not a calibration point") from None
+    return points
+
+
+def calibrate_plan(
+    make_sampler: Callable[[CostModel], object],
+    prior: CostModel,
+    shapes,
+    measure: Callable[[int, tuple], tuple[float, int]],
+    *,
+    epochs=(0,),
+    points_file: str | os.PathLike | None = None,
+    header: dict | None = None,
+    max_rounds: int = 10,
+    progress: bool = True,
+) -> Calibration:
+    """Plan-aware calibration: measure what ``sampler``'s own plans use.
+
+    Round after round: ``make_sampler(model)`` (the user's sampler settings with this cost
+    model) plans ``epochs``, the kinds ``(S, B)`` the plans use are collected
+    (``plan_kinds``, ``shapes[i]`` the pixel shape of sample ``i``),
+    ``measure(B, shape) -> (ms, peak_bytes)`` measures the ones not yet measured, and the
+    model is refit; it stops when a round finds nothing new (or after ``max_rounds``,
+    reported in ``meta``). Each round's model is ``fitted.with_measured(every measured kind)``,
+    ``fitted`` being ``fit_cost_model``'s choice of form on the measured points (``prior``
+    until there are 8). Leave the sampler's ``max_cost`` to its default (it follows the model)
+    or give it in the model's unit.
+
+    ``points_file``: JSON lines, one per measurement, appended as measured; a file left by an
+    interrupted call with the same ``header`` is read back and its kinds are not measured
+    again. ``meta`` reports rounds, kinds per round, time spent measuring, and the fallback's
+    held-out error (k-fold over the measured kinds).
+    """
+    header = dict(header or {})
+    points: list[Point] = []
+    if points_file is not None and os.path.exists(points_file):
+        points = _read_points(os.fspath(points_file), header)
+    out = None
+    if points_file is not None:
+        out = open(points_file, "a")
+        if not points and os.path.getsize(points_file) == 0:
+            out.write(json.dumps({"header": header}) + "\n")
+            out.flush()
+    rounds: list[dict] = []
+    t_measure = 0.0
+    resumed = len(points)
+    try:
+        for r in range(max_rounds):
+            model = _model_of(points, prior)
+            kinds = plan_kinds(make_sampler(model), shapes, epochs)
+            done = {(p.seq_len, p.batch) for p in points}
+            new = [k for k in kinds if k not in done]
+            rounds.append({"round": r, "kinds_used": len(kinds), "kinds_new": len(new)})
+            if not new:
+                break
+            bar = _progress(len(new), progress, f"round {r}")
+            for s, b in new:
+                t0 = time.perf_counter()
+                ms, peak = measure(b, kinds[(s, b)])
+                t_measure += time.perf_counter() - t0
+                p = Point(b, s, float(ms), int(peak), kinds[(s, b)])
+                points.append(p)
+                if out is not None:
+                    out.write(json.dumps(asdict(p)) + "\n")
+                    out.flush()
+                bar(f"B={b} S={s}: {ms:.1f} ms")
+        model = _model_of(points, prior)
+    finally:
+        if out is not None:
+            out.close()
+    converged = rounds[-1]["kinds_new"] == 0
+    cost = model
+    meta = {
+        "source": "calibrate_plan",
+        **header,
+        "rounds": rounds,
+        "converged": converged,
+        "kinds_measured": len(points),
+        "kinds_resumed": resumed,
+        "measure_seconds": round(t_measure, 1),
+        "form": cost.meta.get("form"),
+    }
+    if len(points) >= 8:
+        e = np.abs(heldout_errors(points, cost.meta.get("form", "additive")))
+        meta["fallback_heldout_median"] = float(np.median(e))
+        meta["fallback_heldout_p90"] = float(np.percentile(e, 90))
+    fitted = cost.fitted()
+    for p in points:
+        p.predicted_ms = fitted.batch_cost([p.seq_len] * p.batch)
+    cost.meta = {**cost.meta, **meta}
+    cuda = any(p.peak_bytes for p in points)
+    m0, m1 = fit_memory_model(points) if cuda and len(points) >= 2 else (0.0, 1.0)
+    return Calibration(cost, m0, m1, points, meta)
+
+
+def _model_of(points: list[Point], prior: CostModel) -> CostModel:
+    """The fitted form on ``points`` (``prior``'s until there are 8) with every point as a
+    measured kind."""
+    fitted = fit_cost_model(points) if len(points) >= 8 else prior.fitted()
+    model = fitted.with_measured({(p.seq_len, p.batch): p.ms for p in points})
+    model.meta = dict(fitted.meta)
+    return model
+
+
+def _progress(total: int, enabled: bool, desc: str = "calibrating"):
     try:
         from tqdm import tqdm
     except ImportError:
         tqdm = None
     if enabled and tqdm is not None:
-        bar = tqdm(total=total, desc="calibrating", unit="point")
+        bar = tqdm(total=total, desc=desc, unit="point")
 
         def update(msg):
             bar.set_postfix_str(msg)
@@ -177,6 +384,6 @@ def _progress(total: int, enabled: bool):
     def update(msg):
         count[0] += 1
         if enabled:
-            print(f"[{count[0]}/{total}] {msg}", flush=True)
+            print(f"{desc} [{count[0]}/{total}] {msg}", flush=True)
 
     return update

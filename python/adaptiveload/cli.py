@@ -222,20 +222,25 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         )
         return 2
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
-    cal = calibrate_wan(
-        args.config,
-        layers=args.layers,
-        device=args.device,
-        dtype=dtype,
-        fused=args.fused,
-        max_tokens=args.max_tokens,
-        shapes=_shapes(args.shapes),
-        text_len=args.text_len,
-        warmup=args.warmup,
-        repeat=args.repeat,
-        activation_checkpointing=args.activation_checkpointing,
-        progress=not args.no_progress,
-    )
+    if args.metadata is not None:
+        cal = _calibrate_plan(args, dtype)
+    else:
+        if args.max_tokens is None:
+            args.max_tokens = 151_200
+        cal = calibrate_wan(
+            args.config,
+            layers=args.layers,
+            device=args.device,
+            dtype=dtype,
+            fused=args.fused,
+            max_tokens=args.max_tokens,
+            shapes=_shapes(args.shapes),
+            text_len=args.text_len,
+            warmup=args.warmup,
+            repeat=args.repeat,
+            activation_checkpointing=args.activation_checkpointing,
+            progress=not args.no_progress,
+        )
     print(
         f"\n{'shape':>12} {'B':>4} {'S':>7} {'measured ms':>12} {'predicted':>10} {'error':>7} {'peak GiB':>9}"
     )
@@ -247,6 +252,20 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         )
     summary = cal.summary()
     print(f"\ncost model: {cal.cost_model!r}")
+    if args.metadata is not None:
+        m = cal.meta
+        print(
+            f"plan-aware: {m['kinds_measured']} kinds measured ({m['kinds_resumed']} read back "
+            f"from {args.points}) in {len(m['rounds'])} rounds, "
+            f"{'converged' if m['converged'] else 'NOT converged (raise --max-rounds)'}; "
+            f"measuring took {m['measure_seconds']:.0f} s"
+        )
+        if "fallback_heldout_p90" in m:
+            print(
+                f"fallback form {m['form']!r}, held-out error on measured kinds: median "
+                f"{m['fallback_heldout_median']:.1%}, 90th percentile {m['fallback_heldout_p90']:.1%}"
+                " (the fit errors below are the fallback's; measured kinds are exact)"
+            )
     print(
         f"fit error: median {summary['median_abs_rel_error']:.1%}, 90th percentile "
         f"{summary['p90_abs_rel_error']:.1%}, max {summary['max_abs_rel_error']:.1%}"
@@ -261,6 +280,65 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     cal.to_json(args.out)
     print(f"wrote {args.out} (load it with CostModel.from_json or --cost-model)")
     return 0
+
+
+def _calibrate_plan(args: argparse.Namespace, dtype):
+    """Plan-aware calibration of ``args.metadata`` with the sampler settings of ``args``."""
+    from adaptiveload.calibrate import WanTimer, calibrate_plan
+    from adaptiveload.sampler import AdaptiveBatchSampler
+
+    meta = read_metadata(args.metadata)
+    if meta.shapes is None:
+        raise ValueError(
+            f"{args.metadata}: plan-aware calibration needs each sample's pixel shape "
+            "(columns num_frames, height, width) to build its micro-batches"
+        )
+    max_tokens = args.max_tokens if args.max_tokens is not None else int(2 * meta.seq_lens.max())
+    # The first plan's model: the built-in profile of the same size (1.3B's for other configs);
+    # only its ratios matter, and only until 8 kinds are measured.
+    size = args.config.rsplit("-", 1)[-1]
+    prior = CostModel.wan21_h200(size if size in ("1.3B", "14B") else "1.3B", layers=args.layers)
+    keys = meta.group_keys()
+
+    def make_sampler(model):
+        return AdaptiveBatchSampler(
+            meta.seq_lens,
+            max_tokens,
+            cost_model=model,
+            group_keys=keys,
+            num_replicas=args.num_replicas,
+            rank=0,
+            micro_batches_per_step=args.micro_batches_per_step,
+            lookahead_steps=args.lookahead_steps,
+            seed=args.seed,
+            on_oversize="skip",
+        )
+
+    timer = WanTimer(
+        args.config,
+        layers=args.layers,
+        device=args.device,
+        dtype=dtype,
+        fused=args.fused,
+        text_len=args.text_len,
+        warmup=args.warmup,
+        repeat=args.repeat,
+        activation_checkpointing=args.activation_checkpointing,
+    )
+    if args.points is None:
+        args.points = os.path.splitext(args.out)[0] + ".points.jsonl"
+    header = {**timer.meta, "max_tokens": max_tokens}
+    return calibrate_plan(
+        make_sampler,
+        prior,
+        meta.shapes,
+        timer,
+        epochs=tuple(range(args.epochs)),
+        points_file=args.points,
+        header=header,
+        max_rounds=args.max_rounds,
+        progress=not args.no_progress,
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -321,7 +399,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--activation-checkpointing", action="store_true")
     c.add_argument(
-        "--max-tokens", type=int, default=151_200, help="largest micro-batch profiled, in tokens"
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="largest micro-batch profiled, in tokens (default 151200; with --metadata: the "
+        "sampler's max_tokens, default 2x the longest sample)",
+    )
+    c.add_argument(
+        "--metadata",
+        default=None,
+        help="plan-aware: measure the micro-batch kinds the sampler's plans of this dataset use "
+        "(CSV, JSONL or Parquet with num_frames, height, width)",
+    )
+    c.add_argument("--num-replicas", type=_positive_int, default=8, help="with --metadata")
+    c.add_argument(
+        "--micro-batches-per-step", type=_positive_int, default=1, help="with --metadata"
+    )
+    c.add_argument("--lookahead-steps", type=_positive_int, default=16, help="with --metadata")
+    c.add_argument("--seed", type=int, default=0, help="with --metadata")
+    c.add_argument(
+        "--epochs",
+        type=_positive_int,
+        default=1,
+        help="with --metadata: epochs whose plans to cover",
+    )
+    c.add_argument("--max-rounds", type=_positive_int, default=10, help="with --metadata")
+    c.add_argument(
+        "--points",
+        default=None,
+        help="with --metadata: JSON-lines file of measurements, appended as measured and read "
+        "back to resume (default: --out with .points.jsonl)",
     )
     c.add_argument(
         "--shapes",

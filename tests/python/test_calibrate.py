@@ -5,8 +5,17 @@ import json
 import numpy as np
 import pytest
 
-from adaptiveload import CostModel
-from adaptiveload.calibrate import Calibration, Point, fit_cost_model, fit_memory_model, wan_grid
+from adaptiveload import AdaptiveBatchSampler, CostModel
+from adaptiveload.calibrate import (
+    Calibration,
+    Point,
+    calibrate_plan,
+    fit_cost_model,
+    fit_memory_model,
+    plan_kinds,
+    wan_grid,
+)
+from adaptiveload.wan import wan_seq_len
 
 
 def synthetic_points(c0, cs, c1, c2, m0, m1, noise, seed):
@@ -79,3 +88,112 @@ def test_calibrate_cli_on_cpu_tiny_model(tmp_path, capsys):
     d = json.loads(out.read_text())
     assert d["kind"] == "polynomial" and len(d["points"]) >= 8
     CostModel.from_json(out)
+
+
+# -- plan-aware calibration -------------------------------------------------------------------
+
+
+def true_ms(batch, seq_len):
+    """A GPU whose time is not of any fitted form: a launch floor, and large batches of short
+    samples running faster per sample than small ones."""
+    work = batch * (0.4 + 2e-3 * seq_len + 1.5e-7 * seq_len**2) * (1 - 0.15 * (batch > 8))
+    return max(12.0, 1.0 + work)
+
+
+def plan_setup(n=3000, seed=3):
+    from adaptiveload.demo import demo_metadata
+
+    meta = demo_metadata(n, "wan-mix", seed=seed)
+    max_tokens = int(2 * meta.seq_lens.max())
+
+    def make_sampler(model):
+        return AdaptiveBatchSampler(
+            meta.seq_lens, max_tokens, cost_model=model, group_keys=meta.group_keys(),
+            num_replicas=8, rank=0, micro_batches_per_step=1,
+        )  # fmt: skip
+
+    calls = []
+
+    def measure(batch, shape):
+        calls.append((batch, tuple(shape)))
+        return true_ms(batch, wan_seq_len(*shape)), 1000 * batch
+
+    return meta, make_sampler, measure, calls
+
+
+def test_plan_aware_calibration_measures_every_kind_its_plan_uses(tmp_path):
+    meta, make_sampler, measure, calls = plan_setup()
+    prior = CostModel.wan21_h200("1.3B", layers=3)
+    points = tmp_path / "points.jsonl"
+    cal = calibrate_plan(make_sampler, prior, meta.shapes, measure, points_file=points,
+                         header={"gpu": "fake"}, progress=False)  # fmt: skip
+    assert cal.meta["converged"] and len(cal.meta["rounds"]) >= 2
+    assert len(calls) == len(set(calls)) == cal.meta["kinds_measured"]  # nothing measured twice
+    # The final plan uses measured kinds only, and its predicted costs are the true ones.
+    sampler = make_sampler(cal.cost_model)
+    plan = sampler.plan()
+    lens = meta.seq_lens[plan.samples]
+    truth = [true_ms(b, int(s)) for b, s in zip(np.diff(plan.offsets), lens[plan.offsets[:-1]])]
+    assert np.allclose(plan.costs, truth, rtol=1e-12)
+    assert set(plan_kinds(sampler, meta.shapes)) <= set(cal.cost_model.measured)
+    assert "fallback_heldout_p90" in cal.meta and cal.meta["form"] in ("additive", "floor")
+    # Saved and loaded, the model plans the same epoch.
+    path = tmp_path / "cost.json"
+    cal.to_json(path)
+    again = make_sampler(CostModel.from_json(path)).plan()
+    assert np.array_equal(again.samples, plan.samples)
+
+    # Resumed from the points file: nothing is measured again.
+    calls.clear()
+    resumed = calibrate_plan(make_sampler, prior, meta.shapes, measure, points_file=points,
+                             header={"gpu": "fake"}, progress=False)  # fmt: skip
+    assert calls == [] and resumed.meta["kinds_resumed"] == cal.meta["kinds_measured"]
+    assert resumed.cost_model.to_dict()["measured"] == cal.cost_model.to_dict()["measured"]
+
+
+def test_plan_aware_calibration_resumes_an_interrupted_run(tmp_path):
+    meta, make_sampler, measure, calls = plan_setup(seed=4)
+    prior = CostModel.wan21_h200("1.3B", layers=3)
+    points = tmp_path / "points.jsonl"
+
+    def interrupted(batch, shape):
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return measure(batch, shape)
+
+    with pytest.raises(KeyboardInterrupt):
+        calibrate_plan(make_sampler, prior, meta.shapes, interrupted, points_file=points,
+                       progress=False)  # fmt: skip
+    with open(points, "a") as f:
+        f.write('{"batch": 3, "seq')  # a line cut short by the kill
+    first = list(calls)
+    calls.clear()
+    cal = calibrate_plan(make_sampler, prior, meta.shapes, measure, points_file=points,
+                         progress=False)  # fmt: skip
+    assert cal.meta["kinds_resumed"] == 5
+    assert not set(calls) & set(first)
+    with pytest.raises(ValueError, match="another setup; differences: gpu"):
+        calibrate_plan(make_sampler, prior, meta.shapes, measure, points_file=points,
+                       header={"gpu": "other"}, progress=False)  # fmt: skip
+
+
+def test_plan_aware_calibrate_cli_on_cpu_tiny_model(tmp_path, capsys):
+    pytest.importorskip("diffusers")
+    from adaptiveload.cli import main
+
+    data = tmp_path / "data.csv"
+    rows = ["num_frames,height,width"] + ["1,32,48"] * 40 + ["5,64,96"] * 12 + ["9,64,96"] * 6
+    data.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "cost.json"
+    args = f"calibrate --metadata {data} --config tiny --device cpu --dtype fp32 --no-fused"
+    args += " --num-replicas 2 --text-len 8 --repeat 1 --warmup 1 --no-progress"
+    assert main([*args.split(), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "plan-aware:" in text and "converged" in text
+    d = json.loads(out.read_text())
+    assert d["measured"] and d["meta"]["source"] == "calibrate_plan"
+    assert (tmp_path / "cost.points.jsonl").exists()
+    # Run again: every kind is read back.
+    assert main([*args.split(), "--out", str(out)]) == 0
+    again = json.loads(out.read_text())["meta"]
+    assert again["kinds_resumed"] == again["kinds_measured"] == d["meta"]["kinds_measured"]
