@@ -46,9 +46,8 @@ CostModel CostModel::with_measured(const std::vector<MeasuredKind>& kinds) const
   m.measured_.clear();
   m.measured_.reserve(kinds.size());
   for (const MeasuredKind& k : kinds) {
-    const std::string which =
-        "measured kind (seq_len=" + std::to_string(k.seq_len) + ", batch=" + std::to_string(k.batch) +
-        ")";
+    const std::string which = "measured kind (seq_len=" + std::to_string(k.seq_len) +
+                              ", batch=" + std::to_string(k.batch) + ")";
     if (k.seq_len < 1 || k.seq_len >= (int64_t{1} << 40)) fail(which + ": seq_len out of range");
     if (k.batch < 1 || k.batch >= (int64_t{1} << 24)) fail(which + ": batch out of range");
     if (!std::isfinite(k.cost) || k.cost <= 0.0)

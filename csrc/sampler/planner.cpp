@@ -195,7 +195,8 @@ SampleTable::SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* grou
 
 double SampleTable::batch_cost(const int64_t* indices, int64_t count) const {
   BatchStats stats;
-  for (int64_t j = 0; j < count; ++j) stats.add(samples_[indices[j]].seq_len, samples_[indices[j]].cost);
+  for (int64_t j = 0; j < count; ++j)
+    stats.add(samples_[indices[j]].seq_len, samples_[indices[j]].cost);
   return cost_.batch_cost(stats);
 }
 

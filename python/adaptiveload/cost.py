@@ -161,7 +161,9 @@ class CostModel:
     # -- layers -------------------------------------------------------------------------
     def with_floor(self, h0: float, hs: float = 0.0) -> CostModel:
         """A copy whose fitted form has the floor ``h0 + hs * B``."""
-        return CostModel(self._core.with_floor(float(h0), float(hs)), unit=self.unit, meta=self.meta)
+        return CostModel(
+            self._core.with_floor(float(h0), float(hs)), unit=self.unit, meta=self.meta
+        )
 
     def with_measured(self, kinds) -> CostModel:
         """A copy whose measured kinds are ``kinds``: ``(seq_len, batch, cost)`` triples, or a

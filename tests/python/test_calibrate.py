@@ -133,7 +133,10 @@ def test_plan_aware_calibration_measures_every_kind_its_plan_uses(tmp_path):
     sampler = make_sampler(cal.cost_model)
     plan = sampler.plan()
     lens = meta.seq_lens[plan.samples]
-    truth = [true_ms(b, int(s)) for b, s in zip(np.diff(plan.offsets), lens[plan.offsets[:-1]])]
+    truth = [
+        true_ms(b, int(s))
+        for b, s in zip(np.diff(plan.offsets), lens[plan.offsets[:-1]], strict=True)
+    ]
     assert np.allclose(plan.costs, truth, rtol=1e-12)
     assert set(plan_kinds(sampler, meta.shapes)) <= set(cal.cost_model.measured)
     assert "fallback_heldout_p90" in cal.meta and cal.meta["form"] in ("additive", "floor")

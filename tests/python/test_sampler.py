@@ -127,8 +127,11 @@ def test_sampler_plans_with_measured_kinds():
     plan = s.plan()
     sizes = np.diff(plan.offsets)
     assert sizes.max() == 7 and sizes.sum() == 64
-    assert all(c == 7.0 for c, n in zip(plan.costs, sizes) if n == 7)
-    assert AdaptiveBatchSampler(lens, 10_000, max_cost=8.0, cost_model=fit).plan().num_micro_batches == 8
+    assert all(c == 7.0 for c, n in zip(plan.costs, sizes, strict=True) if n == 7)
+    assert (
+        AdaptiveBatchSampler(lens, 10_000, max_cost=8.0, cost_model=fit).plan().num_micro_batches
+        == 8
+    )
 
 
 def test_builtin_profile_reflects_quadratic_attention():
