@@ -17,6 +17,11 @@ Nothing here may lose or repeat a sample silently. Three mechanisms carry that:
   workers, or accelerate, reads ahead of training, so that a position it cannot know is
   refused instead of guessed, and accelerate's sharding of batch samplers is served a
   stream it shards correctly.
+
+Online refinement (``record_time``, ``update_cost_model``) replaces predicted costs by the
+times training measured, per ``(seq_len, batch)`` kind, without breaking any of the three:
+the ranks fold the same records in the same order, a new cost model takes effect only at
+the next epoch, and a state carries the learned times.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import numbers
 import operator
 import sys
 import warnings
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -41,6 +47,10 @@ _STATE_VERSION = 2
 _NO_COST_CAP = 1e300
 # Largest token count a sample may have (int64, as the C++ core stores them).
 _MAX_LEN = 2**63 - 1
+# Online refinement: the most recent times kept per (seq_len, batch) kind, and the largest
+# kind a cost model holds (as the C++ core checks them).
+_LEARN_WINDOW = 32
+_MAX_KIND_LEN, _MAX_KIND_BATCH = 2**40 - 1, 2**24 - 1
 
 
 @dataclass
@@ -267,6 +277,65 @@ def _unpack(state: dict, key: str, n: int) -> np.ndarray:
     return bits[:n].astype(bool)
 
 
+def _positive_ms(value) -> bool:
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool | np.bool_)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def _state_kind(entry, what: str) -> tuple[int, int]:
+    s, b = entry[0], entry[1]
+    for name, v, top in (("seq_len", s, _MAX_KIND_LEN), ("batch", b, _MAX_KIND_BATCH)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top:
+            raise ValueError(f"sampler state: {what}: {name} = {v!r} is not valid")
+    return s, b
+
+
+def _unpack_learned(state: dict) -> tuple[dict, dict]:
+    """The learned times of a state: ``(active, history)``, both keyed by ``(seq_len,
+    batch)``; a state without ``'learned_costs'`` learned nothing."""
+    learned = state.get("learned_costs")
+    if learned is None:
+        return {}, {}
+    if not isinstance(learned, dict) or set(learned) != {"active", "history"}:
+        raise ValueError(
+            "sampler state: 'learned_costs' must be a dict with keys 'active' and 'history'"
+        )
+    out = []
+    for key, times_of in (("active", lambda e: [e[2]]), ("history", lambda e: e[2])):
+        entries = learned[key]
+        if not isinstance(entries, list):
+            raise ValueError(f"sampler state: 'learned_costs'[{key!r}] must be a list")
+        kinds = {}
+        for entry in entries:
+            what = f"'learned_costs'[{key!r}] entry {entry!r}"
+            if not isinstance(entry, list | tuple) or len(entry) != 3:
+                raise ValueError(f"sampler state: {what} is not [seq_len, batch, ms]")
+            kind = _state_kind(entry, what)
+            times = times_of(entry)
+            if (
+                not isinstance(times, list | tuple)
+                or not 1 <= len(times) <= _LEARN_WINDOW
+                or not all(_positive_ms(t) for t in times)
+            ):
+                raise ValueError(f"sampler state: {what}: times must be finite numbers > 0")
+            if kind in kinds:
+                raise ValueError(f"sampler state: {what}: kind given twice")
+            kinds[kind] = float(times[0]) if key == "active" else [float(t) for t in times]
+        out.append(kinds)
+    return out[0], out[1]
+
+
+def _lower_median(times) -> float:
+    """The median of ``times``, the lower middle value for an even count: of two records, a
+    cold first run (always the slower) does not count."""
+    ordered = sorted(times)
+    return ordered[(len(ordered) - 1) // 2]
+
+
 # -- who draws the batches ---------------------------------------------------------------------
 
 
@@ -378,13 +447,18 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         self.balance = _bool_arg("balance", balance)
         self.verify_ranks = _bool_arg("verify_ranks", verify_ranks)
         self.on_oversize = on_oversize
-        self.cost_model = cost_model if cost_model is not None else CostModel.default()
+        self._base_cost_model = cost_model if cost_model is not None else CostModel.default()
+        self.cost_model = self._base_cost_model  # the current epoch's: base + learned kinds
         self.num_replicas, self.rank = _distributed_defaults(num_replicas, rank, process_group)
         # None: the sequence length is the key (the C++ table numbers lengths in sorted order,
         # as these ids are numbered).
         self._group_ids = None if group_keys is None else _as_group_ids(group_keys, self.seq_lens)
         self.group_keys = self._group_ids
         self._max_cost_arg = None if max_cost is None else float(max_cost)
+        h = hashlib.blake2b(digest_size=16)
+        h.update(self.seq_lens.tobytes())
+        h.update(b"by length" if self._group_ids is None else self._group_ids.tobytes())
+        self._data_digest = h.hexdigest()
         self._build_table()
         self._refuse_oversize()
 
@@ -399,15 +473,21 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         self._verified: tuple | None = None
         self._warned_skips = False
         self._warned_repeat = -1
+        # Online refinement, per (seq_len, batch) kind: this rank's records since the last
+        # update ([count, the most recent ms]); the most recent ms of all ranks, folded; their
+        # medians for the next epoch; the medians the current epoch plans with.
+        self._records: dict[tuple[int, int], list] = {}
+        self._learned_history: dict[tuple[int, int], list[float]] = {}
+        self._learned_pending: dict[tuple[int, int], float] = {}
+        self._learned_active: dict[tuple[int, int], float] = {}
+        self._warned_scale = False
+        self._warned_held: set[tuple[int, int]] = set()
 
     # -- construction helpers, also used after unpickling ---------------------------------
     def _build_table(self) -> None:
+        """The C++ sample table of ``self.cost_model``, and the compute cap it gives."""
         self._table = _sampler.SampleTable(self.seq_lens, self._group_ids, self.cost_model._core)
         self._max_cost = self._compute_max_cost()
-        h = hashlib.blake2b(digest_size=16)
-        h.update(self.seq_lens.tobytes())
-        h.update(b"by length" if self._group_ids is None else self._group_ids.tobytes())
-        self._data_digest = h.hexdigest()
 
     def _compute_max_cost(self) -> float:
         raise NotImplementedError
@@ -539,6 +619,155 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             )
         self._verified = key
 
+    # -- online refinement --------------------------------------------------------------
+    @property
+    def base_cost_model(self) -> CostModel:
+        """The cost model this sampler was made with; ``cost_model`` is it with the learned
+        kinds of the current epoch."""
+        return self._base_cost_model
+
+    def record_time(self, indices, ms: float) -> bool:
+        """Record the measured forward+backward time of one micro-batch this rank trained.
+
+        Args:
+            indices: the micro-batch as the sampler yielded it (list, array or tensor of
+                dataset indices).
+            ms: its time in milliseconds, a finite number > 0.
+
+        Returns True when recorded: its kind is ``(seq_len, batch)`` when all its samples
+        have ``seq_len`` tokens; a micro-batch of mixed lengths has no kind and is not
+        recorded (False). No communication: ``update_cost_model`` folds the records.
+        """
+        if not _positive_ms(ms):
+            raise ValueError(
+                f"record_time: ms must be a finite number > 0 (milliseconds), got {ms!r}"
+            )
+        idx = _to_numpy(indices, "indices")
+        n = len(self.seq_lens)
+        if idx.ndim != 1 or idx.size == 0 or idx.dtype.kind not in "iu":
+            raise ValueError(
+                "record_time: indices must be a non-empty 1-D sequence of integer dataset "
+                f"indices, got {indices!r}"
+            )
+        if idx.min() < 0 or idx.max() >= n:
+            raise ValueError(f"record_time: indices must be in [0, {n}), got {indices!r}")
+        lens = self.seq_lens[idx]
+        seq_len = int(lens[0])
+        if (lens != seq_len).any() or seq_len > _MAX_KIND_LEN or idx.size > _MAX_KIND_BATCH:
+            return False
+        record = self._records.get((seq_len, idx.size))
+        if record is None:
+            record = self._records[(seq_len, idx.size)] = [0, deque(maxlen=_LEARN_WINDOW)]
+        record[0] += 1
+        record[1].append(float(ms))
+        return True
+
+    def update_cost_model(self, process_group=None) -> dict:
+        """Fold the times recorded since the last update into the cost model of the next
+        epoch.
+
+        A collective when ``torch.distributed`` is initialized with more than one process:
+        every rank must call it, at the same point (e.g. at each epoch's end), or the others
+        wait for it (until the process group's timeout). The ranks' records are all-gathered
+        (one ``all_gather_object`` on ``process_group``, default the whole job, which every
+        rank that plans with this sampler's settings must be in) and folded in rank order,
+        so every rank learns the same times. Per ``(seq_len, batch)`` kind the most recent
+        32 times are kept; the kind's cost is their median (see ``_lower_median``).
+
+        The new model is the base cost model whose measured kinds are updated by the learned
+        ones. It takes effect at the next ``set_epoch`` to another epoch: the current
+        epoch's plan never changes. A learned single-sample kind above a given ``max_cost``
+        is held back (with a warning), so that refinement never changes which samples an
+        epoch holds.
+
+        Returns ``{"records": records folded (all ranks), "kinds": kinds learned, "new_kinds":
+        kinds learned for the first time, "measured_over_fitted": median over the learned
+        kinds of learned / fitted cost (None without kinds)}``.
+        """
+        import torch.distributed as dist
+
+        initialized = dist.is_available() and dist.is_initialized()
+        if process_group is not None and not initialized:
+            raise ValueError(
+                "update_cost_model: process_group given but torch.distributed is not initialized"
+            )
+        mine = {kind: (count, list(times)) for kind, (count, times) in self._records.items()}
+        gathered = [mine]
+        if initialized and dist.get_world_size(process_group) > 1:
+            gathered = [None] * dist.get_world_size(process_group)
+            dist.all_gather_object(gathered, mine, group=process_group)
+        self._records = {}
+        folded = 0
+        for records in gathered:
+            for kind in sorted(records):
+                count, times = records[kind]
+                folded += count
+                history = self._learned_history.get(kind, []) + times
+                self._learned_history[kind] = history[-_LEARN_WINDOW:]
+        before = set(self._learned_pending)
+        self._learned_pending = {
+            kind: _lower_median(times) for kind, times in sorted(self._learned_history.items())
+        }
+        _, held = self._refined_model(self._learned_pending)
+        if any(kind not in self._warned_held for kind, _ in held):
+            self._warned_held.update(kind for kind, _ in held)
+            (s, _), cost = held[0]
+            warnings.warn(
+                f"{type(self).__name__}: {len(held)} learned single-sample kind(s) exceed "
+                f"max_cost = {self._max_cost_arg:.6g}, the first {s} tokens at {cost:.6g} ms: "
+                "they keep their predicted cost, so that no sample leaves the plan (raise "
+                "max_cost to plan with them)",
+                stacklevel=2,
+            )
+        ratio = self._measured_over_fitted()
+        if ratio is not None and not 0.5 <= ratio <= 2 and not self._warned_scale:
+            self._warned_scale = True
+            warnings.warn(
+                f"{type(self).__name__}: the measured times are {ratio:.3g}x what the base cost "
+                "model predicts, so kinds not measured yet are costed on another scale than "
+                "the measured ones: give a cost model calibrated on this setup, in ms",
+                stacklevel=2,
+            )
+        return {
+            "records": folded,
+            "kinds": len(self._learned_pending),
+            "new_kinds": len(set(self._learned_pending) - before),
+            "measured_over_fitted": ratio,
+        }
+
+    def _measured_over_fitted(self) -> float | None:
+        if not self._learned_pending:
+            return None
+        kinds = list(self._learned_pending)
+        sizes = np.array([b for _, b in kinds], dtype=np.int64)
+        lens = np.repeat(np.array([s for s, _ in kinds], dtype=np.int64), sizes)
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        fitted = self._base_cost_model.batch_costs(lens, offsets, fitted_only=True)
+        learned = np.array(list(self._learned_pending.values()))
+        return float(_lower_median((learned / fitted).tolist()))
+
+    def _refined_model(self, learned: dict) -> tuple[CostModel, list]:
+        """The base cost model with its measured kinds updated by ``learned``, and the
+        learned kinds held back: those that would make a sample break ``max_cost`` alone."""
+        if not learned:
+            return self._base_cost_model, []
+        cap = self._max_cost_arg
+        kinds, held = self._base_cost_model.measured, []
+        for kind, cost in learned.items():
+            if cap is not None and kind[1] == 1 and cost > cap:
+                held.append((kind, cost))
+            else:
+                kinds[kind] = cost
+        return self._base_cost_model.with_measured(dict(sorted(kinds.items()))), held
+
+    def _use_learned(self, active: dict) -> None:
+        """Plan with the base cost model and the learned kinds ``active``."""
+        model, _ = self._refined_model(active)
+        self._learned_active = dict(active)
+        if model.to_dict() != self.cost_model.to_dict():
+            self.cost_model = model
+            self._build_table()
+
     # -- Sampler protocol ---------------------------------------------------------------
     @property
     def start_step(self) -> int:
@@ -620,7 +849,8 @@ class _PlannedBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle deterministically from (seed, epoch). Setting the epoch a resumed state
         is in keeps the resumed position; another epoch before that position's batches were
-        drawn is refused (it would skip them)."""
+        drawn is refused (it would skip them). Another epoch plans with the times learned by
+        ``update_cost_model`` so far."""
         epoch = _int_arg("epoch", epoch, 0)
         if epoch == self.epoch:
             return
@@ -638,6 +868,8 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         self.epoch = epoch
         self._excluded, self._start, self._plan = None, 0, None
         self._pass, self._position, self._resume_pending = "ready", 0, False
+        if self._learned_pending != self._learned_active:
+            self._use_learned(self._learned_pending)
 
     # -- resumption ---------------------------------------------------------------------
     def state_dict(
@@ -658,6 +890,11 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         workers, or torchdata's ``StatefulDataLoader`` (which calls this at the right
         moment). With DataLoader workers or accelerate it is refused (``ValueError``),
         because prefetched batches would be counted as trained.
+
+        With times learned by ``update_cost_model``, the state holds them under
+        ``'learned_costs'``: ``{"active": [[seq_len, batch, ms], ...]`` (the current epoch's),
+        ``"history": [[seq_len, batch, [ms, ...]], ...]}`` (the most recent times per kind,
+        which give the next epoch's).
         """
         plan = self.plan()
         end = plan.micro_batches_per_rank
@@ -694,7 +931,7 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         n = len(self.seq_lens)
         excluded = np.zeros(n, dtype=bool) if self._excluded is None else self._excluded
         consumed = excluded | plan.consumed(position, n)
-        return {
+        state = {
             "version": _STATE_VERSION,
             "fingerprint": self._fingerprint(),
             "epoch": self.epoch,
@@ -703,6 +940,13 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             "consumed": _pack(consumed),
             "num_consumed": int(consumed.sum()),
         }
+        if self._learned_history:
+            # Folded by every rank alike; records not yet folded are this rank's and stay out.
+            state["learned_costs"] = {
+                "active": [[s, b, ms] for (s, b), ms in sorted(self._learned_active.items())],
+                "history": [[s, b, list(t)] for (s, b), t in sorted(self._learned_history.items())],
+            }
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Continue the epoch of ``state``.
@@ -712,6 +956,12 @@ class _PlannedBatchSampler(Sampler[list[int]]):
           samples the state consumed are left out and the rest of the epoch is planned with
           this sampler's settings; nothing is lost or repeated.
         - Another dataset (other lengths or group keys): refused with ``ValueError``.
+
+        The state's learned times (``update_cost_model``) are restored first: those of its
+        epoch, so that a sampler made anew with the same base cost model replays the plan,
+        and those for the next epoch. A state without them (key ``'learned_costs'``, as
+        before online refinement) learned nothing. Records not folded by an update when the
+        state was made are not in it, and those of this sampler are dropped.
         """
         if not isinstance(state, dict):
             raise ValueError(f"sampler state must be a dict, got {type(state).__name__}")
@@ -731,6 +981,34 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         ):
             if key not in state:
                 raise ValueError(f"sampler state: missing {key!r}")
+        # The learned times first: the fingerprint holds the cost model they make.
+        active, history = _unpack_learned(state)
+        learning = (
+            self.cost_model,
+            self._table,
+            self._max_cost,
+            self._learned_active,
+            self._learned_history,
+            self._learned_pending,
+        )
+        self._learned_history = history
+        self._learned_pending = {k: _lower_median(t) for k, t in sorted(history.items())}
+        self._use_learned(active)
+        try:
+            self._load_position(state)
+        except Exception:  # the sampler stays as it was
+            (
+                self.cost_model,
+                self._table,
+                self._max_cost,
+                self._learned_active,
+                self._learned_history,
+                self._learned_pending,
+            ) = learning
+            raise
+        self._records = {}
+
+    def _load_position(self, state: dict) -> None:
         saved = state["fingerprint"]
         if not isinstance(saved, dict):
             raise ValueError("sampler state: 'fingerprint' must be a dict")
@@ -833,6 +1111,9 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
         verify_ranks: with ``torch.distributed`` initialized, all ranks compare their plan
             fingerprints at the start of each epoch and raise ``RuntimeError`` naming what
             differs. Every process of the job must then iterate its sampler each epoch.
+
+    ``record_time`` and ``update_cost_model`` refine the cost model with measured times,
+    epoch after epoch (docs/sampler.md, "Online refinement").
     """
 
     def __init__(
