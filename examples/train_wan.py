@@ -16,6 +16,13 @@ sum of squared errors divided by the number of latent elements of the WHOLE opti
 step (all ranks, all micro-batches; known from the plan without communication), and
 gradients are summed across ranks: the step's gradient is that of the global mean.
 
+Online refinement (--refine-cost-model, on by default with the adaptive sampler): each
+micro-batch's measured forward+backward time is recorded in the sampler, and at each
+epoch's end the ranks fold their records into the cost model the next epoch plans with
+(AdaptiveBatchSampler.update_cost_model). Per epoch, rank 0 logs the measured imbalance
+and the cost model's error on that epoch's micro-batches (a JSON line with "epoch" and
+no "step").
+
 Timing: with DDP, each rank runs its micro-batches without gradient sync, records its
 compute time, then gradients are all-reduced in buckets; the wait for the slowest rank
 shows up in the all-reduce, not in the compute time. With FSDP2, parameter gathers and
@@ -34,6 +41,7 @@ import time
 from contextlib import nullcontext
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
@@ -125,14 +133,30 @@ def parse_args(argv=None):
         "fails; torch's default is 30 minutes",
     )
     ap.add_argument("--log-file", default=None, help="JSON lines, one per optimizer step (rank 0)")
-    ap.add_argument("--warmup-steps", type=int, default=0, help="steps left out of the summary")
+    ap.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=0,
+        help="first steps of the run left out of the epoch summaries and of cost refinement",
+    )
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument(
         "--warm-shapes",
         action="store_true",
         help="before each epoch, run each new micro-batch shape once, untimed (see warm_shapes)",
     )
-    return ap.parse_args(argv)
+    ap.add_argument(
+        "--refine-cost-model",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="record each micro-batch's time and refine the sampler's cost model at each "
+        "epoch's end (default: on with --sampler adaptive). With FSDP the times include "
+        "parameter gathers, which wait for the slowest rank",
+    )
+    args = ap.parse_args(argv)
+    if args.refine_cost_model is None:
+        args.refine_cost_model = args.sampler == "adaptive"
+    return args
 
 
 def build_model(args, device, dtype):
@@ -253,6 +277,22 @@ def warm_shapes(model, plan, rank, shapes, text_len, device, seen):
         p.grad = None
     seen.update(todo)
     return len(todo)
+
+
+def epoch_summary(epoch, imbalances, errors, refined):
+    """The epoch's line of the log: mean measured imbalance over its steps, and the median
+    and 90th percentile of |predicted / measured - 1| over its micro-batches, the prediction
+    being the cost the sampler planned the micro-batch with."""
+    out = {
+        "epoch": epoch,
+        "steps": len(imbalances),
+        "measured_imbalance": float(np.mean(imbalances)),
+        "cost_error_median": float(np.median(errors)) if errors else None,
+        "cost_error_p90": float(np.percentile(errors, 90)) if errors else None,
+    }
+    if refined is not None:
+        out["refined"] = refined
+    return out
 
 
 def checkpoint_state(model, optimizer):
@@ -406,6 +446,8 @@ def main(argv=None):
             except ImportError:
                 progress = None
         it = iter(loader)
+        imbalances, errors = [], []  # this epoch's, on rank 0
+        save_after_update = False
         for step in range(sampler.start_step, plan.num_steps):
             if reached_max_steps():
                 break
@@ -417,6 +459,7 @@ def main(argv=None):
             loss_sum = torch.zeros((), device=device)
             samples = tokens = 0
             batches = []
+            micro_batch_ms = []  # forward+backward of each micro-batch
             data_wait = 0.0
             # Per micro-batch: (start, inputs on GPU, end) events; model time = end - inputs.
             marks = [] if on_cuda else None
@@ -435,6 +478,7 @@ def main(argv=None):
                 if marks is not None:
                     marks.append(torch.cuda.Event(enable_timing=True))
                     marks[-1].record()
+                t_micro = time.perf_counter()
                 with sync:
                     scale = W if args.parallel == "fsdp" else 1  # FSDP averages over ranks
                     loss = flow_matching_loss(model, batch, device, dtype, normalizer, marks)
@@ -442,16 +486,23 @@ def main(argv=None):
                 if marks is not None:
                     marks.append(torch.cuda.Event(enable_timing=True))
                     marks[-1].record()
+                else:  # CPU: synchronous
+                    micro_batch_ms.append((time.perf_counter() - t_micro) * 1000)
                 loss_sum += loss.detach()
             if on_cuda:
                 torch.cuda.synchronize(device)
             compute_s = time.perf_counter() - t_start - data_wait
             # GPU time of the model's forward and backward alone (inputs already on the GPU).
-            model_s = (
-                sum(marks[i + 1].elapsed_time(marks[i + 2]) for i in range(0, len(marks), 3)) / 1000
-                if marks
-                else 0.0
-            )
+            if marks:
+                micro_batch_ms = [
+                    marks[i + 1].elapsed_time(marks[i + 2]) for i in range(0, len(marks), 3)
+                ]
+            model_s = sum(micro_batch_ms) / 1000 if marks else 0.0
+            warming_up = steps_run < args.warmup_steps  # this process's first steps
+            if args.refine_cost_model and not warming_up:
+                for idx, ms in zip(batches, micro_batch_ms, strict=True):
+                    if ms > 0:
+                        sampler.record_time(idx, ms)
             if ddp_manual and world > 1:
                 allreduce_gradients(params)
             optimizer.step()
@@ -475,8 +526,9 @@ def main(argv=None):
             )
             gathered = [torch.zeros_like(stats) for _ in range(world)]
             dist.all_gather(gathered, stats)
-            all_batches = [None] * world
-            dist.all_gather_object(all_batches, batches)
+            per_rank = [None] * world
+            dist.all_gather_object(per_rank, (batches, micro_batch_ms))
+            all_batches = [b for b, _ in per_rank]
             global_step += 1
             if rank == 0:
                 g = torch.stack(gathered).cpu()
@@ -496,7 +548,14 @@ def main(argv=None):
                     "samples": int(g[:, 3].sum()),
                     "tokens": int(g[:, 4].sum()),
                     "batches": all_batches,
+                    "micro_batch_ms": [ms for _, ms in per_rank],
                 }
+                if not warming_up:
+                    imbalances.append(record["imbalance"])
+                    for r, (_, times) in enumerate(per_rank):
+                        for k, ms in enumerate(times):
+                            if ms > 0:
+                                errors.append(abs(plan.costs[(step * W + r) * K + k] / ms - 1))
                 if log:
                     log.write(json.dumps(record) + "\n")
                     log.flush()
@@ -508,11 +567,36 @@ def main(argv=None):
             steps_run += 1
             position = (epoch, step + 1)
             if args.checkpoint_every and global_step % args.checkpoint_every == 0:
-                save(*position)
-                saved_at = position
+                if args.refine_cost_model and step + 1 == plan.num_steps:
+                    save_after_update = True  # with this epoch's times in the sampler state
+                else:
+                    save(*position)
+                    saved_at = position
         if progress is not None:
             progress.close()
         del it, loader
+        # A collective: every rank reaches it, after the same steps.
+        refined = sampler.update_cost_model() if args.refine_cost_model else None
+        if save_after_update:
+            save(*position)
+            saved_at = position
+        if rank == 0 and imbalances:
+            summary = epoch_summary(epoch, imbalances, errors, refined)
+            line = f"epoch {epoch}: measured imbalance {summary['measured_imbalance']:.1%}"
+            if errors:
+                line += (
+                    f", cost model error median {summary['cost_error_median']:.1%} "
+                    f"p90 {summary['cost_error_p90']:.1%}"
+                )
+            if refined is not None:
+                line += (
+                    f"; refined with {refined['records']} times, {refined['kinds']} kinds "
+                    f"({refined['new_kinds']} new) for the next epoch"
+                )
+            print(line, flush=True)
+            if log:
+                log.write(json.dumps(summary) + "\n")
+                log.flush()
     if steps_run == 0 and rank == 0:
         print(f"nothing to train: run finished (epoch {start_epoch}, global step {global_step})")
     if ckpt_path and position is not None and saved_at != position:

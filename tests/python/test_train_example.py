@@ -1,5 +1,9 @@
 """examples/train_wan.py in 2 real gloo processes on CPU with a tiny model: it trains,
-and resuming from its checkpoint yields the same next batches and the same losses."""
+resuming from its checkpoint yields the same next batches and the same losses, and online
+refinement of the cost model plans each epoch with the times measured before it.
+
+Runs that are compared batch for batch pass --no-refine-cost-model: with refinement, the
+plans of later epochs depend on measured times."""
 
 import json
 import os
@@ -44,9 +48,19 @@ def torchrun(*args, nproc=2, timeout=300):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
-def read_log(path):
+def read_lines(path):
     with open(path) as f:
         return [json.loads(line) for line in f]
+
+
+def read_log(path):
+    """The log's step records."""
+    return [r for r in read_lines(path) if "step" in r]
+
+
+def read_epochs(path):
+    """The log's epoch summaries."""
+    return [r for r in read_lines(path) if "measured_imbalance" in r]
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +92,11 @@ def dataset(tmp_path_factory):
 @pytest.mark.parametrize("sampler", ["adaptive", "equal"])
 def test_train_then_resume_reproduces_the_run(dataset, tmp_path, sampler):
     full, first, rest = (str(tmp_path / n) for n in ("full.jsonl", "first.jsonl", "rest.jsonl"))
-    torchrun("--data", dataset, "--sampler", sampler, "--max-steps", "5", "--log-file", full)
+    common = ("--data", dataset, "--sampler", sampler, "--no-refine-cost-model")
+    torchrun(*common, "--max-steps", "5", "--log-file", full)
     ckpt = str(tmp_path / "ckpt")
     torchrun(
-        "--data",
-        dataset,
-        "--sampler",
-        sampler,
+        *common,
         "--max-steps",
         "3",
         "--log-file",
@@ -93,10 +105,7 @@ def test_train_then_resume_reproduces_the_run(dataset, tmp_path, sampler):
         ckpt,
     )
     torchrun(
-        "--data",
-        dataset,
-        "--sampler",
-        sampler,
+        *common,
         "--max-steps",
         "5",
         "--log-file",
@@ -141,9 +150,10 @@ def test_warm_shapes_changes_nothing_but_the_clock(dataset, tmp_path, parallel):
     # and FSDP's collectives stay matched although the ranks have different shape counts.
     plain, warm = str(tmp_path / "plain.jsonl"), str(tmp_path / "warm.jsonl")
     common = ("--data", dataset, "--parallel", parallel, "--max-steps", "3")
+    common += ("--no-refine-cost-model",)
     torchrun(*common, "--log-file", plain)
     torchrun(*common, "--log-file", warm, "--warm-shapes")
-    plain_log, warm_log = read_log(plain), read_log(warm)
+    plain_log, warm_log = read_log(plain), read_lines(warm)
     marks = [r for r in warm_log if "warm_shapes" in r]
     steps = [r for r in warm_log if "step" in r]
     assert marks[0]["epoch"] == 0 and marks[0]["warm_shapes"] >= 1  # then one per epoch begun
@@ -152,6 +162,118 @@ def test_warm_shapes_changes_nothing_but_the_clock(dataset, tmp_path, parallel):
     for a, b in zip(plain_log, steps, strict=True):
         assert a["batches"] == b["batches"]
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6), f"step {a['global_step']}"
+
+
+# -- online refinement of the cost model --------------------------------------------------------
+
+W, K = 2, 2  # ranks and micro-batches per step of torchrun()
+
+
+def reference_sampler(dataset, rank, learned):
+    """The sampler train_wan.py makes on ``rank``, planning with the learned kinds."""
+    from adaptiveload import AdaptiveBatchSampler, CostModel
+    from adaptiveload.metadata import read_metadata
+
+    meta = read_metadata(os.path.join(dataset, "metadata.csv"))
+    return AdaptiveBatchSampler(
+        meta.seq_lens,
+        320,
+        cost_model=CostModel.default().with_measured(learned),
+        group_keys=meta.shapes,
+        num_replicas=W,
+        rank=rank,
+        micro_batches_per_step=K,
+        seed=5,
+    )
+
+
+def fold(history, steps, seq_lens):
+    """The times of ``steps`` (log records of one update), folded as update_cost_model does:
+    rank after rank, each in the order it trained; the most recent 32 per kind."""
+    for rank in range(W):
+        for rec in steps:
+            for idx, ms in zip(rec["batches"][rank], rec["micro_batch_ms"][rank], strict=True):
+                assert len({seq_lens[i] for i in idx}) == 1
+                kind = (int(seq_lens[idx[0]]), len(idx))
+                history[kind] = (history.get(kind, []) + [ms])[-32:]
+    return history
+
+
+def medians(history):
+    return {kind: sorted(t)[(len(t) - 1) // 2] for kind, t in history.items()}
+
+
+def epoch_batches(log, epoch, rank):
+    return [mb for rec in log if rec["epoch"] == epoch for mb in rec["batches"][rank]]
+
+
+def test_refinement_plans_each_epoch_with_the_times_measured_before(dataset, tmp_path):
+    from adaptiveload.metadata import read_metadata
+
+    seq_lens = read_metadata(os.path.join(dataset, "metadata.csv")).seq_lens
+    log, ckpt = str(tmp_path / "log.jsonl"), str(tmp_path / "ckpt")
+    torchrun("--data", dataset, "--epochs", "2", "--log-file", log, "--checkpoint-dir", ckpt)
+    steps, epochs = read_log(log), read_epochs(log)
+    assert [e["epoch"] for e in epochs] == [0, 1]
+    for e in epochs:
+        mine = [r for r in steps if r["epoch"] == e["epoch"]]
+        assert e["steps"] == len(mine)
+        assert e["measured_imbalance"] == pytest.approx(
+            sum(r["imbalance"] for r in mine) / len(mine)
+        )
+        assert 0 <= e["cost_error_median"] <= e["cost_error_p90"]
+        assert e["refined"]["records"] == len(mine) * W * K  # one length per micro-batch
+    # The learned times are those of the log, folded in rank order, epoch after epoch.
+    after_first = fold({}, [r for r in steps if r["epoch"] == 0], seq_lens)
+    active = medians(after_first)
+    history = fold(
+        {k: list(v) for k, v in after_first.items()},
+        [r for r in steps if r["epoch"] == 1],
+        seq_lens,
+    )
+    assert epochs[0]["refined"]["kinds"] == len(active)
+    assert epochs[1]["refined"]["kinds"] == len(history)
+    import torch
+
+    learned = torch.load(os.path.join(ckpt, "last.pt"), weights_only=False)["sampler"][
+        "learned_costs"
+    ]
+    assert learned["active"] == [[s, b, ms] for (s, b), ms in sorted(active.items())]
+    assert learned["history"] == [[s, b, t] for (s, b), t in sorted(history.items())]
+    # Epoch 0 planned with the base model, epoch 1 with the times of epoch 0.
+    for rank in range(W):
+        for epoch, kinds in ((0, {}), (1, active)):
+            ref = reference_sampler(dataset, rank, kinds)
+            ref.set_epoch(epoch)
+            assert epoch_batches(steps, epoch, rank) == list(ref), (epoch, rank)
+
+
+def test_resuming_a_refined_run_replays_the_interrupted_epoch(dataset, tmp_path):
+    import shutil
+
+    import torch
+
+    first, rest, ckpt = (str(tmp_path / n) for n in ("first.jsonl", "rest.jsonl", "ckpt"))
+    common = ("--data", dataset, "--epochs", "2", "--checkpoint-dir", ckpt)
+    torchrun(*common, "--max-steps", "3", "--log-file", first)  # 2 steps of epoch 0, 1 of 1
+    shutil.copy(os.path.join(ckpt, "last.pt"), str(tmp_path / "interrupted.pt"))
+    torchrun(*common, "--resume", "--log-file", rest)
+    state = torch.load(str(tmp_path / "interrupted.pt"), weights_only=False)["sampler"]
+    assert (state["epoch"], state["micro_batches_done"]) == (1, K)
+    active = {(s, b): ms for s, b, ms in state["learned_costs"]["active"]}
+    assert active  # epoch 1 plans with the times of epoch 0
+    first_log, rest_log = read_log(first), read_log(rest)
+    assert {r["epoch"] for r in rest_log} == {1}
+    drawn, padded = [], 0
+    for rank in range(W):
+        ref = reference_sampler(dataset, rank, active)
+        ref.set_epoch(1)
+        got = epoch_batches(first_log, 1, rank) + epoch_batches(rest_log, 1, rank)
+        assert got == list(ref), f"rank {rank}: the resumed epoch is not the interrupted plan"
+        drawn += [i for mb in got for i in mb]
+        padded = ref.plan().num_padded_samples
+    assert set(drawn) == set(range(60)), "a sample was lost across the resume"
+    assert len(drawn) == 60 + padded, "a sample was repeated across the resume"
 
 
 # -- resubmission by a job scheduler ------------------------------------------------------------
