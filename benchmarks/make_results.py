@@ -215,8 +215,10 @@ def copied(rel: str, title: str, question: str, note: str = "") -> list[str]:
     rows = read(rel)
     if not rows:
         return []
-    skip = {"date", "machine", "command"}
+    skip = {"date", "machine", "command", "setup"}
     head = [k for k in rows[0] if k not in skip]
+    if rows[0].get("setup"):
+        note = f"Setup: {rows[0]['setup']}." + (f" {note}" if note else "")
     return (
         [f"## {title}", "", f"{question} {provenance(rows)}." + (f" {note}" if note else ""), ""]
         + table(head, [[r[k] for k in head] for r in rows])
@@ -270,6 +272,22 @@ SECTIONS = [
                 "Planning cost",
                 "One core, fresh process.",
             )
+        ),
+    ),
+    (
+        "What balance do the plans get in measured time (one GPU replaying 8 and 64 ranks)?",
+        lambda: copied(
+            "h200/replay_wan.csv",
+            "Measured balance: one H200 replaying many ranks",
+            "Every distinct micro-batch of each arm's plan of epoch 2 timed forward+backward on "
+            "Wan-2.1-1.3B with 3 of its 30 blocks (bf16, fused ops, activation checkpointing); "
+            "each step rebuilt as its slowest rank's measured time. Held-out mix "
+            "(benchmarks/replay_wan.py HELD_OUT_MIX, shapes outside the calibration grid); "
+            "models built from timings of their own, scored with fresh ones.",
+            "Imbalance: mean over steps of 1 - mean/max of the ranks' measured times; model "
+            "error: |predicted - measured| / measured over the plan's micro-batches; "
+            '"speedup if balanced": equal-token\'s epoch over this plan\'s perfectly balanced '
+            "one (the bound of its micro-batches).",
         ),
     ),
     (

@@ -2,7 +2,8 @@
 # On a CUDA machine with torch preinstalled and no network: build the extensions in place, run
 # the GPU tests and the benchmarks, and print a short table last.
 #
-#   bash scripts/gpu_check.sh [build] [test] [bench] [host] [tune] [profile] [e2e]
+#   bash scripts/gpu_check.sh [build] [test] [bench] [host] [tune] [profile] [e2e] [replay]
+#                             [calibrate]
 #                                                             (default: build test bench host)
 #
 # Results go to $OUT (or ./out): logs, and the benchmarks' CSVs (copy them to
@@ -106,7 +107,7 @@ PY
       fi
       ;;
     host)
-      run_step host ours $PY benchmarks/bench_host_overhead.py --csv "$OUT/host_overhead.csv" --label ours
+      run_step host ours $PY benchmarks/bench_host_overhead.py --csv "$OUT/host_overhead.csv" --label ours ${HOST_ARGS:-}
       wait_baseline
       if [ -n "$BASELINE" ]; then
         run_step host_baseline baseline $PY benchmarks/bench_host_overhead.py \
@@ -130,6 +131,18 @@ PY
     e2e)
       eval "extra=(${E2E_ARGS:-})"
       run_step e2e ours timeout "${E2E_TIMEOUT:-420}" $PY benchmarks/e2e_wan.py --out "$OUT/e2e" "${extra[@]}"
+      ;;
+    replay)
+      # The one-GPU replay of many ranks (benchmarks/replay_wan.py; issue 15).
+      eval "extra=(${REPLAY_ARGS:-})"
+      run_step replay ours timeout "${REPLAY_TIMEOUT:-420}" $PY benchmarks/replay_wan.py \
+        --out "$OUT/replay" "${extra[@]}"
+      ;;
+    calibrate)
+      # Plan-aware calibration of the full-depth model, timed (issue 15's <= 10 minutes).
+      eval "extra=(${CALIBRATE_ARGS:---layers 30 --worlds 8 --ks 1})"
+      run_step calibrate ours timeout "${CALIBRATE_TIMEOUT:-540}" $PY benchmarks/replay_wan.py \
+        --calibration-only --out "$OUT/calibrate" "${extra[@]}"
       ;;
     *) echo "unknown step $step"; status=2 ;;
   esac
