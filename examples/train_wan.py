@@ -112,7 +112,7 @@ def parse_args(argv=None):
         "--cost-model", default=None, help="calibrated JSON (default: built-in Wan 2.1 fit)"
     )
     ap.add_argument("--micro-batches-per-step", type=int, default=1)
-    ap.add_argument("--lookahead-steps", type=int, default=16)
+    ap.add_argument("--lookahead-steps", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument(
         "--max-steps", type=int, default=None, help="stop after this many optimizer steps in all"

@@ -90,7 +90,7 @@ struct PlanOptions {
   /// step's micro-batches to ranks by LPT. Off: micro-batches keep their shuffled
   /// order and go to ranks round-robin (what bucket samplers do today).
   bool balance = true;
-  int64_t lookahead_steps = 16;  ///< window, in optimizer steps; >= 1
+  int64_t lookahead_steps = 64;  ///< window, in optimizer steps; >= 1
   OversizePolicy oversize = OversizePolicy::kError;
 };
 

@@ -374,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--num-replicas", type=int, default=8)
     p.add_argument("--micro-batches-per-step", type=int, default=1)
-    p.add_argument("--lookahead-steps", type=int, default=16)
+    p.add_argument("--lookahead-steps", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--figure", default="adaptiveload_plan.png", help="PNG path, or 'none'")
@@ -415,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--micro-batches-per-step", type=_positive_int, default=1, help="with --metadata"
     )
-    c.add_argument("--lookahead-steps", type=_positive_int, default=16, help="with --metadata")
+    c.add_argument("--lookahead-steps", type=_positive_int, default=64, help="with --metadata")
     c.add_argument("--seed", type=int, default=0, help="with --metadata")
     c.add_argument(
         "--epochs",

@@ -130,7 +130,7 @@ def compare_samplers(
     seed: int = 0,
     epoch: int = 0,
     max_cost: float | None = None,
-    lookahead_steps: int = 16,
+    lookahead_steps: int = 64,
 ) -> dict[str, Compared]:
     """Plan one epoch (rank 0's view; plans are the same on every rank) with three samplers
     at the same ``max_tokens``, all costed with ``cost_model``:

@@ -294,6 +294,28 @@ def _state_kind(entry, what: str) -> tuple[int, int]:
     return s, b
 
 
+# Measured kinds from which online refinement also refits the fitted form.
+_REFIT_MIN_KINDS = 8
+
+
+def _refit(kinds: dict, base: CostModel) -> CostModel:
+    """``fit_cost_model`` on measured kinds ``{(seq_len, batch): ms}``, coefficients rounded
+    to 6 significant digits; ``base`` if they cannot be fitted."""
+    from adaptiveload.fit import Point, fit_cost_model
+
+    try:
+        fitted = fit_cost_model([Point(b, s, ms, 0) for (s, b), ms in kinds.items()])
+    except ValueError:
+        return base
+    d = fitted.to_dict()
+    for key in ("c0", "c1", "c2", "per_sample"):
+        d[key] = float(f"{d[key]:.6g}")
+    if "floor" in d:
+        d["floor"] = {k: float(f"{v:.6g}") for k, v in d["floor"].items()}
+    d["meta"] = {**base.meta, "refit": fitted.meta.get("form")}
+    return CostModel.from_dict(d, source="refit")
+
+
 def _unpack_learned(state: dict) -> tuple[dict, dict]:
     """The learned times of a state: ``(active, history)``, both keyed by ``(seq_len,
     batch)``; a state without ``'learned_costs'`` learned nothing."""
@@ -720,7 +742,8 @@ class _PlannedBatchSampler(Sampler[list[int]]):
                 stacklevel=2,
             )
         ratio = self._measured_over_fitted()
-        if ratio is not None and not 0.5 <= ratio <= 2 and not self._warned_scale:
+        refits = self._max_cost_arg is None and len(self._learned_pending) >= _REFIT_MIN_KINDS
+        if ratio is not None and not 0.5 <= ratio <= 2 and not refits and not self._warned_scale:
             self._warned_scale = True
             warnings.warn(
                 f"{type(self).__name__}: the measured times are {ratio:.3g}x what the base cost "
@@ -748,7 +771,14 @@ class _PlannedBatchSampler(Sampler[list[int]]):
 
     def _refined_model(self, learned: dict) -> tuple[CostModel, list]:
         """The base cost model with its measured kinds updated by ``learned``, and the
-        learned kinds held back: those that would make a sample break ``max_cost`` alone."""
+        learned kinds held back: those that would make a sample break ``max_cost`` alone.
+
+        With ``max_cost`` left to its default (the cap follows the model) and at least
+        ``_REFIT_MIN_KINDS`` measured kinds, the fitted form is refit to them as well
+        (``fit_cost_model``, form chosen by held-out error), so that kinds not measured yet
+        are costed on the measured scale; its coefficients are rounded to 6 significant
+        digits, so that ranks whose floating point differs in the last bits still plan
+        alike."""
         if not learned:
             return self._base_cost_model, []
         cap = self._max_cost_arg
@@ -758,7 +788,11 @@ class _PlannedBatchSampler(Sampler[list[int]]):
                 held.append((kind, cost))
             else:
                 kinds[kind] = cost
-        return self._base_cost_model.with_measured(dict(sorted(kinds.items()))), held
+        kinds = dict(sorted(kinds.items()))
+        base = self._base_cost_model
+        if cap is None and len(kinds) >= _REFIT_MIN_KINDS:
+            base = _refit(kinds, base)
+        return base.with_measured(kinds), held
 
     def _use_learned(self, active: dict) -> None:
         """Plan with the base cost model and the learned kinds ``active``."""
@@ -1130,7 +1164,7 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
         seed: int = 0,
         drop_last: bool = False,
         *,
-        lookahead_steps: int = 16,
+        lookahead_steps: int = 64,
         balance: bool = True,
         on_oversize: str = "error",
         process_group=None,

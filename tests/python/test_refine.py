@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
+from adaptiveload.fit import Point, fit_cost_model
 
 WAN_LENGTHS = [1560, 3600, 14040, 32760, 46800, 75600]
 MAX_TOKENS = 151200
@@ -48,6 +49,21 @@ def true_ms(seq_len, batch):
 
 def measured(lens, mb, rng, skew=1.0):
     return true_ms(int(lens[mb[0]]), len(mb)) * skew * (1 + 0.05 * rng.random())
+
+
+def refined(base, learned):
+    """The model a sampler with the default max_cost plans with after learning ``learned``:
+    with 8 kinds or more, the form fit_cost_model picks, refit to them and rounded to 6
+    significant digits; ``base`` otherwise; and the learned kinds measured."""
+    if len(learned) >= 8:
+        fit = fit_cost_model([Point(b, s, ms, 0) for (s, b), ms in sorted(learned.items())])
+        d = fit.to_dict()
+        d = {k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in d.items()}
+        if "floor" in d:
+            d["floor"] = {k: float(f"{v:.6g}") for k, v in d["floor"].items()}
+        d["meta"] = {**base.meta, "refit": fit.meta["form"]}
+        base = CostModel.from_dict(d)
+    return base.with_measured(learned)
 
 
 def make(lens, cls=AdaptiveBatchSampler, **kw):
@@ -128,7 +144,7 @@ def test_update_changes_the_next_epoch_and_not_the_current(seed):
     # The next plans with the learned kinds, as a sampler given them from the start does.
     s.set_epoch(1)
     never.set_epoch(1)
-    given = make(lens, cost_model=CostModel.default().with_measured(expected))
+    given = make(lens, cost_model=refined(CostModel.default(), expected))
     given.set_epoch(1)
     assert s.cost_model.measured == expected
     assert s.cost_model.to_dict() == given.cost_model.to_dict()
@@ -398,10 +414,34 @@ def test_equal_token_sampler_learns_its_costs_only(seed):
 
 def test_a_base_model_on_another_scale_is_named(seed):
     lens = lengths(seed)
-    s = make(lens, cost_model=CostModel.power(1.5))  # token^1.5: nothing like milliseconds
+    power = CostModel.power(1.5)  # token^1.5: nothing like milliseconds
+    # A max_cost given in the base model's unit: no refit, so the scales differ: a warning.
+    cap = 2 * power.batch_cost([int(lens.max())])
+    s = make(lens, cost_model=power, max_cost=cap)
     record_epoch(s, lens, np.random.default_rng(seed), Fold())
     with pytest.warns(UserWarning, match="calibrated on this setup"):
         assert s.update_cost_model()["measured_over_fitted"] < 0.5
+
+
+def test_default_cap_refits_the_fitted_form_to_the_measured_scale(seed):
+    lens = lengths(seed)
+    rng = np.random.default_rng(seed + 7)
+    s = make(lens, cost_model=CostModel.power(1.5))
+    fold = Fold()
+    record_epoch(s, lens, rng, fold)
+    learned = fold.medians()
+    assert len(learned) >= 8, "the test needs enough kinds to refit"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the refit puts every kind on one scale: no warning
+        s.update_cost_model()
+    s.set_epoch(1)
+    want = refined(CostModel.power(1.5), learned)
+    assert s.cost_model.to_dict() == want.to_dict()
+    assert s.cost_model.to_dict()["kind"] == "polynomial"
+    # An unmeasured kind is now costed in ms, near what the true times say.
+    sl, b = max(learned, key=lambda k: k[0])
+    other = (sl, b + 1) if (sl, b + 1) not in learned else (sl, b + 2)
+    assert s.cost_model.batch_cost([other[0]] * other[1]) == pytest.approx(true_ms(*other), rel=0.5)
 
 
 # -- real gloo process groups -----------------------------------------------------------------
