@@ -286,8 +286,29 @@ SECTIONS = [
             "models built from timings of their own, scored with fresh ones.",
             "Imbalance: mean over steps of 1 - mean/max of the ranks' measured times; model "
             "error: |predicted - measured| / measured over the plan's micro-batches; "
-            '"speedup if balanced": equal-token\'s epoch over this plan\'s perfectly balanced '
+            "\"speedup if balanced\": equal-token's epoch over this plan's perfectly balanced "
             "one (the bound of its micro-batches).",
+        ),
+    ),
+    (
+        "Does online refinement bring the measured imbalance down, and how long does plan-aware calibration take?",
+        lambda: (
+            copied(
+                "h200/replay_wan_refined.csv",
+                "Online refinement, epoch by epoch",
+                "The refined arm of the replay above: the built-in profile, then each epoch's "
+                "measured micro-batch times folded in (record_time / update_cost_model), scored "
+                "with fresh timings; epoch 2 is the table above.",
+            )
+            + copied(
+                "h200/calibrate_plan.csv",
+                "Plan-aware calibration time",
+                "`calibrate_plan` of the held-out mix, one warm-up and two timed calls per kind, "
+                "activation checkpointing, Wan-2.1-1.3B; rounds until no kind is new. The "
+                "fallback's error is k-fold over the measured kinds (kinds the plan uses are "
+                "exact). `adaptiveload calibrate --metadata` defaults to 2 warm-ups and 5 timed "
+                "calls, about 7/3 of these times.",
+            )
         ),
     ),
     (
