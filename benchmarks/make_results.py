@@ -291,6 +291,20 @@ SECTIONS = [
         ),
     ),
     (
+        "What does balancing give a batch-size-1 pipeline (DiffSynth-Studio's trainer)?",
+        lambda: copied(
+            "h200/replay_wan_b1.csv",
+            "Batch size 1: one sample per micro-batch",
+            "The replay above with max_batch_size=1 for every arm: the equal-token arm is then "
+            "the batch-size-1 pipelines' default (shuffled samples, one per micro-batch, "
+            "dealt to ranks in order; the paper's rule is the same plan). K = 4 is gradient "
+            "accumulation over 4 samples per rank.",
+            "Single-sample micro-batches of images are bound by the host's launches and their "
+            "timings are noisy (run-to-run spread median 3.7%, 90th percentile 29%), which is "
+            "most of the model error here.",
+        ),
+    ),
+    (
         "Does online refinement bring the measured imbalance down, and how long does plan-aware calibration take?",
         lambda: (
             copied(

@@ -164,6 +164,10 @@ def refine(args, meta, max_tokens, w, k, builtin, own, trajectory):
     return sampler.cost_model
 
 
+# Samples per micro-batch at most, for every arm (--max-batch-size; None: no limit).
+MAX_BATCH_SIZE = None
+
+
 def sampler_of(meta, max_tokens, w, k, model, **kw):
     return AdaptiveBatchSampler(
         meta.seq_lens,
@@ -174,6 +178,7 @@ def sampler_of(meta, max_tokens, w, k, model, **kw):
         rank=0,
         micro_batches_per_step=k,
         on_oversize="skip",
+        max_batch_size=MAX_BATCH_SIZE,
         **kw,
     )
 
@@ -189,7 +194,8 @@ def arm_samplers(meta, max_tokens, w, k, models):
             num_replicas=w,
             rank=0,
             micro_batches_per_step=k,
-        ),  # fmt: skip
+            max_batch_size=MAX_BATCH_SIZE,
+        ),
         "paper rule": sampler_of(meta, max_tokens, w, k, CostModel.power(1.5), balance=False),
     }
     for arm in ("built-in", "grid", "plan-aware", "refined"):
@@ -262,6 +268,13 @@ def main(argv=None) -> int:
     ap.add_argument("--ks", type=parse_ints, default=[1, 4])
     ap.add_argument("--max-tokens", type=int, default=None, help="default 2x the longest sample")
     ap.add_argument("--epoch", type=int, default=2, help="the scored epoch")
+    ap.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=None,
+        help="samples per micro-batch at most, every arm (1: batch-size-1 pipelines; the "
+        "equal-token arm is then their default, shuffled samples one per micro-batch)",
+    )
     ap.add_argument("--refine-epochs", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=2)
@@ -272,6 +285,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="out/replay")
     ap.add_argument("--write", action="store_true", help="store the CSV under benchmarks/results")
     args = ap.parse_args(argv)
+    global MAX_BATCH_SIZE
+    MAX_BATCH_SIZE = args.max_batch_size
     os.makedirs(args.out, exist_ok=True)
 
     meta = read_metadata(args.metadata) if args.metadata else held_out_metadata(args.samples)
@@ -294,6 +309,7 @@ def main(argv=None) -> int:
         "max_tokens": max_tokens,
         "layers": args.layers,
         "checkpointing": not args.no_checkpointing,
+        "max_batch_size": args.max_batch_size,
         **timer.meta,
     }
     print("setup:", json.dumps(setup), flush=True)
@@ -469,7 +485,10 @@ def write(rows, setup, noise):
         f"{setup['layers']} blocks, checkpointing {setup['checkpointing']}, "
         f"noise median {noise['median']:.2%} p90 {noise['p90']:.2%}",
     }
-    name = "replay_wan.csv" if setup["data"] == "held-out" else f"replay_wan_{setup['data']}.csv"
+    name = "replay_wan.csv"
+    if setup.get("max_batch_size"):
+        name = f"replay_wan_b{setup['max_batch_size']}.csv"
+        meta["setup"] += f", max_batch_size {setup['max_batch_size']}"
     print("wrote", write_results(f"{gpu}/{name}", head, out, meta))
 
 

@@ -112,7 +112,8 @@ PYBIND11_MODULE(_sampler, m) {
            py::arg("seq_lens"), py::arg("group_keys"), py::arg("cost_model"))
       .def("__len__", &SampleTable::size)
       .def_property_readonly("num_groups", &SampleTable::num_groups)
-      .def("default_max_cost", &SampleTable::default_max_cost, py::arg("max_tokens"))
+      .def("default_max_cost", &SampleTable::default_max_cost, py::arg("max_tokens"),
+           py::arg("max_batch_size") = 0)
       .def(
           "oversize_samples",
           [](const SampleTable& t, int64_t max_tokens, double max_cost) {
@@ -134,9 +135,10 @@ PYBIND11_MODULE(_sampler, m) {
       [](const SampleTable& table, int64_t max_tokens, double max_cost, int64_t num_replicas,
          int64_t micro_batches_per_step, bool shuffle, uint64_t seed, int64_t epoch, bool drop_last,
          bool balance, int64_t lookahead_steps, bool skip_oversize,
-         std::optional<UInt8Array> exclude) {
+         std::optional<UInt8Array> exclude, int64_t max_batch_size) {
         PlanOptions o;
         o.max_tokens = max_tokens;
+        o.max_batch_size = max_batch_size;
         o.max_cost = max_cost;
         o.num_replicas = num_replicas;
         o.micro_batches_per_step = micro_batches_per_step;
@@ -177,7 +179,7 @@ PYBIND11_MODULE(_sampler, m) {
       py::arg("table"), py::arg("max_tokens"), py::arg("max_cost"), py::arg("num_replicas"),
       py::arg("micro_batches_per_step"), py::arg("shuffle"), py::arg("seed"), py::arg("epoch"),
       py::arg("drop_last"), py::arg("balance"), py::arg("lookahead_steps"),
-      py::arg("skip_oversize"), py::arg("exclude") = py::none());
+      py::arg("skip_oversize"), py::arg("exclude") = py::none(), py::arg("max_batch_size") = 0);
 
   m.def(
       "assign_to_ranks",

@@ -29,6 +29,8 @@ struct MicroBatch {
 
 void validate_options(const PlanOptions& o) {
   if (o.max_tokens <= 0) invalid("max_tokens must be > 0, got " + std::to_string(o.max_tokens));
+  if (o.max_batch_size < 0)
+    invalid("max_batch_size must be >= 0 (0: no limit), got " + std::to_string(o.max_batch_size));
   if (!(o.max_cost > 0.0) || !std::isfinite(o.max_cost))
     invalid("max_cost must be finite and > 0, got " + std::to_string(o.max_cost));
   if (o.num_replicas < 1)
@@ -62,7 +64,8 @@ std::vector<MicroBatch> pack_groups(const SampleTable& table, const PlanOptions&
       BatchStats grown = stats;
       grown.add(table.seq_len(bucketed[j]), table.sample_cost(bucketed[j]));
       const double grown_cost = model.batch_cost(grown);
-      if (j > begin && (grown.tokens > o.max_tokens || grown_cost > o.max_cost)) {
+      const bool full = o.max_batch_size > 0 && grown.count > o.max_batch_size;
+      if (j > begin && (full || grown.tokens > o.max_tokens || grown_cost > o.max_cost)) {
         mbs.push_back({begin, j, cost, stats.tokens, false});
         begin = j;
         grown = BatchStats{};
@@ -206,8 +209,10 @@ double SampleTable::single_cost(int64_t i) const {
   return cost_.batch_cost(stats);
 }
 
-double SampleTable::default_max_cost(int64_t max_tokens) const {
+double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size) const {
   if (max_tokens <= 0) invalid("max_tokens must be > 0, got " + std::to_string(max_tokens));
+  if (max_batch_size < 0)
+    invalid("max_batch_size must be >= 0 (0: no limit), got " + std::to_string(max_batch_size));
   double heaviest = 0.0;
   for (int64_t i = 0; i < size(); ++i)
     if (samples_[i].seq_len <= max_tokens) heaviest = std::max(heaviest, single_cost(i));
@@ -217,7 +222,9 @@ double SampleTable::default_max_cost(int64_t max_tokens) const {
     if (len > max_tokens) continue;
     BatchStats full;
     const double f = cost_.sample_cost(len);
-    for (int64_t b = 0; b < max_tokens / len; ++b) full.add(len, f);
+    int64_t fill = max_tokens / len;
+    if (max_batch_size > 0) fill = std::min(fill, max_batch_size);
+    for (int64_t b = 0; b < fill; ++b) full.add(len, f);
     lightest_full = std::min(lightest_full, cost_.batch_cost(full));
   }
   if (heaviest == 0.0) return 1.0;  // nothing fits; planning will report the samples

@@ -54,7 +54,8 @@ class SampleTable {
   /// cheapest group's micro-batches below what memory allows. Micro-batches of heavy
   /// groups are then cut to about the cost of a full micro-batch of light ones, which
   /// is what makes steps balanceable. Samples over max_tokens are ignored.
-  double default_max_cost(int64_t max_tokens) const;
+  /// `max_batch_size` (0: no limit) caps the samples of that full micro-batch.
+  double default_max_cost(int64_t max_tokens, int64_t max_batch_size = 0) const;
 
   /// True when sample i alone breaks a cap: S_i > max_tokens or single_cost(i) > max_cost.
   /// The planner uses this same test, so a sample it accepts here it accepts there.
@@ -79,6 +80,7 @@ class SampleTable {
 
 struct PlanOptions {
   int64_t max_tokens = 0;              ///< M_mem: tokens per micro-batch, > 0
+  int64_t max_batch_size = 0;          ///< samples per micro-batch at most; 0: no limit
   double max_cost = 0.0;               ///< M_comp: > 0 (callers pass default_max_cost() when unset)
   int64_t num_replicas = 1;            ///< W: data-parallel ranks
   int64_t micro_batches_per_step = 1;  ///< K: micro-batches per rank per optimizer step

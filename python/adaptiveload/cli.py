@@ -142,6 +142,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         epoch=args.epoch,
         max_cost=args.max_cost,
         lookahead_steps=args.lookahead_steps,
+        max_batch_size=args.max_batch_size,
     )
     ours = compared["AdaptiveLoad"].sampler
     equal = compared["equal-token buckets"].sampler
@@ -317,6 +318,7 @@ def _calibrate_plan(args: argparse.Namespace, dtype):
             lookahead_steps=args.lookahead_steps,
             seed=args.seed,
             on_oversize="skip",
+            max_batch_size=args.max_batch_size,
         )
 
     timer = WanTimer(
@@ -380,6 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-replicas", type=int, default=8)
     p.add_argument("--micro-batches-per-step", type=int, default=1)
     p.add_argument("--lookahead-steps", type=int, default=64)
+    p.add_argument(
+        "--max-batch-size",
+        type=_positive_int,
+        default=None,
+        help="samples per micro-batch at most (1: batch-size-1 pipelines such as DiffSynth's)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--figure", default="adaptiveload_plan.png", help="PNG path, or 'none'")
@@ -421,6 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--micro-batches-per-step", type=_positive_int, default=1, help="with --metadata"
     )
     c.add_argument("--lookahead-steps", type=_positive_int, default=64, help="with --metadata")
+    c.add_argument("--max-batch-size", type=_positive_int, default=None, help="with --metadata")
     c.add_argument("--seed", type=int, default=0, help="with --metadata")
     c.add_argument(
         "--epochs",

@@ -131,6 +131,7 @@ def compare_samplers(
     epoch: int = 0,
     max_cost: float | None = None,
     lookahead_steps: int = 64,
+    max_batch_size: int | None = None,
 ) -> dict[str, Compared]:
     """Plan one epoch (rank 0's view; plans are the same on every rank) with three samplers
     at the same ``max_tokens``, all costed with ``cost_model``:
@@ -143,6 +144,9 @@ def compare_samplers(
       ``CostModel.power(1.5)``, its default cap and ``balance=False``, the plan then
       rescored with ``cost_model`` (its report has no cost cap).
 
+    ``max_batch_size`` caps the samples per micro-batch of all three (1: the batch-size-1
+    pipelines, whose default the equal-token sampler then is: shuffled samples, one each).
+
     Returns ``{name: Compared(sampler, plan, report)}`` in that order (``COMPARED_SAMPLERS``
     gives each name a short label).
     """
@@ -152,6 +156,7 @@ def compare_samplers(
         rank=0,
         micro_batches_per_step=micro_batches_per_step,
         seed=seed,
+        max_batch_size=max_batch_size,
     )
     ours = AdaptiveBatchSampler(
         seq_lens,

@@ -445,9 +445,13 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         lookahead_steps: int,
         on_oversize: str,
         verify_ranks: bool,
+        max_batch_size: int | None = None,
     ):
         self.seq_lens = _as_seq_lens(seq_lens)
         self.max_tokens = _int_arg("max_tokens", max_tokens, 1)
+        self.max_batch_size = (
+            None if max_batch_size is None else _int_arg("max_batch_size", max_batch_size, 1)
+        )
         if max_cost is not None and not (
             isinstance(max_cost, numbers.Real)
             and not isinstance(max_cost, bool)
@@ -562,6 +566,8 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             "balance": self.balance,
             "lookahead_steps": self.lookahead_steps,
             "on_oversize": self.on_oversize,
+            # Only when set, so that states saved before the option still match.
+            **({"max_batch_size": self.max_batch_size} if self.max_batch_size else {}),
         }
 
     def _plan_epoch(self, excluded: np.ndarray | None) -> dict:
@@ -579,6 +585,7 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             self.lookahead_steps,
             self.on_oversize == "skip",
             None if excluded is None else excluded.view(np.uint8),
+            self.max_batch_size or 0,
         )
 
     def plan(self) -> Plan:
@@ -1047,7 +1054,7 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         if not isinstance(saved, dict):
             raise ValueError("sampler state: 'fingerprint' must be a dict")
         mine = self._fingerprint()
-        missing = sorted(set(mine) - set(saved))
+        missing = sorted(set(mine) - set(saved) - {"max_batch_size"})
         if missing:
             raise ValueError(f"sampler state: fingerprint lacks {missing}")
         if saved["sampler"] not in ("AdaptiveBatchSampler", "EqualTokenBatchSampler"):
@@ -1140,6 +1147,10 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
             regrouped within windows of this many optimizer steps. 1 keeps the shuffled
             step order; larger windows balance better.
         balance: False gives the paper's form: dual caps, no cross-rank balancing.
+        max_batch_size: at most this many samples per micro-batch (None: no limit beyond the
+            caps). ``max_batch_size=1`` is the batch-size-1 pipeline (DiffSynth-Studio's
+            trainer, one sample per micro-batch): steps of ``W x K`` single samples, still
+            balanced across ranks.
         on_oversize: 'error' (default) refuses, when the sampler is made, samples that alone
             break a cap; 'skip' leaves them out with a warning (``plan().skipped``).
         verify_ranks: with ``torch.distributed`` initialized, all ranks compare their plan
@@ -1169,6 +1180,7 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
         on_oversize: str = "error",
         process_group=None,
         verify_ranks: bool = True,
+        max_batch_size: int | None = None,
     ):
         super().__init__(
             seq_lens,
@@ -1187,6 +1199,7 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
             lookahead_steps=lookahead_steps,
             on_oversize=on_oversize,
             verify_ranks=verify_ranks,
+            max_batch_size=max_batch_size,
         )
 
     @property
@@ -1197,14 +1210,16 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
     def _compute_max_cost(self) -> float:
         if self._max_cost_arg is not None:
             return self._max_cost_arg
-        return float(self._table.default_max_cost(self.max_tokens))
+        return float(self._table.default_max_cost(self.max_tokens, self.max_batch_size or 0))
 
 
 class EqualTokenBatchSampler(_PlannedBatchSampler):
     """The baseline video teams use today: same-key buckets, ``floor(max_tokens / S)``
     samples per micro-batch, micro-batches in random order dealt to ranks round-robin
     (each rank draws independently of the others' cost). Same interface as
-    ``AdaptiveBatchSampler``; ``cost_model`` only predicts costs for reports."""
+    ``AdaptiveBatchSampler``; ``cost_model`` only predicts costs for reports. With
+    ``max_batch_size=1`` it is the batch-size-1 pipeline's default: shuffled samples, one per
+    micro-batch, dealt to ranks in order."""
 
     def __init__(
         self,
@@ -1222,6 +1237,7 @@ class EqualTokenBatchSampler(_PlannedBatchSampler):
         on_oversize: str = "error",
         process_group=None,
         verify_ranks: bool = True,
+        max_batch_size: int | None = None,
     ):
         super().__init__(
             seq_lens,
@@ -1240,6 +1256,7 @@ class EqualTokenBatchSampler(_PlannedBatchSampler):
             lookahead_steps=1,
             on_oversize=on_oversize,
             verify_ranks=verify_ranks,
+            max_batch_size=max_batch_size,
         )
 
     @property

@@ -171,6 +171,39 @@ TEST(PlanEpochTest, PackingUsesMeasuredCosts) {
   EXPECT_DOUBLE_EQ(full.default_max_cost(1000), 7.0);
 }
 
+TEST(PlanEpochTest, MaxBatchSizeCapsSamplesPerMicroBatch) {
+  const std::vector<int64_t> lens = wan_mix(3000, 11);
+  SampleTable table(lens.data(), static_cast<int64_t>(lens.size()), nullptr, wan14b());
+  for (int64_t cap : {1, 2, 5}) {
+    PlanOptions o;
+    o.max_tokens = 151200;
+    o.max_batch_size = cap;
+    o.max_cost = table.default_max_cost(o.max_tokens, cap);
+    o.num_replicas = 8;
+    o.micro_batches_per_step = 4;
+    const EpochPlan p = plan_epoch(table, o);
+    for (int64_t m = 0; m < p.num_micro_batches(); ++m)
+      EXPECT_LE(p.offsets[m + 1] - p.offsets[m], cap) << "micro-batch " << m;
+    const std::vector<int> seen = check_plan(table, o, p);
+    for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], 1) << "sample " << i;
+    EXPECT_LT(mean_imbalance(p), 0.05) << "cap " << cap;
+  }
+  // The default compute cap sees the capped full micro-batch of the cheapest group.
+  const std::vector<int64_t> images(10, 1560);
+  SampleTable image_table(images.data(), 10, nullptr, wan14b());
+  BatchStats one, three;
+  one.add(1560, wan14b().sample_cost(1560));
+  for (int i = 0; i < 3; ++i) three.add(1560, wan14b().sample_cost(1560));
+  EXPECT_DOUBLE_EQ(image_table.default_max_cost(151200, 1), wan14b().batch_cost(one));
+  EXPECT_DOUBLE_EQ(image_table.default_max_cost(151200, 3), wan14b().batch_cost(three));
+  PlanOptions bad;
+  bad.max_tokens = 10;
+  bad.max_cost = 1.0;
+  bad.max_batch_size = -1;
+  EXPECT_THROW(plan_epoch(table, bad), std::invalid_argument);
+  EXPECT_THROW(table.default_max_cost(10, -1), std::invalid_argument);
+}
+
 TEST(SampleTable, RejectsNonPositiveLengthNamingTheIndex) {
   const std::vector<int64_t> lens = {10, 20, 0, 5};
   try {

@@ -134,6 +134,50 @@ def test_sampler_plans_with_measured_kinds():
     )
 
 
+@pytest.mark.parametrize("k", [1, 4])
+def test_max_batch_size_one_balances_single_sample_steps(k):
+    meta = demo_metadata(4000, "wan-mix", seed=int(np.random.default_rng().integers(1 << 30)))
+    common = dict(group_keys=meta.group_keys(), num_replicas=8, rank=0, micro_batches_per_step=k)
+    ours = AdaptiveBatchSampler(meta.seq_lens, 151_200, max_batch_size=1, **common)
+    base = EqualTokenBatchSampler(
+        meta.seq_lens, 151_200, max_batch_size=1, cost_model=ours.cost_model, **common
+    )
+    for s in (ours, base):
+        plan = s.plan()
+        assert np.all(np.diff(plan.offsets) == 1)
+        drawn = np.concatenate([np.concatenate(list(plan.rank_micro_batches(r))) for r in range(8)])
+        assert len(drawn) == len(meta.seq_lens) + plan.num_padded_samples
+        assert set(drawn.tolist()) == set(range(len(meta.seq_lens)))
+    a, b = balance_report(ours.plan()), balance_report(base.plan())
+    assert a.imbalance < 0.05 < 0.3 < b.imbalance
+    assert b.epoch_time / a.epoch_time > 1.5
+    # Larger caps hold more samples, never more than the cap.
+    two = AdaptiveBatchSampler(meta.seq_lens, 151_200, max_batch_size=2, **common).plan()
+    assert np.diff(two.offsets).max() == 2
+
+
+def test_max_batch_size_in_states_and_errors():
+    lens = np.full(200, 1560)
+    s = AdaptiveBatchSampler(lens, 151_200, num_replicas=2, rank=0, max_batch_size=3)
+    state = s.state_dict(micro_batches_done=4)
+    again = AdaptiveBatchSampler(lens, 151_200, num_replicas=2, rank=0, max_batch_size=3)
+    again.load_state_dict(state)
+    assert again.start_micro_batch == 4  # the same plan: replayed
+    # Without the cap, the rest of the epoch is re-planned: nothing lost or repeated.
+    other = AdaptiveBatchSampler(lens, 151_200, num_replicas=2, rank=0)
+    other.load_state_dict(state)
+    assert other.start_micro_batch == 0
+    rest = [i for r in range(2) for b in other.plan().rank_micro_batches(r) for i in b.tolist()]
+    done = np.unpackbits(np.frombuffer(state["consumed"], np.uint8))[:200].astype(bool)
+    assert sorted(rest) == sorted(np.flatnonzero(~done).tolist())
+    # A state saved without the option loads into a sampler without it as the same plan.
+    plain = AdaptiveBatchSampler(lens, 151_200, num_replicas=2, rank=0)
+    assert "max_batch_size" not in plain.state_dict(micro_batches_done=0)["fingerprint"]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="max_batch_size"):
+            AdaptiveBatchSampler(lens, 151_200, max_batch_size=bad)
+
+
 def test_builtin_profile_reflects_quadratic_attention():
     m = CostModel.wan21_h200("14B")
     per_token_long = m.sample_cost(75600) / 75600
