@@ -291,6 +291,15 @@ SECTIONS = [
         ),
     ),
     (
+        "And on a mix with longer clips, where equal-token buckets lose more?",
+        lambda: copied(
+            "h200/replay_wan_held-out-long.csv",
+            "Measured balance with long 720p clips",
+            "The replay above (8 ranks) on benchmarks/replay_wan.py HELD_OUT_LONG_MIX: the "
+            "same mix with 77-frame 720p clips (72,000 tokens) in place of the 61-frame ones.",
+        ),
+    ),
+    (
         "What does balancing give a batch-size-1 pipeline (DiffSynth-Studio's trainer)?",
         lambda: copied(
             "h200/replay_wan_b1.csv",

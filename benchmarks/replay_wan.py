@@ -60,12 +60,25 @@ HELD_OUT_MIX = [
     (29, 720, 1280, 0.05),
     (61, 720, 1280, 0.05),
 ]
+# The same kinds of shapes with long 720p clips (77 frames, 72,000 tokens: outside the grid
+# too), where attention's share is larger and equal-token buckets lose more.
+HELD_OUT_LONG_MIX = [
+    (1, 544, 960, 0.35),
+    (1, 624, 624, 0.25),
+    (9, 480, 832, 0.08),
+    (25, 480, 832, 0.08),
+    (41, 544, 960, 0.07),
+    (57, 480, 832, 0.07),
+    (29, 720, 1280, 0.05),
+    (77, 720, 1280, 0.05),
+]
+MIXES = {"held-out": HELD_OUT_MIX, "held-out-long": HELD_OUT_LONG_MIX}
 ARMS = ["equal-token", "paper rule", "built-in", "grid", "plan-aware", "refined"]
 
 
-def held_out_metadata(n: int, seed: int = 7) -> Metadata:
-    table = np.array([m[:3] for m in HELD_OUT_MIX], dtype=np.int64)
-    share = np.array([m[3] for m in HELD_OUT_MIX])
+def held_out_metadata(n: int, seed: int = 7, mix: str = "held-out") -> Metadata:
+    table = np.array([m[:3] for m in MIXES[mix]], dtype=np.int64)
+    share = np.array([m[3] for m in MIXES[mix]])
     shapes = table[np.random.default_rng(seed).choice(len(table), n, p=share / share.sum())]
     return Metadata(seq_lens=wan_seq_len(shapes[:, 0], shapes[:, 1], shapes[:, 2]), shapes=shapes)
 
@@ -261,6 +274,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--metadata", default=None, help="dataset file (default: the held-out mix)")
     ap.add_argument("--samples", type=int, default=100_000, help="of the held-out mix")
+    ap.add_argument("--mix", default="held-out", choices=sorted(MIXES))
     ap.add_argument("--config", default="wan2.1-1.3B")
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--no-checkpointing", action="store_true")
@@ -289,7 +303,11 @@ def main(argv=None) -> int:
     MAX_BATCH_SIZE = args.max_batch_size
     os.makedirs(args.out, exist_ok=True)
 
-    meta = read_metadata(args.metadata) if args.metadata else held_out_metadata(args.samples)
+    meta = (
+        read_metadata(args.metadata)
+        if args.metadata
+        else held_out_metadata(args.samples, mix=args.mix)
+    )
     max_tokens = args.max_tokens or int(2 * meta.seq_lens.max())
     if args.fake:
         timer = FakeGPU()
@@ -304,7 +322,7 @@ def main(argv=None) -> int:
             activation_checkpointing=not args.no_checkpointing,
         )  # fmt: skip
     setup = {
-        "data": args.metadata or "held-out",
+        "data": args.metadata or args.mix,
         "samples": len(meta.seq_lens),
         "max_tokens": max_tokens,
         "layers": args.layers,
@@ -485,7 +503,7 @@ def write(rows, setup, noise):
         f"{setup['layers']} blocks, checkpointing {setup['checkpointing']}, "
         f"noise median {noise['median']:.2%} p90 {noise['p90']:.2%}",
     }
-    name = "replay_wan.csv"
+    name = "replay_wan.csv" if setup["data"] == "held-out" else f"replay_wan_{setup['data']}.csv"
     if setup.get("max_batch_size"):
         name = f"replay_wan_b{setup['max_batch_size']}.csv"
         meta["setup"] += f", max_batch_size {setup['max_batch_size']}"
