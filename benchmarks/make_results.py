@@ -284,6 +284,9 @@ SECTIONS = [
             "each step rebuilt as its slowest rank's measured time. Held-out mix "
             "(benchmarks/replay_wan.py HELD_OUT_MIX, shapes outside the calibration grid); "
             "models built from timings of their own, scored with fresh ones.",
+            "Each kind's time is the mean of its two fresh timings, used for every micro-batch "
+            "of that kind: per-call jitter (the noise above) is not in the step maxima, so "
+            "measured imbalance shows the plan and the model's error, not run-to-run noise. "
             "Imbalance: mean over steps of 1 - mean/max of the ranks' measured times; model "
             "error: |predicted - measured| / measured over the plan's micro-batches; "
             "\"speedup if balanced\": equal-token's epoch over this plan's perfectly balanced "

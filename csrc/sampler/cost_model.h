@@ -35,7 +35,7 @@ struct MeasuredKind {
   double cost;
 };
 
-/// \brief Predicted cost of a micro-batch. Three layers, the first that applies wins:
+/// \brief Predicted cost of a micro-batch. Two layers, the first that applies wins:
 ///
 ///  1. measured: a micro-batch of B samples of S tokens each whose (S, B) was measured
 ///     costs exactly what was measured;

@@ -140,7 +140,7 @@ void fit_to_steps(const SampleTable& table, const PlanOptions& o, std::vector<in
   // Every micro-batch holds one sample: repeat the cheapest samples.
   std::vector<int64_t> active(bucketed.begin(), bucketed.end());
   std::stable_sort(active.begin(), active.end(), [&](int64_t a, int64_t b) {
-    return table.sample_cost(a) < table.sample_cost(b);
+    return table.single_cost(a) < table.single_cost(b);
   });
   for (int64_t p = 0; p < deficit; ++p) {
     const int64_t pos = static_cast<int64_t>(bucketed.size());

@@ -226,6 +226,17 @@ def plan_kinds(sampler, shapes, epochs=(0,)) -> dict[tuple[int, int], tuple[int,
     return dict(sorted(kinds.items()))
 
 
+def _drop_cut_line(path) -> None:
+    """Cuts a file back to its last complete line (a line cut short by an interruption would
+    otherwise run into the next one appended)."""
+    if not os.path.exists(path):
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+
+
 def _read_points(path: str, header: dict) -> list[Point]:
     """Points of an interrupted calibration (``calibrate_plan``'s file), after checking that
     it measured the same model."""
@@ -299,6 +310,7 @@ def calibrate_plan(
         points = _read_points(os.fspath(points_file), header)
     out = None
     if points_file is not None:
+        _drop_cut_line(points_file)
         out = open(points_file, "a")
         if not points and os.path.getsize(points_file) == 0:
             out.write(json.dumps({"header": header}) + "\n")

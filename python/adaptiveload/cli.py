@@ -66,7 +66,9 @@ def bucket_table(meta: Metadata, ours, equal) -> list[dict]:
             "samples": int(counts[g]),
             "batch": int(batch[g]),
             "cost": float(cost[g]),
-            "equal_token_batch": int(equal.max_tokens // seq[g]),
+            "equal_token_batch": int(
+                min(equal.max_tokens // seq[g], equal.max_batch_size or 1 << 62)
+            ),
         }
         for g, i in enumerate(first)
     ]

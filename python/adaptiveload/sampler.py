@@ -628,7 +628,10 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             return
         gathered: list = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
-        differ = [k for k in mine if any(g.get(k) != mine[k] for g in gathered)]
+        # Over every rank's keys: a setting only some ranks have (max_batch_size) must fail
+        # on every rank, not only on those that have it.
+        keys = list(mine) + sorted(set().union(*gathered) - set(mine))
+        differ = [k for k in keys if any(g.get(k) != mine.get(k) for g in gathered)]
         if differ:
             what = {
                 "data": "the dataset (sequence lengths or group keys)",
@@ -749,7 +752,7 @@ class _PlannedBatchSampler(Sampler[list[int]]):
                 stacklevel=2,
             )
         ratio = self._measured_over_fitted()
-        refits = self._max_cost_arg is None and len(self._learned_pending) >= _REFIT_MIN_KINDS
+        refits = "refit" in self._refined_model(self._learned_pending)[0].meta
         if ratio is not None and not 0.5 <= ratio <= 2 and not refits and not self._warned_scale:
             self._warned_scale = True
             warnings.warn(

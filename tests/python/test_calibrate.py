@@ -175,6 +175,11 @@ def test_plan_aware_calibration_resumes_an_interrupted_run(tmp_path):
                          progress=False)  # fmt: skip
     assert cal.meta["kinds_resumed"] == 5
     assert not set(calls) & set(first)
+    # The cut line was dropped, not run into the next point: a third run reads every point.
+    calls.clear()
+    again = calibrate_plan(make_sampler, prior, meta.shapes, measure, points_file=points,
+                           progress=False)  # fmt: skip
+    assert calls == [] and again.meta["kinds_resumed"] == cal.meta["kinds_measured"]
     with pytest.raises(ValueError, match="another setup; differences: gpu"):
         calibrate_plan(make_sampler, prior, meta.shapes, measure, points_file=points,
                        header={"gpu": "other"}, progress=False)  # fmt: skip

@@ -201,7 +201,17 @@ def stateful_dataloader(rank, world, out_dir):
     return {"whole": whole, "resumed": out}
 
 
+def one_rank_caps_batch_size(rank, world, out_dir):
+    # A setting only one rank has (max_batch_size is in the fingerprint only when set).
+    cap = 2 if rank == 1 else None
+    s = AdaptiveBatchSampler(
+        lengths(), 151200, micro_batches_per_step=K, seed=1, max_batch_size=cap
+    )
+    return {"batches": list(s)}
+
+
 SCENARIOS = {
+    "one_rank_caps_batch_size": one_rank_caps_batch_size,
     "per_rank_seed": per_rank_seed,
     "one_rank_other_data": one_rank_other_data,
     "agreeing_ranks": agreeing_ranks,
@@ -215,6 +225,13 @@ def test_a_per_rank_seed_fails_on_every_rank(tmp_path):
     for r in results:
         assert "RuntimeError" in r.get("error", ""), r
         assert "seed" in r["error"] and "rank 2: 102" in r["error"]
+
+
+def test_a_setting_only_one_rank_has_fails_on_every_rank(tmp_path):
+    results = run_scenario(2, tmp_path, "one_rank_caps_batch_size")
+    for r in results:
+        assert "RuntimeError" in r.get("error", ""), r
+        assert "max_batch_size" in r["error"] and "rank 1: 2" in r["error"]
 
 
 def test_one_rank_with_other_metadata_fails_on_every_rank(tmp_path):
