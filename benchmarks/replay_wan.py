@@ -21,10 +21,12 @@ shuffled), whose spread is the noise floor. Calibration covers epoch 0; the scor
 
     python benchmarks/replay_wan.py --out out/replay              # CUDA + diffusers
     python benchmarks/replay_wan.py --fake --out /tmp/replay      # a synthetic GPU, any machine
+    python benchmarks/replay_wan.py --mix held-out-long --worlds 8      # longer 720p clips
+    python benchmarks/replay_wan.py --max-batch-size 1 --worlds 8        # batch-size-1 pipelines
     python benchmarks/replay_wan.py --calibration-only --layers 30 --worlds 8 --ks 1
 
 Writes replay.json, replay.csv and replay.png under --out; --write also stores the CSV as
-benchmarks/results/<gpu>/replay_wan.csv and rewrites RESULTS.md.
+benchmarks/results/<gpu>/replay_wan[_<mix>|_b<max batch size>].csv and rewrites RESULTS.md.
 """
 
 from __future__ import annotations
