@@ -42,7 +42,7 @@ from datetime import date
 import numpy as np
 
 from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
-from adaptiveload.calibrate import calibrate_plan, plan_kinds, wan_grid
+from adaptiveload.calibrate import calibrate_plan, kinds_of_plan, plan_kinds, wan_grid
 from adaptiveload.fit import Point, fit_cost_model
 from adaptiveload.metadata import Metadata, read_metadata
 from adaptiveload.report import balance_report
@@ -62,18 +62,9 @@ HELD_OUT_MIX = [
     (29, 720, 1280, 0.05),
     (61, 720, 1280, 0.05),
 ]
-# The same kinds of shapes with long 720p clips (77 frames, 72,000 tokens: outside the grid
-# too), where attention's share is larger and equal-token buckets lose more.
-HELD_OUT_LONG_MIX = [
-    (1, 544, 960, 0.35),
-    (1, 624, 624, 0.25),
-    (9, 480, 832, 0.08),
-    (25, 480, 832, 0.08),
-    (41, 544, 960, 0.07),
-    (57, 480, 832, 0.07),
-    (29, 720, 1280, 0.05),
-    (77, 720, 1280, 0.05),
-]
+# The same mix with 77-frame 720p clips (72,000 tokens: outside the grid too) in place of the
+# 61-frame ones: attention's share is larger and equal-token buckets lose more.
+HELD_OUT_LONG_MIX = [*HELD_OUT_MIX[:-1], (77, 720, 1280, 0.05)]
 MIXES = {"held-out": HELD_OUT_MIX, "held-out-long": HELD_OUT_LONG_MIX}
 ARMS = ["equal-token", "paper rule", "built-in", "grid", "plan-aware", "refined"]
 
@@ -216,17 +207,6 @@ def arm_samplers(meta, max_tokens, w, k, models):
     for arm in ("built-in", "grid", "plan-aware", "refined"):
         out[arm] = sampler_of(meta, max_tokens, w, k, models[arm][(w, k)])
     return out
-
-
-def _kinds_of(plan, meta):
-    """{(S, B): shape} of a plan's micro-batches (one shape per micro-batch here)."""
-    sizes = np.diff(plan.offsets)
-    first = plan.samples[plan.offsets[:-1]]
-    return {
-        (int(meta.seq_lens[i]), int(b)): tuple(int(v) for v in meta.shapes[i])
-        for i, b in zip(first, sizes, strict=True)
-        if b > 0
-    }
 
 
 def score_timings(timer, kinds, seed=0):
@@ -374,7 +354,7 @@ def main(argv=None) -> int:
                 )
                 kinds.update(plan_kinds(sampler, meta.shapes, (args.epoch,)))
     for *_, plan, _model in trajectory:
-        kinds.update(_kinds_of(plan, meta))
+        kinds.update(kinds_of_plan(plan, meta.seq_lens, meta.shapes))
     print(f"scoring {len(kinds)} distinct micro-batch kinds, twice", flush=True)
     ms, spread, secs = score_timings(timer, kinds)
     noise = np.array(list(spread.values()))

@@ -206,23 +206,27 @@ def calibrate_wan(
     return Calibration(cost, m0, m1, points, dict(cost.meta))
 
 
-def plan_kinds(sampler, shapes, epochs=(0,)) -> dict[tuple[int, int], tuple[int, ...]]:
-    """The micro-batch kinds ``(S, B) -> shape`` that ``sampler``'s plans of ``epochs`` use
+def kinds_of_plan(plan, seq_lens, shapes) -> dict[tuple[int, int], tuple[int, ...]]:
+    """The micro-batch kinds ``(S, B) -> shape`` of ``plan``, by increasing ``(S, B)``
     (micro-batches of mixed lengths have no kind and are left out)."""
     kinds: dict[tuple[int, int], tuple[int, ...]] = {}
-    lens = sampler.seq_lens
+    sizes = np.diff(plan.offsets)
+    for m in np.flatnonzero(sizes > 0):
+        batch = plan.samples[plan.offsets[m] : plan.offsets[m + 1]]
+        s = int(seq_lens[batch[0]])
+        if np.all(seq_lens[batch] == s):
+            kinds.setdefault((s, int(sizes[m])), tuple(int(v) for v in shapes[batch[0]]))
+    return dict(sorted(kinds.items()))
+
+
+def plan_kinds(sampler, shapes, epochs=(0,)) -> dict[tuple[int, int], tuple[int, ...]]:
+    """The micro-batch kinds ``(S, B) -> shape`` that ``sampler``'s plans of ``epochs`` use
+    (``kinds_of_plan`` of each)."""
+    kinds: dict[tuple[int, int], tuple[int, ...]] = {}
     for epoch in epochs:
         sampler.set_epoch(epoch)
-        plan = sampler.plan()
-        first = plan.samples[plan.offsets[:-1]]
-        last = plan.samples[plan.offsets[1:] - 1]
-        sizes = np.diff(plan.offsets)
-        for m in np.flatnonzero(sizes > 0):
-            s = int(lens[first[m]])
-            batch = plan.samples[plan.offsets[m] : plan.offsets[m + 1]]
-            if lens[last[m]] != s or np.any(lens[batch] != s):
-                continue
-            kinds.setdefault((s, int(sizes[m])), tuple(int(v) for v in shapes[first[m]]))
+        for kind, shape in kinds_of_plan(sampler.plan(), sampler.seq_lens, shapes).items():
+            kinds.setdefault(kind, shape)
     return dict(sorted(kinds.items()))
 
 
@@ -358,9 +362,11 @@ def calibrate_plan(
         e = np.abs(heldout_errors(points, cost.meta.get("form", "additive")))
         meta["fallback_heldout_median"] = float(np.median(e))
         meta["fallback_heldout_p90"] = float(np.percentile(e, 90))
-    fitted = cost.fitted()
-    for p in points:
-        p.predicted_ms = fitted.batch_cost([p.seq_len] * p.batch)
+    predicted = cost.uniform_costs(
+        [p.seq_len for p in points], [p.batch for p in points], fitted_only=True
+    )
+    for p, ms in zip(points, predicted, strict=True):
+        p.predicted_ms = float(ms)
     cost.meta = {**cost.meta, **meta}
     cuda = any(p.peak_bytes for p in points)
     m0, m1 = fit_memory_model(points) if cuda and len(points) >= 2 else (0.0, 1.0)

@@ -56,9 +56,7 @@ def bucket_table(meta: Metadata, ours, equal) -> list[dict]:
         owner = ids[plan.samples[plan.offsets[:-1][real]]]
         np.maximum.at(batch, owner, sizes[real])
     seq = meta.seq_lens[first]
-    b = np.maximum(batch, 0)
-    cost = ours.cost_model.batch_costs(np.repeat(seq, b), np.concatenate([[0], np.cumsum(b)]))
-    cost = np.where(batch > 0, cost, 0.0)
+    cost = np.where(batch > 0, ours.cost_model.uniform_costs(seq, batch), 0.0)
     rows = [
         {
             "shape": "x".join(str(v) for v in meta.shapes[i]) if meta.shapes is not None else "-",
@@ -237,17 +235,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             args.max_tokens = 151_200
         cal = calibrate_wan(
             args.config,
-            layers=args.layers,
-            device=args.device,
-            dtype=dtype,
-            fused=args.fused,
             max_tokens=args.max_tokens,
             shapes=_shapes(args.shapes),
-            text_len=args.text_len,
-            warmup=args.warmup,
-            repeat=args.repeat,
-            activation_checkpointing=args.activation_checkpointing,
             progress=not args.no_progress,
+            **_timer_args(args, dtype),
         )
     print(
         f"\n{'shape':>12} {'B':>4} {'S':>7} {'measured ms':>12} {'predicted':>10} {'error':>7} {'peak GiB':>9}"
@@ -290,6 +281,20 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _timer_args(args: argparse.Namespace, dtype) -> dict:
+    """How each micro-batch is timed: the same for grid and plan-aware calibration."""
+    return dict(
+        layers=args.layers,
+        device=args.device,
+        dtype=dtype,
+        fused=args.fused,
+        text_len=args.text_len,
+        warmup=args.warmup,
+        repeat=args.repeat,
+        activation_checkpointing=args.activation_checkpointing,
+    )
+
+
 def _calibrate_plan(args: argparse.Namespace, dtype):
     """Plan-aware calibration of ``args.metadata`` with the sampler settings of ``args``."""
     from adaptiveload.calibrate import WanTimer, calibrate_plan
@@ -323,17 +328,7 @@ def _calibrate_plan(args: argparse.Namespace, dtype):
             max_batch_size=args.max_batch_size,
         )
 
-    timer = WanTimer(
-        args.config,
-        layers=args.layers,
-        device=args.device,
-        dtype=dtype,
-        fused=args.fused,
-        text_len=args.text_len,
-        warmup=args.warmup,
-        repeat=args.repeat,
-        activation_checkpointing=args.activation_checkpointing,
-    )
+    timer = WanTimer(args.config, **_timer_args(args, dtype))
     if args.points is None:
         args.points = os.path.splitext(args.out)[0] + ".points.jsonl"
     header = {**timer.meta, "max_tokens": max_tokens}

@@ -207,5 +207,14 @@ class CostModel:
             np.asarray(seq_lens, dtype=np.int64), np.asarray(offsets, dtype=np.int64), fitted_only
         )
 
+    def uniform_costs(self, seq_lens, batch_sizes, *, fitted_only: bool = False) -> np.ndarray:
+        """The cost of each micro-batch of ``batch_sizes[i]`` samples of ``seq_lens[i]`` tokens
+        each, vectorized; ``fitted_only`` ignores the measured kinds."""
+        sizes = np.asarray(batch_sizes, dtype=np.int64)
+        lens = np.repeat(np.asarray(seq_lens, dtype=np.int64), sizes)
+        return self.batch_costs(
+            lens, np.concatenate([[0], np.cumsum(sizes)]), fitted_only=fitted_only
+        )
+
     def __repr__(self) -> str:
         return f"CostModel.{self._core!r}" + (f" [{self.unit}]" if self.unit else "")

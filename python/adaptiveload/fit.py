@@ -187,8 +187,7 @@ def _fit_form(form: str, b, s, t) -> CostModel:
 
 
 def _predict(model: CostModel, b, s) -> np.ndarray:
-    lens = np.repeat(s.astype(np.int64), b.astype(np.int64))
-    return model.batch_costs(lens, np.concatenate([[0], np.cumsum(b.astype(np.int64))]))
+    return model.uniform_costs(s.astype(np.int64), b.astype(np.int64))
 
 
 def heldout_errors(points: Iterable[Point], form: str, folds: int = 5, seed: int = 0) -> np.ndarray:

@@ -772,10 +772,9 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         if not self._learned_pending:
             return None
         kinds = list(self._learned_pending)
-        sizes = np.array([b for _, b in kinds], dtype=np.int64)
-        lens = np.repeat(np.array([s for s, _ in kinds], dtype=np.int64), sizes)
-        offsets = np.concatenate([[0], np.cumsum(sizes)])
-        fitted = self._base_cost_model.batch_costs(lens, offsets, fitted_only=True)
+        fitted = self._base_cost_model.uniform_costs(
+            [s for s, _ in kinds], [b for _, b in kinds], fitted_only=True
+        )
         learned = np.array(list(self._learned_pending.values()))
         return float(_lower_median((learned / fitted).tolist()))
 
