@@ -10,11 +10,14 @@
 #include <vector>
 
 #include "sampler/cost_model.h"
+#include "sampler/memory_model.h"
 #include "sampler/planner.h"
 
 namespace py = pybind11;
 using adaptiveload::CostModel;
 using adaptiveload::EpochPlan;
+using adaptiveload::MemoryModel;
+using adaptiveload::MemoryPolicy;
 using adaptiveload::PlanOptions;
 using adaptiveload::SampleTable;
 
@@ -101,15 +104,53 @@ PYBIND11_MODULE(_sampler, m) {
       .def_readonly("hs", &CostModel::hs)
       .def("__repr__", &CostModel::describe);
 
+  py::class_<MemoryModel>(m, "MemoryModel")
+      .def(py::init([](int64_t num_blocks, double m0, double mb, double mt, double ma, double mc,
+                       double mr, double margin, double recompute_share) {
+             MemoryModel mm;
+             mm.num_blocks = num_blocks;
+             mm.m0 = m0;
+             mm.mb = mb;
+             mm.mt = mt;
+             mm.ma = ma;
+             mm.mc = mc;
+             mm.mr = mr;
+             mm.margin = margin;
+             mm.recompute_share = recompute_share;
+             mm.validate();
+             return mm;
+           }),
+           py::arg("num_blocks"), py::arg("m0"), py::arg("mb"), py::arg("mt"), py::arg("ma"),
+           py::arg("mc"), py::arg("mr"), py::arg("margin"), py::arg("recompute_share"))
+      .def("peak", &MemoryModel::peak, py::arg("count"), py::arg("tokens"), py::arg("checkpointed"))
+      .def("checkpointed_blocks", &MemoryModel::checkpointed_blocks, py::arg("count"),
+           py::arg("tokens"), py::arg("budget"))
+      .def("time_factor", &MemoryModel::time_factor, py::arg("checkpointed"))
+      .def_readonly("num_blocks", &MemoryModel::num_blocks)
+      .def_readonly("m0", &MemoryModel::m0)
+      .def_readonly("mb", &MemoryModel::mb)
+      .def_readonly("mt", &MemoryModel::mt)
+      .def_readonly("ma", &MemoryModel::ma)
+      .def_readonly("mc", &MemoryModel::mc)
+      .def_readonly("mr", &MemoryModel::mr)
+      .def_readonly("margin", &MemoryModel::margin)
+      .def_readonly("recompute_share", &MemoryModel::recompute_share)
+      .def("__repr__", &MemoryModel::describe);
+
   py::class_<SampleTable>(m, "SampleTable")
       .def(py::init([](const Int64Array& seq_lens, std::optional<Int64Array> group_keys,
-                       const CostModel& cost) {
+                       const CostModel& cost, std::optional<MemoryModel> memory_model,
+                       double memory_budget) {
              const int64_t* lens = checked_1d(seq_lens, "seq_lens", -1);
              const int64_t* keys =
                  group_keys ? checked_1d(*group_keys, "group_keys", seq_lens.shape(0)) : nullptr;
-             return std::make_unique<SampleTable>(lens, seq_lens.shape(0), keys, cost);
+             if (!memory_model)
+               return std::make_unique<SampleTable>(lens, seq_lens.shape(0), keys, cost);
+             const MemoryPolicy policy{*memory_model, memory_budget};
+             return std::make_unique<SampleTable>(lens, seq_lens.shape(0), keys, cost, &policy);
            }),
-           py::arg("seq_lens"), py::arg("group_keys"), py::arg("cost_model"))
+           py::arg("seq_lens"), py::arg("group_keys"), py::arg("cost_model"),
+           py::arg("memory_model") = py::none(), py::arg("memory_budget") = 0.0)
       .def("__len__", &SampleTable::size)
       .def_property_readonly("num_groups", &SampleTable::num_groups)
       .def("default_max_cost", &SampleTable::default_max_cost, py::arg("max_tokens"),
@@ -128,7 +169,20 @@ PYBIND11_MODULE(_sampler, m) {
               if (p[j] < 0 || p[j] >= t.size()) throw py::index_error("sample index out of range");
             return t.batch_cost(p, idx.shape(0));
           },
-          py::arg("indices"));
+          py::arg("indices"))
+      .def(
+          "checkpointed_blocks",
+          [](const SampleTable& t, const Int64Array& idx) {
+            const int64_t* p = checked_1d(idx, "indices", -1);
+            adaptiveload::BatchStats stats;
+            for (py::ssize_t j = 0; j < idx.shape(0); ++j) {
+              if (p[j] < 0 || p[j] >= t.size()) throw py::index_error("sample index out of range");
+              stats.add(t.seq_len(p[j]), t.sample_cost(p[j]));
+            }
+            return t.checkpointed_blocks(stats);
+          },
+          py::arg("indices"))
+      .def_property_readonly("has_memory_policy", &SampleTable::has_memory_policy);
 
   m.def(
       "plan_epoch",
@@ -174,6 +228,7 @@ PYBIND11_MODULE(_sampler, m) {
         out["tokens"] = to_numpy(std::move(plan.tokens));
         out["padding"] = to_numpy(std::move(plan.padding));
         out["skipped"] = to_numpy(std::move(plan.skipped));
+        if (table.has_memory_policy()) out["checkpointed"] = to_numpy(std::move(plan.checkpointed));
         return out;
       },
       py::arg("table"), py::arg("max_tokens"), py::arg("max_cost"), py::arg("num_replicas"),

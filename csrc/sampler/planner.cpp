@@ -24,6 +24,7 @@ struct MicroBatch {
   double cost;
   int64_t tokens;
   bool padding;
+  int32_t checkpointed;
   int64_t count() const { return end - begin; }
 };
 
@@ -46,7 +47,8 @@ MicroBatch make_micro_batch(const SampleTable& table, const std::vector<int64_t>
   BatchStats stats;
   for (int64_t j = begin; j < end; ++j)
     stats.add(table.seq_len(samples[j]), table.sample_cost(samples[j]));
-  return {begin, end, table.cost_model().batch_cost(stats), stats.tokens, padding};
+  return {begin,        end,     table.stats_cost(stats),
+          stats.tokens, padding, static_cast<int32_t>(table.checkpointed_blocks(stats))};
 }
 
 // Greedy packing of each group's samples, in their (shuffled) order, under both caps.
@@ -54,30 +56,35 @@ std::vector<MicroBatch> pack_groups(const SampleTable& table, const PlanOptions&
                                     const std::vector<int64_t>& bucketed,
                                     const std::vector<int64_t>& group_begin) {
   std::vector<MicroBatch> mbs;
-  const CostModel& model = table.cost_model();
   for (size_t g = 0; g + 1 < group_begin.size(); ++g) {
     const int64_t end = group_begin[g + 1];
     int64_t begin = group_begin[g];
     BatchStats stats;
     double cost = 0.0;
+    int64_t ckpt = 0;
     for (int64_t j = begin; j < end; ++j) {
       BatchStats grown = stats;
       grown.add(table.seq_len(bucketed[j]), table.sample_cost(bucketed[j]));
-      const double grown_cost = model.batch_cost(grown);
+      const int64_t grown_ckpt = table.checkpointed_blocks(grown);
+      const double grown_cost = table.stats_cost(grown);
       const bool full = o.max_batch_size > 0 && grown.count > o.max_batch_size;
-      if (j > begin && (full || grown.tokens > o.max_tokens || grown_cost > o.max_cost)) {
-        mbs.push_back({begin, j, cost, stats.tokens, false});
+      if (j > begin &&
+          (full || grown.tokens > o.max_tokens || grown_ckpt < 0 || grown_cost > o.max_cost)) {
+        mbs.push_back({begin, j, cost, stats.tokens, false, static_cast<int32_t>(ckpt)});
         begin = j;
         grown = BatchStats{};
         grown.add(table.seq_len(bucketed[j]), table.sample_cost(bucketed[j]));
         stats = grown;
-        cost = model.batch_cost(stats);
+        cost = table.stats_cost(stats);
+        ckpt = table.checkpointed_blocks(stats);
         continue;
       }
       stats = grown;
       cost = grown_cost;
+      ckpt = grown_ckpt;
     }
-    if (end > begin) mbs.push_back({begin, end, cost, stats.tokens, false});
+    if (end > begin)
+      mbs.push_back({begin, end, cost, stats.tokens, false, static_cast<int32_t>(ckpt)});
   }
   return mbs;
 }
@@ -153,9 +160,16 @@ void fit_to_steps(const SampleTable& table, const PlanOptions& o, std::vector<in
 }  // namespace
 
 SampleTable::SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* group_keys,
-                         CostModel cost)
+                         CostModel cost, const MemoryPolicy* memory)
     : cost_(cost) {
   cost_.validate();
+  if (memory) {
+    memory->model.validate();
+    if (!(memory->budget > 0.0) || !std::isfinite(memory->budget))
+      invalid("memory budget must be finite and > 0 bytes, got " + std::to_string(memory->budget));
+    memory_ = *memory;
+    has_memory_ = true;
+  }
   if (n < 0) invalid("number of samples must be >= 0");
   if (n > 0 && seq_lens == nullptr) invalid("seq_lens is null");
   for (int64_t i = 0; i < n; ++i) {
@@ -196,17 +210,24 @@ SampleTable::SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* grou
   }
 }
 
+double SampleTable::stats_cost(const BatchStats& b) const {
+  const double cost = cost_.batch_cost(b);
+  if (!has_memory_) return cost;
+  const int64_t n = memory_.checkpointed_blocks(b);
+  return n < 0 ? cost : cost * memory_.model.time_factor(n);
+}
+
 double SampleTable::batch_cost(const int64_t* indices, int64_t count) const {
   BatchStats stats;
   for (int64_t j = 0; j < count; ++j)
     stats.add(samples_[indices[j]].seq_len, samples_[indices[j]].cost);
-  return cost_.batch_cost(stats);
+  return stats_cost(stats);
 }
 
 double SampleTable::single_cost(int64_t i) const {
   BatchStats stats;
   stats.add(samples_[i].seq_len, samples_[i].cost);
-  return cost_.batch_cost(stats);
+  return stats_cost(stats);
 }
 
 double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size) const {
@@ -214,8 +235,12 @@ double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size)
   if (max_batch_size < 0)
     invalid("max_batch_size must be >= 0 (0: no limit), got " + std::to_string(max_batch_size));
   double heaviest = 0.0;
-  for (int64_t i = 0; i < size(); ++i)
-    if (samples_[i].seq_len <= max_tokens) heaviest = std::max(heaviest, single_cost(i));
+  for (int64_t i = 0; i < size(); ++i) {
+    if (samples_[i].seq_len > max_tokens) continue;
+    BatchStats one;
+    one.add(samples_[i].seq_len, samples_[i].cost);
+    if (fits_memory(one)) heaviest = std::max(heaviest, stats_cost(one));
+  }
   double lightest_full = std::numeric_limits<double>::infinity();
   for (int64_t g = 0; g < num_groups_; ++g) {
     const int64_t len = group_max_len_[g];
@@ -224,15 +249,24 @@ double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size)
     const double f = cost_.sample_cost(len);
     int64_t fill = max_tokens / len;
     if (max_batch_size > 0) fill = std::min(fill, max_batch_size);
+    if (has_memory_) {
+      BatchStats probe;
+      probe.add(len, f);
+      if (!fits_memory(probe)) continue;
+      while (fill > 1 && memory_.model.checkpointed_blocks(fill, fill * len, memory_.budget) < 0)
+        --fill;
+    }
     for (int64_t b = 0; b < fill; ++b) full.add(len, f);
-    lightest_full = std::min(lightest_full, cost_.batch_cost(full));
+    lightest_full = std::min(lightest_full, stats_cost(full));
   }
   if (heaviest == 0.0) return 1.0;  // nothing fits; planning will report the samples
   return std::max(heaviest, lightest_full);
 }
 
 bool SampleTable::exceeds_caps(int64_t i, int64_t max_tokens, double max_cost) const {
-  return samples_[i].seq_len > max_tokens || single_cost(i) > max_cost;
+  BatchStats one;
+  one.add(samples_[i].seq_len, samples_[i].cost);
+  return samples_[i].seq_len > max_tokens || !fits_memory(one) || stats_cost(one) > max_cost;
 }
 
 std::vector<int64_t> SampleTable::oversize_samples(int64_t max_tokens, double max_cost) const {
@@ -285,6 +319,18 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
       if (o.oversize == OversizePolicy::kSkip) {
         plan.skipped.push_back(i);
         continue;
+      }
+      BatchStats one;
+      one.add(s, table.sample_cost(i));
+      if (!table.fits_memory(one)) {
+        const MemoryPolicy& mp = table.memory_policy();
+        invalid("sample " + std::to_string(i) + " has " + std::to_string(s) + " tokens; with all " +
+                std::to_string(mp.model.num_blocks) +
+                " blocks checkpointed its predicted peak is " +
+                std::to_string(mp.model.peak(1, s, mp.model.num_blocks) / (1 << 20)) +
+                " MiB (margin " + std::to_string(mp.model.margin) +
+                " on top), over the budget of " + std::to_string(mp.budget / (1 << 20)) +
+                " MiB (raise the memory budget, or skip such samples with on_oversize='skip')");
       }
       if (s > o.max_tokens)
         invalid("sample " + std::to_string(i) + " has " + std::to_string(s) +
@@ -369,6 +415,7 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
   plan.costs.resize(m);
   plan.tokens.resize(m);
   plan.padding.resize(m);
+  if (table.has_memory_policy()) plan.checkpointed.resize(m);
   plan.samples.reserve(bucketed.size());
   plan.offsets[0] = 0;
   for (int64_t slot = 0; slot < m; ++slot) {
@@ -378,6 +425,7 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
     plan.costs[slot] = mb.cost;
     plan.tokens[slot] = mb.tokens;
     plan.padding[slot] = mb.padding ? 1 : 0;
+    if (table.has_memory_policy()) plan.checkpointed[slot] = mb.checkpointed;
   }
   return plan;
 }

@@ -10,6 +10,11 @@
 //   memory:  sum_i S_i            <= max_tokens       (M_mem, tokens)
 //   compute: cost(micro-batch)    <= max_cost         (M_comp, the cost model's unit;
 //                                                       see CostModel for the cost)
+// and, when the table has a memory policy, a third:
+//   memory:  some n in [0, L] checkpointed blocks keeps the predicted peak within the
+//            budget (see MemoryModel); the plan records the fewest such n per
+//            micro-batch, and the micro-batch's cost is the cost model's (which describes
+//            fully checkpointed micro-batches) times MemoryModel::time_factor(n).
 // and never mixes group keys. With balancing on, each step's W*K micro-batches are
 // drawn from a window of `lookahead_steps` steps sorted by cost, so a step holds
 // micro-batches of similar cost, and are then assigned to ranks, K each, by longest
@@ -20,6 +25,7 @@
 #include <vector>
 
 #include "sampler/cost_model.h"
+#include "sampler/memory_model.h"
 
 namespace adaptiveload {
 
@@ -33,7 +39,9 @@ class SampleTable {
   /// \param seq_lens   n token counts, each >= 1
   /// \param group_keys n integer keys or nullptr; a micro-batch never mixes keys.
   ///                   nullptr means the key is the sequence length itself.
-  SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* group_keys, CostModel cost);
+  /// \param memory     nullptr, or the memory policy every micro-batch must obey.
+  SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* group_keys, CostModel cost,
+              const MemoryPolicy* memory = nullptr);
 
   int64_t size() const { return static_cast<int64_t>(samples_.size()); }
   int64_t num_groups() const { return num_groups_; }
@@ -41,6 +49,18 @@ class SampleTable {
   int32_t group(int64_t i) const { return group_[i]; }
   double sample_cost(int64_t i) const { return samples_[i].cost; }
   const CostModel& cost_model() const { return cost_; }
+  bool has_memory_policy() const { return has_memory_; }
+  const MemoryPolicy& memory_policy() const { return memory_; }
+
+  /// Checkpointed blocks of a micro-batch under the memory policy: -1 when it does not
+  /// fit the budget, 0 without a policy.
+  int64_t checkpointed_blocks(const BatchStats& b) const {
+    return has_memory_ ? memory_.checkpointed_blocks(b) : 0;
+  }
+  /// True when a micro-batch fits the memory budget (always, without a policy).
+  bool fits_memory(const BatchStats& b) const { return checkpointed_blocks(b) >= 0; }
+  /// The cost of a micro-batch: the cost model's, times the policy's time factor.
+  double stats_cost(const BatchStats& b) const;
 
   /// cost(batch) for an arbitrary list of indices.
   double batch_cost(const int64_t* indices, int64_t count) const;
@@ -57,7 +77,8 @@ class SampleTable {
   /// `max_batch_size` (0: no limit) caps the samples of that full micro-batch.
   double default_max_cost(int64_t max_tokens, int64_t max_batch_size = 0) const;
 
-  /// True when sample i alone breaks a cap: S_i > max_tokens or single_cost(i) > max_cost.
+  /// True when sample i alone breaks a cap: S_i > max_tokens, single_cost(i) > max_cost,
+  /// or it does not fit the memory budget.
   /// The planner uses this same test, so a sample it accepts here it accepts there.
   bool exceeds_caps(int64_t i, int64_t max_tokens, double max_cost) const;
 
@@ -76,6 +97,8 @@ class SampleTable {
   std::vector<int64_t> group_max_len_;
   int64_t num_groups_ = 0;
   CostModel cost_;
+  bool has_memory_ = false;
+  MemoryPolicy memory_;
 };
 
 struct PlanOptions {
@@ -100,13 +123,15 @@ struct EpochPlan {
   int64_t num_replicas = 1;
   int64_t micro_batches_per_step = 1;
   int64_t num_steps = 0;
-  std::vector<int64_t> samples;     ///< dataset indices, micro-batch after micro-batch
-  std::vector<int64_t> offsets;     ///< num_micro_batches + 1 offsets into samples
-  std::vector<double> costs;        ///< predicted cost per micro-batch
-  std::vector<int64_t> tokens;      ///< sum of S per micro-batch
-  std::vector<uint8_t> padding;     ///< 1 where a micro-batch repeats samples to fill the last step
-  int64_t num_padded_samples = 0;   ///< repeated samples added (drop_last = false)
-  int64_t num_dropped_samples = 0;  ///< samples left out of this epoch (drop_last = true)
+  std::vector<int64_t> samples;  ///< dataset indices, micro-batch after micro-batch
+  std::vector<int64_t> offsets;  ///< num_micro_batches + 1 offsets into samples
+  std::vector<double> costs;     ///< predicted cost per micro-batch
+  std::vector<int64_t> tokens;   ///< sum of S per micro-batch
+  std::vector<uint8_t> padding;  ///< 1 where a micro-batch repeats samples to fill the last step
+  std::vector<int32_t> checkpointed;    ///< blocks to checkpoint per micro-batch (memory policy
+                                        ///< only; empty without one)
+  int64_t num_padded_samples = 0;       ///< repeated samples added (drop_last = false)
+  int64_t num_dropped_samples = 0;      ///< samples left out of this epoch (drop_last = true)
   int64_t num_split_micro_batches = 0;  ///< micro-batches halved to fill the last step
   std::vector<int64_t> skipped;         ///< samples over a cap, left out (OversizePolicy::kSkip)
 

@@ -1,0 +1,67 @@
+// Memory model of one micro-batch with activation checkpointing, and the policy that
+// spends memory headroom on speed. Plain C++17; no torch, no Python.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "sampler/cost_model.h"
+
+namespace adaptiveload {
+
+/// \brief Predicted peak memory (bytes) of a training step on one micro-batch of B samples
+/// holding T tokens in all, when the first n of the model's L blocks run with activation
+/// checkpointing:
+///
+///   peak(B, T, n) = m0 + mb * B + T * ( mt + ma * (L - n) + mc * n + [n > 0] * mr )
+///
+///   m0  fixed: weights, gradients, optimizer state, workspace
+///   mb  per sample (text context, per-sample embeddings)
+///   mt  per token, whatever the policy (embedding, head, loss, the block input stream)
+///   ma  per token per block that keeps its activations (not checkpointed)
+///   mc  per token per checkpointed block (its saved input)
+///   mr  per token, once when any block is checkpointed (one block's activations,
+///       rebuilt during its backward)
+///
+/// Every coefficient is >= 0; fitted by least squares on measured peaks (fit.py).
+/// `margin` >= 0 is the relative headroom the policy keeps: a micro-batch is planned
+/// with n blocks only when peak(B, T, n) * (1 + margin) <= budget.
+///
+/// The time of a micro-batch with n checkpointed blocks, relative to one with all L
+/// checkpointed, is  1 - recompute_share * (L - n) / L : `recompute_share` in [0, 1) is
+/// the part of a fully checkpointed step spent recomputing forwards.
+struct MemoryModel {
+  int64_t num_blocks = 0;  ///< L >= 1
+  double m0 = 0.0;
+  double mb = 0.0;
+  double mt = 0.0;
+  double ma = 0.0;
+  double mc = 0.0;
+  double mr = 0.0;
+  double margin = 0.0;
+  double recompute_share = 0.0;
+
+  /// peak(B, T, n) in bytes; n in [0, L].
+  double peak(int64_t count, int64_t tokens, int64_t checkpointed) const;
+  /// The fewest checkpointed blocks n whose peak, with the margin, stays within
+  /// `budget` bytes; -1 when even n = L does not.
+  int64_t checkpointed_blocks(int64_t count, int64_t tokens, double budget) const;
+  /// Time of a micro-batch with n checkpointed blocks relative to n = L.
+  double time_factor(int64_t checkpointed) const;
+  /// Throws std::invalid_argument naming the bad field.
+  void validate() const;
+  std::string describe() const;
+};
+
+/// A memory model with the budget it plans for: what the planner consults when given.
+struct MemoryPolicy {
+  MemoryModel model;
+  double budget = 0.0;  ///< bytes, > 0
+
+  /// n for a micro-batch (see MemoryModel::checkpointed_blocks).
+  int64_t checkpointed_blocks(const BatchStats& b) const {
+    return model.checkpointed_blocks(b.count, b.tokens, budget);
+  }
+};
+
+}  // namespace adaptiveload
