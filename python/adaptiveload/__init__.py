@@ -10,6 +10,7 @@ from importlib import import_module
 
 from adaptiveload._version import __version__
 from adaptiveload.cost import CostModel
+from adaptiveload.memory import CheckpointPolicy, MemoryModel
 from adaptiveload.report import BalanceReport, balance_report
 from adaptiveload.sampler import AdaptiveBatchSampler, EqualTokenBatchSampler, Plan
 from adaptiveload.seqlen import wan_seq_len
@@ -40,8 +41,10 @@ __all__ = [
     "__version__",
     "AdaptiveBatchSampler",
     "BalanceReport",
+    "CheckpointPolicy",
     "CostModel",
     "EqualTokenBatchSampler",
+    "MemoryModel",
     "Plan",
     "balance_report",
     "gated_residual_layer_norm_modulate",

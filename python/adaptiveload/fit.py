@@ -9,7 +9,9 @@ with the smaller held-out error (``heldout_errors``, k-fold):
   samples do not go below the host's launch time (the GPU waits on it), which the additive form
   can only fit by over-predicting large batches of them.
 
-``fit_memory_model`` fits ``peak = m0 + m1 * B * S`` (bytes). All by non-negative least squares
+``fit_memory_model`` fits ``peak = m0 + m1 * B * S`` (bytes); ``fit_checkpoint_memory_model``
+fits the peak with ``n`` of ``L`` blocks checkpointed (``adaptiveload.memory.MemoryModel``), its
+margin and the share of time recomputation takes. All by non-negative least squares
 (``nnls``, numpy only). ``adaptiveload.calibrate`` measures the points on a GPU; any other
 source of points works the same.
 """
@@ -248,4 +250,92 @@ def fit_memory_model(points: Iterable[Point]) -> tuple[float, float]:
     return float(m0), float(m1)
 
 
-__all__ = ["COST_FORMS", "Point", "fit_cost_model", "fit_memory_model", "heldout_errors", "nnls"]
+# Added to the worst leave-one-out under-prediction to make the policy's margin: the
+# allocator's rounding and fragmentation between calibration and training.
+MEMORY_SLACK = 0.02
+
+
+def _checkpoint_design(batch, tokens, n, num_blocks) -> np.ndarray:
+    """Columns of m0, mb, mt, ma, mr (see MemoryModel). ``mc`` is not fitted: with ``mt``
+    and ``ma`` it is redundant (``mt + ma*(L-n) + mc*n = (mt + mc*L) + (ma - mc)*(L-n)``)."""
+    return np.stack(
+        [np.ones_like(tokens), batch, tokens, tokens * (num_blocks - n), tokens * (n > 0)],
+        axis=1,
+    )
+
+
+def fit_checkpoint_memory_model(rows, num_blocks: int, *, slack: float = MEMORY_SLACK):
+    """Fit ``MemoryModel`` to measured rows (dicts with ``batch``, ``tokens`` or ``seq_len``,
+    ``checkpointed``, ``peak_bytes`` and optionally ``ms``) of a model of ``num_blocks``
+    blocks. Least squares on relative error (small micro-batches count as much as large
+    ones), coefficients >= 0.
+
+    The margin is the worst leave-one-out under-prediction (each point predicted by the fit
+    of the others), plus ``slack``: so on measured points, peak <= prediction * (1 + margin)
+    with room for points not measured. ``recompute_share`` is the median, over rows with
+    ``n < L`` and a row of the same ``(seq_len, batch)`` at ``n = L``, of
+    ``(1 - ms(n) / ms(L)) * L / (L - n)``. ``meta`` holds the errors."""
+    from adaptiveload.memory import MemoryModel
+
+    rows = list(rows)
+    if len(rows) < 3:
+        raise ValueError(f"fit_checkpoint_memory_model: need >= 3 rows, got {len(rows)}")
+    batch = np.array([r["batch"] for r in rows], float)
+    tokens = np.array([r.get("tokens", r.get("seq_len", 0) * r["batch"]) for r in rows], float)
+    n = np.array([r["checkpointed"] for r in rows], float)
+    peak = np.array([r["peak_bytes"] for r in rows], float)
+    if (peak <= 0).any():
+        raise ValueError("fit_checkpoint_memory_model: every row needs peak_bytes > 0")
+    if ((n < 0) | (n > num_blocks)).any():
+        raise ValueError(f"fit_checkpoint_memory_model: checkpointed must be in [0, {num_blocks}]")
+    a = _checkpoint_design(batch, tokens, n, num_blocks) / peak[:, None]
+    ones = np.ones_like(peak)
+    coef = nnls(a, ones)
+    pred = a @ coef * peak
+    loo_under = 0.0
+    for i in range(len(rows)):
+        keep = np.arange(len(rows)) != i
+        c = nnls(a[keep], ones[keep])
+        p = float(a[i] @ c * peak[i])
+        loo_under = max(loo_under, (peak[i] - p) / p)
+    in_sample = (pred - peak) / peak
+
+    shares = []
+    by_kind = {}
+    for r in rows:
+        if "ms" in r and r.get("seq_len") is not None:
+            by_kind.setdefault((r["seq_len"], r["batch"]), {})[int(r["checkpointed"])] = r["ms"]
+    for times in by_kind.values():
+        full = times.get(num_blocks)
+        for k, ms in times.items():
+            if full and k < num_blocks:
+                shares.append((1.0 - ms / full) * num_blocks / (num_blocks - k))
+    share = float(np.clip(np.median(shares), 0.0, 0.9)) if shares else 0.0
+    margin = max(0.0, loo_under) + slack
+    return MemoryModel(
+        num_blocks,
+        **dict(zip(("m0", "mb", "mt", "ma", "mr"), (float(c) for c in coef), strict=True)),
+        margin=round(margin, 4),
+        recompute_share=round(share, 4),
+        meta={
+            "rows": len(rows),
+            "error_median": float(np.median(np.abs(in_sample))),
+            "error_max": float(np.abs(in_sample).max()),
+            "under_max": float(max(0.0, -in_sample.min())),
+            "loo_under_max": float(max(0.0, loo_under)),
+            "slack": slack,
+            "recompute_shares": len(shares),
+        },
+    )
+
+
+__all__ = [
+    "COST_FORMS",
+    "MEMORY_SLACK",
+    "Point",
+    "fit_checkpoint_memory_model",
+    "fit_cost_model",
+    "fit_memory_model",
+    "heldout_errors",
+    "nnls",
+]

@@ -41,6 +41,7 @@ from torch.utils.data import Sampler
 
 from adaptiveload import _sampler
 from adaptiveload.cost import CostModel
+from adaptiveload.memory import GIB, CheckpointPolicy, MemoryModel
 
 _STATE_VERSION = 2
 # A compute cap that never binds (equal-token buckets have none).
@@ -73,6 +74,8 @@ class Plan:
     num_dropped_samples: int = 0
     num_split_micro_batches: int = 0
     skipped: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: blocks checkpointed per micro-batch, with a memory policy (None without one)
+    checkpointed: np.ndarray | None = None
 
     @property
     def num_micro_batches(self) -> int:
@@ -446,8 +449,38 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         on_oversize: str,
         verify_ranks: bool,
         max_batch_size: int | None = None,
+        memory_model: MemoryModel | None = None,
+        memory_budget_gib: float | None = None,
     ):
         self.seq_lens = _as_seq_lens(seq_lens)
+        if (memory_model is None) != (memory_budget_gib is None):
+            raise ValueError(
+                "memory_model and memory_budget_gib go together: give both (the policy "
+                "checkpoints blocks per micro-batch) or neither"
+            )
+        if memory_model is not None and not isinstance(memory_model, MemoryModel):
+            raise ValueError(
+                f"memory_model must be an adaptiveload.MemoryModel, got {memory_model!r}"
+            )
+        self.memory_model = memory_model
+        self.memory_budget_gib = None
+        if memory_budget_gib is not None:
+            if not (
+                isinstance(memory_budget_gib, numbers.Real)
+                and not isinstance(memory_budget_gib, bool)
+                and math.isfinite(memory_budget_gib)
+                and memory_budget_gib > 0
+            ):
+                raise ValueError(
+                    f"memory_budget_gib must be a finite number > 0, got {memory_budget_gib!r}"
+                )
+            self.memory_budget_gib = float(memory_budget_gib)
+            if max_tokens is None:
+                # Memory is the budget's: the most tokens one sample may hold at full
+                # checkpointing, which no micro-batch the budget admits exceeds.
+                max_tokens = max(1, memory_model.max_tokens(self.memory_budget_gib * GIB))
+        elif max_tokens is None:
+            raise ValueError("max_tokens is required unless a memory_model and budget are given")
         self.max_tokens = _int_arg("max_tokens", max_tokens, 1)
         self.max_batch_size = (
             None if max_batch_size is None else _int_arg("max_batch_size", max_batch_size, 1)
@@ -512,7 +545,18 @@ class _PlannedBatchSampler(Sampler[list[int]]):
     # -- construction helpers, also used after unpickling ---------------------------------
     def _build_table(self) -> None:
         """The C++ sample table of ``self.cost_model``, and the compute cap it gives."""
-        self._table = _sampler.SampleTable(self.seq_lens, self._group_ids, self.cost_model._core)
+        if self.memory_model is None:
+            self._table = _sampler.SampleTable(
+                self.seq_lens, self._group_ids, self.cost_model._core
+            )
+        else:
+            self._table = _sampler.SampleTable(
+                self.seq_lens,
+                self._group_ids,
+                self.cost_model._core,
+                self.memory_model._core,
+                self.memory_budget_gib * GIB,
+            )
         self._max_cost = self._compute_max_cost()
 
     def _compute_max_cost(self) -> float:
@@ -525,9 +569,18 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         if len(over) == 0:
             return
         i = int(over[0])
-        cost = self.cost_model.batch_cost([self.seq_lens[i]])
+        cost = float(self._table.batch_cost(np.array([i], np.int64)))
         cap = f"max_tokens = {self.max_tokens}"
-        if self.seq_lens[i] <= self.max_tokens:
+        if (
+            self.memory_model is not None
+            and self._table.checkpointed_blocks(np.array([i], np.int64)) < 0
+        ):
+            peak = self.memory_model.peak_bytes([self.seq_lens[i]], self.memory_model.num_blocks)
+            cap = (
+                f"the memory budget of {self.memory_budget_gib:g} GiB (predicted peak with every "
+                f"block checkpointed {peak / GIB:.2f} GiB, margin {self.memory_model.margin:g})"
+            )
+        elif self.seq_lens[i] <= self.max_tokens:
             cap = f"max_cost = {self._max_cost:.6g} (its predicted cost {cost:.6g})"
         raise ValueError(
             f"{type(self).__name__}: {len(over)} sample(s) exceed a cap on their own, the first "
@@ -566,8 +619,16 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             "balance": self.balance,
             "lookahead_steps": self.lookahead_steps,
             "on_oversize": self.on_oversize,
-            # Only when set, so that states saved before the option still match.
+            # Only when set, so that states saved before the options still match.
             **({"max_batch_size": self.max_batch_size} if self.max_batch_size else {}),
+            **(
+                {
+                    "memory_model": self.memory_model.to_dict() | {"meta": {}},
+                    "memory_budget_gib": self.memory_budget_gib,
+                }
+                if self.memory_model is not None
+                else {}
+            ),
         }
 
     def _plan_epoch(self, excluded: np.ndarray | None) -> dict:
@@ -651,6 +712,25 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             )
         self._verified = key
 
+    # -- memory policy ------------------------------------------------------------------
+    def checkpointed_blocks(self, indices) -> int:
+        """Blocks to run with activation checkpointing for this micro-batch (the plan's
+        choice; needs a memory model). Depends only on the samples' count and tokens, so
+        ``memory_policy().blocks_for(seq_lens)`` gives the same where only lengths are known."""
+        if self.memory_model is None:
+            raise ValueError("checkpointed_blocks needs a sampler made with memory_model")
+        idx = _to_numpy(indices, "indices")
+        if idx.ndim != 1 or idx.size == 0 or idx.dtype.kind not in "iu":
+            raise ValueError(f"indices must be a non-empty 1-D list of integers, got {indices!r}")
+        return int(self._table.checkpointed_blocks(idx.astype(np.int64)))
+
+    def memory_policy(self, log=None) -> CheckpointPolicy:
+        """A ``CheckpointPolicy`` for the training loop: the plan's choice per micro-batch, the
+        fallback to full checkpointing after an out-of-memory error, peaks against the budget."""
+        if self.memory_model is None:
+            raise ValueError("memory_policy needs a sampler made with memory_model")
+        return CheckpointPolicy(self.memory_model, self.memory_budget_gib, log=log)
+
     # -- online refinement --------------------------------------------------------------
     @property
     def base_cost_model(self) -> CostModel:
@@ -687,6 +767,12 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         seq_len = int(lens[0])
         if (lens != seq_len).any() or seq_len > _MAX_KIND_LEN or idx.size > _MAX_KIND_BATCH:
             return False
+        if self.memory_model is not None:
+            # The cost model describes fully checkpointed micro-batches; this one ran with the
+            # policy's blocks, so it is recorded as what it would have taken with all of them.
+            n = int(self._table.checkpointed_blocks(idx.astype(np.int64)))
+            if n >= 0:
+                ms = float(ms) / self.memory_model.time_factor(n)
         record = self._records.get((seq_len, idx.size))
         if record is None:
             record = self._records[(seq_len, idx.size)] = [0, deque(maxlen=_LEARN_WINDOW)]
@@ -1056,7 +1142,9 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         if not isinstance(saved, dict):
             raise ValueError("sampler state: 'fingerprint' must be a dict")
         mine = self._fingerprint()
-        missing = sorted(set(mine) - set(saved) - {"max_batch_size"})
+        missing = sorted(
+            set(mine) - set(saved) - {"max_batch_size", "memory_model", "memory_budget_gib"}
+        )
         if missing:
             raise ValueError(f"sampler state: fingerprint lacks {missing}")
         if saved["sampler"] not in ("AdaptiveBatchSampler", "EqualTokenBatchSampler"):
@@ -1153,6 +1241,13 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
             caps). ``max_batch_size=1`` is the batch-size-1 pipeline (DiffSynth-Studio's
             trainer, one sample per micro-batch): steps of ``W x K`` single samples, still
             balanced across ranks.
+        memory_model, memory_budget_gib: a ``MemoryModel`` and the budget (GiB) each
+            micro-batch's predicted peak must stay within: micro-batches are packed under the
+            budget, each checkpoints the fewest blocks that keep it there
+            (``plan().checkpointed``, ``checkpointed_blocks(indices)``, ``memory_policy()``),
+            and its cost is the cost model's (fully checkpointed) times the time it saves.
+            ``max_tokens`` may then be None (the most tokens one sample fits at full
+            checkpointing). docs/sampler.md, "Memory budget and checkpointing per micro-batch".
         on_oversize: 'error' (default) refuses, when the sampler is made, samples that alone
             break a cap; 'skip' leaves them out with a warning (``plan().skipped``).
         verify_ranks: with ``torch.distributed`` initialized, all ranks compare their plan
@@ -1166,7 +1261,7 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
     def __init__(
         self,
         seq_lens,
-        max_tokens: int,
+        max_tokens: int | None,
         max_cost: float | None = None,
         cost_model: CostModel | None = None,
         group_keys=None,
@@ -1183,6 +1278,8 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
         process_group=None,
         verify_ranks: bool = True,
         max_batch_size: int | None = None,
+        memory_model: MemoryModel | None = None,
+        memory_budget_gib: float | None = None,
     ):
         super().__init__(
             seq_lens,
@@ -1202,6 +1299,8 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
             on_oversize=on_oversize,
             verify_ranks=verify_ranks,
             max_batch_size=max_batch_size,
+            memory_model=memory_model,
+            memory_budget_gib=memory_budget_gib,
         )
 
     @property
