@@ -11,6 +11,10 @@ randomly initialized Wan 2.1 configuration (``WanTimer``) and fitting with ``ada
   measurement is appended to a JSON-lines file as it is made.
 
 ``adaptiveload calibrate`` is the command line of both (``--metadata`` selects the second).
+
+``measure_memory_points`` measures time and peak memory of micro-batch kinds with each number
+``n`` of activation-checkpointed blocks (``WanTimer(..., checkpointed=n)``), the points of the
+memory model of a checkpointing policy.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -112,8 +116,20 @@ def wan_grid(max_tokens: int, shapes=SHAPES) -> list[tuple[int, tuple[int, int, 
 
 class WanTimer:
     """Times forward+backward of one micro-batch of a randomly initialized Wan model:
-    ``timer(batch, shape) -> (ms, peak_bytes)``, the median of ``repeat`` timed calls after
-    ``warmup`` untimed ones (the first call of a shape also builds its kernels' plans)."""
+    ``timer(batch, shape, checkpointed=None) -> (ms, peak_bytes)``, the median of ``repeat``
+    timed calls after ``warmup`` untimed ones (the first call of a shape also builds its
+    kernels' plans).
+
+    ``checkpointed``: how many of the ``layers`` blocks run under activation checkpointing in
+    this call (the first ones, ``set_checkpointed_blocks``); ``None`` is the constructor's
+    choice, all blocks with ``activation_checkpointing`` and none without.
+
+    ``peak_bytes``: ``torch.cuda.max_memory_allocated`` over the timed calls (0 off CUDA),
+    which holds the weights, their gradients (allocated before the timed calls, as they are
+    in every micro-batch of an optimizer step but the first), the inputs, and the micro-batch's
+    activations and workspace at their highest; no optimizer state. The previous call's
+    gradients are freed before a call, and its own after it.
+    """
 
     def __init__(
         self,
@@ -128,12 +144,14 @@ class WanTimer:
         repeat: int = 5,
         activation_checkpointing: bool = False,
     ):
+        from adaptiveload.integrations.diffusers import set_checkpointed_blocks
         from adaptiveload.models.wan import build_wan
 
         self.device = torch.device(device)
         self.model = build_wan(config, layers=layers, device=self.device, dtype=dtype, fused=fused)
-        if activation_checkpointing:
-            self.model.enable_gradient_checkpointing()
+        self.layers = len(self.model.blocks)
+        self.checkpointed = self.layers if activation_checkpointing else 0
+        set_checkpointed_blocks(self.model, self.checkpointed)
         self.text_len, self.warmup, self.repeat = text_len, warmup, repeat
         self.meta = {
             "config": config,
@@ -147,9 +165,14 @@ class WanTimer:
             else "cpu",
         }
 
-    def __call__(self, batch: int, shape) -> tuple[float, int]:
+    def __call__(self, batch: int, shape, checkpointed: int | None = None) -> tuple[float, int]:
+        from adaptiveload.integrations.diffusers import set_checkpointed_blocks
         from adaptiveload.models.wan import random_batch
 
+        set_checkpointed_blocks(
+            self.model, self.checkpointed if checkpointed is None else checkpointed
+        )
+        self.model.zero_grad(set_to_none=True)
         inputs = random_batch(self.model, batch, *shape, text_len=self.text_len)
 
         def step():
@@ -157,12 +180,19 @@ class WanTimer:
             out.float().square().mean().backward()
 
         cuda = self.device.type == "cuda"
-        if cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(self.device)
-        ms = time_call(step, self.device, self.warmup, self.repeat)
-        peak = torch.cuda.max_memory_allocated(self.device) if cuda else 0
-        self.model.zero_grad(set_to_none=True)
+        try:
+            for _ in range(self.warmup):
+                step()
+            for p in self.model.parameters():
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            if cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(self.device)
+            ms = time_call(step, self.device, warmup=0, repeat=self.repeat)
+            peak = torch.cuda.max_memory_allocated(self.device) if cuda else 0
+        finally:
+            self.model.zero_grad(set_to_none=True)
         return ms, int(peak)
 
 
@@ -241,14 +271,15 @@ def _drop_cut_line(path) -> None:
             f.truncate(data.rfind(b"\n") + 1)
 
 
-def _read_points(path: str, header: dict) -> list[Point]:
-    """Points of an interrupted calibration (``calibrate_plan``'s file), after checking that
-    it measured the same model."""
-    points = []
+def _read_rows(path: str, header: dict, parse: Callable[[dict], object]) -> list:
+    """The rows of a points file left by an interrupted measurement (a ``{"header": ...}``
+    line, then one JSON object per measurement), each through ``parse``, after checking that
+    it measured the same setup."""
+    rows = []
     with open(path) as f:
         lines = [line for line in f if line.strip()]
     if not lines:
-        return points
+        return rows
     try:
         saved = json.loads(lines[0])["header"]
     except (json.JSONDecodeError, KeyError, TypeError):
@@ -262,21 +293,38 @@ def _read_points(path: str, header: dict) -> list[Point]:
         )
     for n, line in enumerate(lines[1:], start=2):
         try:
-            d = json.loads(line)
-            points.append(
-                Point(
-                    int(d["batch"]),
-                    int(d["seq_len"]),
-                    float(d["ms"]),
-                    int(d["peak_bytes"]),
-                    tuple(d["shape"]) if d.get("shape") else None,
-                )  # fmt: skip
-            )
+            rows.append(parse(json.loads(line)))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             if n == len(lines):
                 break  # a line cut short by the interruption
             raise ValueError(f"{path}:{n}: not a calibration point") from None
-    return points
+    return rows
+
+
+def _resume(points_file, header: dict, parse: Callable[[dict], object]):
+    """``(rows, out)``: the rows already in ``points_file`` (``_read_rows``) and the file open
+    to append more, its header written if it is new; ``([], None)`` without a file."""
+    if points_file is None:
+        return [], None
+    rows = []
+    if os.path.exists(points_file):
+        rows = _read_rows(os.fspath(points_file), header, parse)
+    _drop_cut_line(points_file)
+    out = open(points_file, "a")
+    if os.path.getsize(points_file) == 0:
+        out.write(json.dumps({"header": header}) + "\n")
+        out.flush()
+    return rows, out
+
+
+def _point_of_row(d: dict) -> Point:
+    return Point(
+        int(d["batch"]),
+        int(d["seq_len"]),
+        float(d["ms"]),
+        int(d["peak_bytes"]),
+        tuple(d["shape"]) if d.get("shape") else None,
+    )
 
 
 def calibrate_plan(
@@ -309,16 +357,7 @@ def calibrate_plan(
     held-out error (k-fold over the measured kinds).
     """
     header = dict(header or {})
-    points: list[Point] = []
-    if points_file is not None and os.path.exists(points_file):
-        points = _read_points(os.fspath(points_file), header)
-    out = None
-    if points_file is not None:
-        _drop_cut_line(points_file)
-        out = open(points_file, "a")
-        if not points and os.path.getsize(points_file) == 0:
-            out.write(json.dumps({"header": header}) + "\n")
-            out.flush()
+    points, out = _resume(points_file, header, _point_of_row)
     rounds: list[dict] = []
     t_measure = 0.0
     resumed = len(points)
@@ -380,6 +419,85 @@ def _model_of(points: list[Point], prior: CostModel) -> CostModel:
     model = fitted.with_measured({(p.seq_len, p.batch): p.ms for p in points})
     model.meta = dict(fitted.meta)
     return model
+
+
+def measure_memory_points(
+    timer: WanTimer,
+    kinds: Mapping[tuple[int, int], tuple[int, ...]],
+    checkpointed: Iterable[int] | None = None,
+    *,
+    points_file: str | os.PathLike | None = None,
+    log: Callable[[str], None] | None = print,
+) -> list[dict]:
+    """Time and peak memory of each micro-batch kind ``(S, B) -> shape`` of ``kinds`` (as
+    ``kinds_of_plan`` returns them) with each ``n`` of ``checkpointed`` blocks (default every
+    ``n`` in ``0..L``, ``L = timer.layers``): ``timer(B, shape, checkpointed=n)``.
+
+    Returns one row per ``(S, B, n)``, by increasing ``(S, B)`` then ``n``::
+
+        {"seq_len": S, "batch": B, "tokens": S * B, "checkpointed": n, "layers": L,
+         "shape": [frames, height, width], "ms": float, "peak_bytes": int, "oom": false}
+
+    ``peak_bytes`` as ``WanTimer`` accounts it (weights, gradients, inputs, activations; 0 off
+    CUDA). A micro-batch that runs out of GPU memory is a row with ``"oom": true`` and
+    ``ms``/``peak_bytes`` null, and the others go on.
+
+    ``points_file``: JSON lines, a header (``timer.meta`` with ``L``) then each row as it is
+    measured; the rows of a file left by an interrupted call with the same header are read back
+    and not measured again. ``log`` (``None`` for silence) gets a line per point.
+    """
+    layers = timer.layers
+    counts = range(layers + 1) if checkpointed is None else sorted({int(n) for n in checkpointed})
+    bad = [n for n in counts if not 0 <= n <= layers]
+    if bad:
+        raise ValueError(f"measure_memory_points: checkpointed {bad} outside [0, L], L = {layers}")
+    log = log or (lambda msg: None)
+    # The constructor's default n does not change what a row measures.
+    meta = {k: v for k, v in timer.meta.items() if k != "activation_checkpointing"}
+    header = {"measure": "memory_points", **meta, "layers": layers}
+    resumed, out = _resume(points_file, header, _memory_row)
+    done = {(r["seq_len"], r["batch"], r["checkpointed"]): r for r in resumed}
+    grid = [(int(s), int(b), n) for s, b in sorted(kinds) for n in counts]
+    if resumed:
+        log(f"{sum(k in done for k in grid)} of {len(grid)} points read back from {points_file}")
+    rows = []
+    try:
+        for i, (s, b, n) in enumerate(grid):
+            if (s, b, n) in done:
+                rows.append(done[(s, b, n)])
+                continue
+            shape = [int(v) for v in kinds[(s, b)]]
+            row = {"seq_len": s, "batch": b, "tokens": s * b, "checkpointed": n,
+                   "layers": layers, "shape": shape}  # fmt: skip
+            try:
+                ms, peak = timer(b, tuple(shape), checkpointed=n)
+                row.update(ms=float(ms), peak_bytes=int(peak), oom=False)
+                msg = f"{ms:.1f} ms, peak {peak / 2**30:.2f} GiB"
+            except torch.OutOfMemoryError:
+                row.update(ms=None, peak_bytes=None, oom=True)
+                msg = "out of memory"
+            if row["oom"] and torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
+            rows.append(row)
+            if out is not None:
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+            log(f"[{i + 1}/{len(grid)}] S={s} B={b} n={n}/{layers}: {msg}")
+    finally:
+        if out is not None:
+            out.close()
+    return rows
+
+
+def _memory_row(d: dict) -> dict:
+    """A row of ``measure_memory_points``'s file, checked."""
+    row = dict(d)
+    for k in ("seq_len", "batch", "tokens", "checkpointed", "layers"):
+        row[k] = int(d[k])
+    row["oom"] = bool(d["oom"])
+    row["ms"] = None if row["oom"] else float(d["ms"])
+    row["peak_bytes"] = None if row["oom"] else int(d["peak_bytes"])
+    return row
 
 
 def _progress(total: int, enabled: bool, desc: str = "calibrating"):

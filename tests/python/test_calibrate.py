@@ -205,3 +205,113 @@ def test_plan_aware_calibrate_cli_on_cpu_tiny_model(tmp_path, capsys):
     assert main([*args.split(), "--out", str(out)]) == 0
     again = json.loads(out.read_text())["meta"]
     assert again["kinds_resumed"] == again["kinds_measured"] == d["meta"]["kinds_measured"]
+
+
+# -- time and peak memory per (S, B, checkpointed blocks) ------------------------------------
+
+
+def tiny_timer(**kw):
+    import torch
+
+    from adaptiveload.calibrate import WanTimer
+
+    args = dict(layers=2, device="cpu", dtype=torch.float32, fused=False, text_len=8)
+    return WanTimer("tiny", **{**args, "warmup": 1, "repeat": 1, **kw})
+
+
+def count_block_forwards(model):
+    calls = [0]
+
+    def hook(module, args):
+        calls[0] += 1
+
+    for block in model.blocks:
+        block.register_forward_pre_hook(hook)
+    return calls
+
+
+def test_timer_checkpoints_the_blocks_it_is_asked_to():
+    pytest.importorskip("diffusers")
+    timer = tiny_timer(activation_checkpointing=True, warmup=1, repeat=2)
+    calls = count_block_forwards(timer.model)
+    steps = timer.warmup + timer.repeat
+    # Each step runs every block once, and the checkpointed ones again in backward.
+    for checkpointed, forwards in ((None, 2 + 2), (0, 2), (1, 2 + 1), (None, 2 + 2)):
+        calls[0] = 0
+        ms, peak = timer(1, (1, 32, 48), checkpointed=checkpointed)
+        assert ms > 0 and peak == 0
+        assert calls[0] == steps * forwards, checkpointed
+        assert all(p.grad is None for p in timer.model.parameters())
+
+
+def test_memory_points_rows_and_resume(tmp_path):
+    pytest.importorskip("diffusers")
+    from adaptiveload.calibrate import measure_memory_points
+
+    timer = tiny_timer()
+    calls = count_block_forwards(timer.model)
+    kinds = {(np.int64(wan_seq_len(*s)), b): s for b, s in ((3, (1, 32, 48)), (2, (5, 32, 48)))}
+    points = tmp_path / "memory.jsonl"
+    lines = []
+    rows = measure_memory_points(timer, kinds, points_file=points, log=lines.append)
+    assert [(r["seq_len"], r["batch"], r["checkpointed"]) for r in rows] == [
+        (s, b, n) for s, b in sorted(kinds) for n in (0, 1, 2)
+    ]
+    for r in rows:
+        assert r["tokens"] == r["seq_len"] * r["batch"] and r["layers"] == 2
+        assert tuple(r["shape"]) == kinds[(r["seq_len"], r["batch"])]
+        assert r["ms"] > 0 and r["peak_bytes"] == 0 and r["oom"] is False
+    assert len(lines) == 6 and "n=2/2" in lines[2]
+    # Per kind: n = 0, 1, 2 ran 2, 3, 4 block forwards per step, two steps each.
+    assert calls[0] == 2 * 2 * (2 + 3 + 4)
+    text = points.read_text().splitlines()
+    assert json.loads(text[0])["header"]["measure"] == "memory_points" and len(text) == 7
+
+    # Resumed after a kill that cut a line short: only points not in the file are measured.
+    with open(points, "a") as f:
+        f.write('{"seq_len": 40, "ba')
+    calls[0] = 0
+    more = {**kinds, (wan_seq_len(9, 32, 48), 1): (9, 32, 48)}
+    again = measure_memory_points(timer, more, checkpointed=[2, 0], points_file=points, log=None)
+    assert [r for r in again if r["seq_len"] != wan_seq_len(9, 32, 48)] == [
+        r for r in rows if r["checkpointed"] != 1
+    ]
+    assert calls[0] == 2 * (2 + 4)  # the new kind at n = 0 and 2
+    assert len(points.read_text().splitlines()) == 9
+
+    with pytest.raises(ValueError, match="another setup; differences: fused"):
+        measure_memory_points(tiny_timer(fused=True), kinds, points_file=points, log=None)
+    with pytest.raises(ValueError, match=r"checkpointed \[3\] outside \[0, L\], L = 2"):
+        measure_memory_points(timer, kinds, checkpointed=[0, 3], log=None)
+
+
+def test_memory_points_record_out_of_memory_and_go_on(tmp_path):
+    import torch
+
+    from adaptiveload.calibrate import measure_memory_points
+
+    class FakeTimer:
+        layers = 2
+        meta = {"config": "fake"}
+
+        def __init__(self):
+            self.calls = []
+
+        def __call__(self, batch, shape, checkpointed):
+            self.calls.append((batch, checkpointed))
+            if batch * (3 - checkpointed) > 6:
+                raise torch.OutOfMemoryError("CUDA out of memory")
+            return 10.0 * batch, 1000 * batch * (3 - checkpointed)
+
+    timer = FakeTimer()
+    kinds = {(100, 1): (1, 32, 48), (100, 4): (1, 32, 48)}
+    points = tmp_path / "memory.jsonl"
+    rows = measure_memory_points(timer, kinds, points_file=points, log=None)
+    assert [(r["batch"], r["checkpointed"], r["oom"]) for r in rows] == [
+        (1, 0, False), (1, 1, False), (1, 2, False), (4, 0, True), (4, 1, True), (4, 2, False),
+    ]  # fmt: skip
+    assert all(r["ms"] is None and r["peak_bytes"] is None for r in rows if r["oom"])
+    assert rows[-1]["peak_bytes"] == 4000
+    timer.calls.clear()
+    assert measure_memory_points(timer, kinds, points_file=points, log=None) == rows
+    assert timer.calls == []

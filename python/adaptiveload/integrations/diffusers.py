@@ -14,16 +14,19 @@ model's final ``norm_out`` (one per model, inline in the model's forward) is lef
 Each block's ``forward`` becomes a ``functools.partial`` of a module-level function bound
 to the block (not a bound method, which pickles as a lookup by name that fails on load),
 so a patched model survives ``torch.save``/``torch.load`` and ``copy.deepcopy``.
+
+``set_checkpointed_blocks(model, n)`` chooses, per micro-batch, how many blocks run under
+activation checkpointing: the first ``n`` of ``model.blocks``, in training only.
 """
 
 from __future__ import annotations
 
 import functools
+import operator
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
-
-from adaptiveload.ops import gated_residual_layer_norm_modulate, layer_norm_modulate
 
 _MARK = "_adaptiveload_fused"
 
@@ -43,6 +46,9 @@ def _fused_block_forward(
     temb: torch.Tensor,
     rotary_emb: torch.Tensor,
 ) -> torch.Tensor:
+    # Imported here, so that checkpointing alone does not need the op library (adaptiveload._C).
+    from adaptiveload.ops import gated_residual_layer_norm_modulate, layer_norm_modulate
+
     shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = _modulation(self, temb)
     dtype = hidden_states.dtype
     dim = hidden_states.shape[-1]
@@ -122,3 +128,91 @@ def remove_fused_ops(model: nn.Module) -> nn.Module:
 def is_fused(model: nn.Module) -> bool:
     blocks = _wan_blocks(model)
     return bool(blocks) and all(getattr(b, _MARK, False) for b in blocks)
+
+
+# -- activation checkpointing of the first n blocks ----------------------------------------------
+
+_CHECKPOINT_MARK = "_adaptiveload_checkpointed"
+_PRIOR = "_adaptiveload_prior_checkpointing"
+
+
+def _checkpoint_marked_block(block: nn.Module, *args):
+    """The model's ``_gradient_checkpointing_func``: diffusers calls it for every block when
+    grad is enabled and ``gradient_checkpointing`` is set; it checkpoints the marked ones."""
+    if getattr(block, _CHECKPOINT_MARK, False):
+        return torch.utils.checkpoint.checkpoint(block, *args, use_reentrant=False)
+    return block(*args)
+
+
+def _wan_model(model: nn.Module):
+    try:
+        from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
+    except ImportError as e:  # pragma: no cover - exercised only without diffusers
+        raise ImportError(
+            "set_checkpointed_blocks needs diffusers (pip install 'adaptiveload[wan]')"
+        ) from e
+    # The model itself, or inside a wrapper's ``module`` (DDP), before searching every module.
+    for candidate in (model, getattr(model, "module", None)):
+        if isinstance(candidate, WanTransformer3DModel):
+            return candidate
+    found = [m for m in model.modules() if isinstance(m, WanTransformer3DModel)]
+    if len(found) != 1:
+        raise ValueError(
+            f"set_checkpointed_blocks: {type(model).__name__} holds {len(found)} "
+            "WanTransformer3DModel, expected one"
+        )
+    return found[0]
+
+
+def set_checkpointed_blocks(model: nn.Module, n: int | None) -> nn.Module:
+    """From now on the first ``n`` blocks of ``model.blocks`` run under activation
+    checkpointing (``torch.utils.checkpoint``, non-reentrant) when grad is enabled, the
+    other ``L - n`` without; ``n = 0`` checkpoints none, ``n = L`` all. Returns ``model``.
+
+    ``model`` is a ``WanTransformer3DModel`` or a module holding one (a DDP wrapper). Call
+    it before each micro-batch's forward with that micro-batch's ``n``; a call sets ``L``
+    flags and wraps nothing. The model keeps diffusers' block loop: it sets
+    ``gradient_checkpointing`` and a ``_gradient_checkpointing_func`` that checkpoints the
+    marked blocks, so state dicts, FSDP2 (``fully_shard`` per block) and ``apply_fused_ops``
+    are unaffected, and the model survives ``torch.save``/``torch.load`` and deepcopy.
+
+    ``n = None`` removes the policy and restores the checkpointing setting the model had
+    before the first call. Raises ``ValueError`` for ``n`` outside ``[0, L]``.
+    """
+    wan = _wan_model(model)
+    blocks = list(wan.blocks)
+    if n is None:
+        prior = wan.__dict__.pop(_PRIOR, None)
+        if prior is not None and wan._gradient_checkpointing_func is _checkpoint_marked_block:
+            wan.gradient_checkpointing, wan._gradient_checkpointing_func = prior
+        for block in blocks:
+            block.__dict__.pop(_CHECKPOINT_MARK, None)
+        return model
+    try:
+        count = None if isinstance(n, bool) else operator.index(n)
+    except TypeError:
+        count = None
+    if count is None or not 0 <= count <= len(blocks):
+        raise ValueError(
+            f"set_checkpointed_blocks: n = {n!r} must be an integer in [0, L], L = {len(blocks)}"
+        )
+    if wan._gradient_checkpointing_func is not _checkpoint_marked_block:
+        wan.__dict__[_PRIOR] = (wan.gradient_checkpointing, wan._gradient_checkpointing_func)
+        wan._gradient_checkpointing_func = _checkpoint_marked_block
+    wan.gradient_checkpointing = True
+    # Plain attributes, set without nn.Module.__setattr__'s parameter/buffer/module checks.
+    for i, block in enumerate(blocks):
+        block.__dict__[_CHECKPOINT_MARK] = i < count
+    return model
+
+
+def checkpointed_blocks(model: nn.Module) -> int:
+    """How many blocks run under activation checkpointing in training: the ``n`` of the last
+    ``set_checkpointed_blocks``, or, without one, ``L`` or ``0`` as diffusers'
+    ``gradient_checkpointing`` says."""
+    wan = _wan_model(model)
+    if not wan.gradient_checkpointing:
+        return 0
+    if wan._gradient_checkpointing_func is not _checkpoint_marked_block:
+        return len(wan.blocks)
+    return sum(bool(getattr(b, _CHECKPOINT_MARK, False)) for b in wan.blocks)
