@@ -23,6 +23,16 @@ epoch's end the ranks fold their records into the cost model the next epoch plan
 and the cost model's error on that epoch's micro-batches (a JSON line with "epoch" and
 no "step").
 
+Memory budget (--memory-model FILE --memory-budget GiB, adaptive sampler): the sampler plans
+every micro-batch under the budget and chooses how many blocks it checkpoints (the fewest whose
+predicted peak fits); the loop applies that per micro-batch (set_checkpointed_blocks), measures
+each micro-batch's peak against the budget and the prediction (logged when over the budget;
+summed up at the end as "memory"), and after an out-of-memory error re-runs the step with that
+micro-batch kind fully checkpointed for the rest of the run (DDP and one process; under FSDP an
+out-of-memory error is raised, since the other ranks are inside collectives). The memory model
+(from `adaptiveload calibrate`) holds weights and gradients but no optimizer state: the sampler
+plans with the budget less AdamW's two fp32 moments per parameter.
+
 Timing: with DDP, each rank runs its micro-batches without gradient sync, records its
 compute time, then gradients are all-reduced in buckets; the wait for the slowest rank
 shows up in the all-reduce, not in the compute time. With FSDP2, parameter gathers and
@@ -47,7 +57,8 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader, Dataset
 
-from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
+from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler, MemoryModel
+from adaptiveload.integrations.diffusers import set_checkpointed_blocks
 from adaptiveload.metadata import read_metadata
 from adaptiveload.models.wan import build_wan
 from adaptiveload.wan import CONFIGS, PATCH
@@ -106,6 +117,16 @@ def parse_args(argv=None):
         "--dtype", default=None, choices=["bf16", "fp32"], help="default: bf16 on CUDA, fp32 on CPU"
     )
     ap.add_argument("--activation-checkpointing", action="store_true")
+    ap.add_argument(
+        "--memory-model", default=None, help="MemoryModel JSON (adaptiveload calibrate)"
+    )
+    ap.add_argument(
+        "--memory-budget",
+        type=float,
+        default=None,
+        help="GiB per GPU: checkpoint, per micro-batch, the fewest blocks that fit (needs "
+        "--memory-model)",
+    )
     ap.add_argument("--max-tokens", type=int, default=None, help="default: 2x the longest sample")
     ap.add_argument("--max-cost", type=float, default=None)
     ap.add_argument(
@@ -154,6 +175,14 @@ def parse_args(argv=None):
         "parameter gathers, which wait for the slowest rank",
     )
     args = ap.parse_args(argv)
+    if (args.memory_model is None) != (args.memory_budget is None):
+        ap.error("--memory-model and --memory-budget go together")
+    if args.memory_budget is not None and args.sampler != "adaptive":
+        ap.error("--memory-budget needs --sampler adaptive")
+    if args.memory_budget is not None and args.activation_checkpointing:
+        ap.error(
+            "--memory-budget chooses checkpointing per micro-batch; drop --activation-checkpointing"
+        )
     if args.refine_cost_model is None:
         args.refine_cost_model = args.sampler == "adaptive"
     return args
@@ -330,7 +359,8 @@ def main(argv=None):
 
     data = LatentDataset(args.data, seed=args.seed)
     seq_lens = data.seq_lens
-    max_tokens = args.max_tokens or int(2 * seq_lens.max())
+    memory = MemoryModel.load(args.memory_model) if args.memory_model else None
+    max_tokens = args.max_tokens or (None if memory else int(2 * seq_lens.max()))
     cost = CostModel.from_json(args.cost_model) if args.cost_model else None
     common = dict(
         group_keys=data.shapes,
@@ -339,6 +369,22 @@ def main(argv=None):
         micro_batches_per_step=args.micro_batches_per_step,
         seed=args.seed,
     )
+    model = build_model(args, device, dtype)
+    policy = None
+    if memory is not None:
+        n_blocks = len(model.blocks)
+        if memory.num_blocks != n_blocks:
+            raise SystemExit(
+                f"--memory-model describes {memory.num_blocks} blocks, the model has {n_blocks}"
+            )
+        # AdamW's two fp32 moments per parameter, which the calibration does not hold.
+        optimizer_gib = 8 * sum(p.numel() for p in model.parameters() if p.requires_grad) / 2**30
+        plan_budget = args.memory_budget - optimizer_gib
+        if plan_budget <= 0:
+            raise SystemExit(
+                f"--memory-budget {args.memory_budget} GiB leaves nothing after the optimizer "
+                f"state ({optimizer_gib:.2f} GiB)"
+            )
     if args.sampler == "adaptive":
         sampler = AdaptiveBatchSampler(
             seq_lens,
@@ -347,11 +393,17 @@ def main(argv=None):
             cost_model=cost,
             lookahead_steps=args.lookahead_steps,
             **common,
+            **(
+                {"memory_model": memory, "memory_budget_gib": plan_budget}
+                if memory is not None
+                else {}
+            ),
         )
+        if memory is not None:
+            policy = sampler.memory_policy(log=lambda msg: print(f"[rank {rank}] {msg}"))
     else:
         sampler = EqualTokenBatchSampler(seq_lens, max_tokens, cost_model=cost, **common)
 
-    model = build_model(args, device, dtype)
     model = wrap(model, args, device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
@@ -400,6 +452,8 @@ def main(argv=None):
     saved_at = None
     seen_shapes: set = set()
     text_len = data[0]["text"].shape[0] if args.warm_shapes else 0
+    inner = model.module if hasattr(model, "module") else model
+    oom_retries = 0
 
     def reached_max_steps():
         return args.max_steps is not None and global_step >= args.max_steps
@@ -456,20 +510,30 @@ def main(argv=None):
                 torch.cuda.reset_peak_memory_stats(device)
                 torch.cuda.synchronize(device)
             t_start = time.perf_counter()
-            loss_sum = torch.zeros((), device=device)
-            samples = tokens = 0
-            batches = []
-            micro_batch_ms = []  # forward+backward of each micro-batch
             data_wait = 0.0
-            # Per micro-batch: (start, inputs on GPU, end) events; model time = end - inputs.
-            marks = [] if on_cuda else None
-            for k in range(K):
-                t_data = time.perf_counter()
-                batch = next(it)
-                data_wait += time.perf_counter() - t_data
-                batches.append(batch["index"].tolist())
-                samples += len(batch["index"])
-                tokens += int(seq_lens[batch["index"].numpy()].sum())
+            fetched = []  # this step's batches, kept for a re-run after an out-of-memory error
+            k = 0
+            while k < K:
+                if k == 0:  # (re)start the step
+                    loss_sum = torch.zeros((), device=device)
+                    samples = tokens = 0
+                    batches = []
+                    micro_batch_ms = []  # forward+backward of each micro-batch
+                    # Per micro-batch: (start, inputs on GPU, end) events; model time =
+                    # end - inputs.
+                    marks = [] if on_cuda else None
+                    step_peaks = []
+                if k == len(fetched):
+                    t_data = time.perf_counter()
+                    fetched.append(next(it))
+                    data_wait += time.perf_counter() - t_data
+                batch = fetched[k]
+                lens_k = seq_lens[batch["index"].numpy()]
+                if policy is not None:
+                    n_ckpt = policy.blocks_for(lens_k)
+                    set_checkpointed_blocks(inner, n_ckpt)
+                    if on_cuda:
+                        torch.cuda.reset_peak_memory_stats(device)
                 sync = nullcontext()
                 if ddp_manual and hasattr(model, "no_sync"):
                     sync = model.no_sync()
@@ -479,16 +543,36 @@ def main(argv=None):
                     marks.append(torch.cuda.Event(enable_timing=True))
                     marks[-1].record()
                 t_micro = time.perf_counter()
-                with sync:
-                    scale = W if args.parallel == "fsdp" else 1  # FSDP averages over ranks
-                    loss = flow_matching_loss(model, batch, device, dtype, normalizer, marks)
-                    (loss * scale).backward()
+                try:
+                    with sync:
+                        scale = W if args.parallel == "fsdp" else 1  # FSDP averages over ranks
+                        loss = flow_matching_loss(model, batch, device, dtype, normalizer, marks)
+                        (loss * scale).backward()
+                except torch.OutOfMemoryError:
+                    if policy is None or args.parallel == "fsdp" or not policy.on_oom(lens_k):
+                        raise
+                    # Gradients of this step are partial: clear them and run the step again
+                    # from its first micro-batch, this kind now fully checkpointed.
+                    del loss
+                    optimizer.zero_grad(set_to_none=True)
+                    torch.cuda.empty_cache()
+                    oom_retries += 1
+                    k = 0
+                    continue
                 if marks is not None:
                     marks.append(torch.cuda.Event(enable_timing=True))
                     marks[-1].record()
                 else:  # CPU: synchronous
                     micro_batch_ms.append((time.perf_counter() - t_micro) * 1000)
+                if policy is not None and on_cuda:
+                    peak_k = torch.cuda.max_memory_allocated(device)
+                    policy.check_peak(lens_k, n_ckpt, peak_k)
+                    step_peaks.append((int(n_ckpt), int(peak_k)))
+                batches.append(batch["index"].tolist())
+                samples += len(batch["index"])
+                tokens += int(lens_k.sum())
                 loss_sum += loss.detach()
+                k += 1
             if on_cuda:
                 torch.cuda.synchronize(device)
             compute_s = time.perf_counter() - t_start - data_wait
@@ -511,6 +595,8 @@ def main(argv=None):
                 torch.cuda.synchronize(device)
             step_s = time.perf_counter() - t_start
             peak = torch.cuda.max_memory_allocated(device) if on_cuda else 0
+            if step_peaks:  # peak stats were reset per micro-batch
+                peak = max(peak, *(p for _, p in step_peaks))
             stats = torch.tensor(
                 [
                     compute_s,
@@ -550,6 +636,8 @@ def main(argv=None):
                     "batches": all_batches,
                     "micro_batch_ms": [ms for _, ms in per_rank],
                 }
+                if policy is not None:
+                    record["checkpointed_and_peak"] = step_peaks  # rank 0's micro-batches
                 if not warming_up:
                     imbalances.append(record["imbalance"])
                     for r, (_, times) in enumerate(per_rank):
@@ -597,6 +685,12 @@ def main(argv=None):
             if log:
                 log.write(json.dumps(summary) + "\n")
                 log.flush()
+    if policy is not None:
+        mem = policy.report() | {"oom_retries": oom_retries, "budget_gib": args.memory_budget,
+                                 "planned_budget_gib": plan_budget}  # fmt: skip
+        print(f"[rank {rank}] memory: {json.dumps(mem)}", flush=True)
+        if log:
+            log.write(json.dumps({"memory": mem}) + "\n")
     if steps_run == 0 and rank == 0:
         print(f"nothing to train: run finished (epoch {start_epoch}, global step {global_step})")
     if ckpt_path and position is not None and saved_at != position:

@@ -3,7 +3,7 @@
 # the GPU tests and the benchmarks, and print a short table last.
 #
 #   bash scripts/gpu_check.sh [build] [test] [bench] [host] [tune] [profile] [e2e] [replay]
-#                             [calibrate]
+#                             [calibrate] [memory] [train_memory] [hostprof]
 #                                                             (default: build test bench host)
 #
 # Results go to $OUT (or ./out): logs, and the benchmarks' CSVs (copy them to
@@ -143,6 +143,39 @@ PY
       eval "extra=(${CALIBRATE_ARGS:---layers 30 --worlds 8 --ks 1})"
       run_step calibrate ours timeout "${CALIBRATE_TIMEOUT:-540}" $PY benchmarks/replay_wan.py \
         --calibration-only --out "$OUT/calibrate" "${extra[@]}"
+      ;;
+    memory)
+      # Issue 16: the checkpointing policy in the replay (writes its memory model, memory.json).
+      eval "extra=(${MEMORY_ARGS:-})"
+      run_step replay_memory ours timeout "${MEMORY_TIMEOUT:-420}" $PY benchmarks/replay_memory.py \
+        --out "$OUT/replay_memory" "${extra[@]}"
+      ;;
+    train_memory)
+      # Issue 16: a real training run with the policy, from the replay's memory model
+      # (MEMORY_MODEL=file, default the memory step's): a budget at which the plan's largest
+      # micro-batches need about half their blocks checkpointed, plus AdamW's state.
+      mm=${MEMORY_MODEL:-$OUT/replay_memory/memory.json}
+      ours $PY examples/make_synthetic_latents.py --out /tmp/wan_mem_data --num-samples 800 \
+        --mix joint-pretrain --scale 0.5 > "$OUT/make_data.log" 2>&1
+      budget=$(ours $PY - "$mm" /tmp/wan_mem_data <<'PY'
+import sys
+from adaptiveload import MemoryModel
+from adaptiveload.metadata import read_metadata
+m = MemoryModel.load(sys.argv[1])
+longest = int(read_metadata(sys.argv[2] + "/metadata.csv").seq_lens.max())
+adam = 8 * 1.3e9 * m.num_blocks / 30 / 2**30 * 1.1  # AdamW state of the short 1.3B, rounded up
+print(round(m.peak_bytes([2 * longest], m.num_blocks // 2) * (1 + m.margin) / 2**30 + adam, 2))
+PY
+)
+      echo "training budget: $budget GiB"
+      run_step train_memory ours timeout "${TRAIN_TIMEOUT:-300}" $PY examples/train_wan.py \
+        --data /tmp/wan_mem_data --layers 6 --memory-model "$mm" \
+        --memory-budget "$budget" --max-steps "${TRAIN_STEPS:-300}" --epochs 100 --no-progress \
+        --log-file "$OUT/train_memory.jsonl" --num-workers 4 --warm-shapes
+      ;;
+    hostprof)
+      # Issue 17: where the host time of forward+backward goes (torch.profiler, tiny tensors).
+      run_step hostprof ours $PY benchmarks/profile_host.py
       ;;
     *) echo "unknown step $step"; status=2 ;;
   esac

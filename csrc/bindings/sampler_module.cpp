@@ -105,12 +105,13 @@ PYBIND11_MODULE(_sampler, m) {
       .def("__repr__", &CostModel::describe);
 
   py::class_<MemoryModel>(m, "MemoryModel")
-      .def(py::init([](int64_t num_blocks, double m0, double mb, double mt, double ma, double mc,
-                       double mr, double margin, double recompute_share) {
+      .def(py::init([](int64_t num_blocks, double m0, double mb, double mbk, double mt, double ma,
+                       double mc, double mr, double margin, double recompute_share) {
              MemoryModel mm;
              mm.num_blocks = num_blocks;
              mm.m0 = m0;
              mm.mb = mb;
+             mm.mbk = mbk;
              mm.mt = mt;
              mm.ma = ma;
              mm.mc = mc;
@@ -120,8 +121,9 @@ PYBIND11_MODULE(_sampler, m) {
              mm.validate();
              return mm;
            }),
-           py::arg("num_blocks"), py::arg("m0"), py::arg("mb"), py::arg("mt"), py::arg("ma"),
-           py::arg("mc"), py::arg("mr"), py::arg("margin"), py::arg("recompute_share"))
+           py::arg("num_blocks"), py::arg("m0"), py::arg("mb"), py::arg("mbk"), py::arg("mt"),
+           py::arg("ma"), py::arg("mc"), py::arg("mr"), py::arg("margin"),
+           py::arg("recompute_share"))
       .def("peak", &MemoryModel::peak, py::arg("count"), py::arg("tokens"), py::arg("checkpointed"))
       .def("checkpointed_blocks", &MemoryModel::checkpointed_blocks, py::arg("count"),
            py::arg("tokens"), py::arg("budget"))
@@ -129,6 +131,7 @@ PYBIND11_MODULE(_sampler, m) {
       .def_readonly("num_blocks", &MemoryModel::num_blocks)
       .def_readonly("m0", &MemoryModel::m0)
       .def_readonly("mb", &MemoryModel::mb)
+      .def_readonly("mbk", &MemoryModel::mbk)
       .def_readonly("mt", &MemoryModel::mt)
       .def_readonly("ma", &MemoryModel::ma)
       .def_readonly("mc", &MemoryModel::mc)

@@ -1,5 +1,6 @@
 #include "sampler/memory_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -15,25 +16,18 @@ namespace {
 double MemoryModel::peak(int64_t count, int64_t tokens, int64_t checkpointed) const {
   const double t = static_cast<double>(tokens);
   const double n = static_cast<double>(checkpointed);
-  const double kept = static_cast<double>(num_blocks - checkpointed);
+  const double kept = static_cast<double>(std::max<int64_t>(num_blocks - checkpointed, 1));
   const double per_token = mt + ma * kept + mc * n + (checkpointed > 0 ? mr : 0.0);
-  return m0 + mb * static_cast<double>(count) + t * per_token;
+  return m0 + (mb + mbk * kept) * static_cast<double>(count) + t * per_token;
 }
 
 int64_t MemoryModel::checkpointed_blocks(int64_t count, int64_t tokens, double budget) const {
+  // The peak need not fall monotonically in n (mc, mr), so every n is tried, fewest first:
+  // L + 1 evaluations of a few flops.
   const double limit = budget / (1.0 + margin);
-  if (peak(count, tokens, 0) <= limit) return 0;
-  // For n >= 1 the peak is linear in n: solve for the fewest n, then step over rounding.
-  const double at1 = peak(count, tokens, 1);
-  const double slope = static_cast<double>(tokens) * (mc - ma);  // d peak / d n, <= 0 if useful
-  int64_t n = 1;
-  if (at1 > limit) {
-    if (!(slope < 0.0)) return -1;
-    n = 1 + static_cast<int64_t>(std::ceil((at1 - limit) / -slope));
-  }
-  while (n > 1 && peak(count, tokens, n - 1) <= limit) --n;
-  while (n <= num_blocks && peak(count, tokens, n) > limit) ++n;
-  return n <= num_blocks ? n : -1;
+  for (int64_t n = 0; n <= num_blocks; ++n)
+    if (peak(count, tokens, n) <= limit) return n;
+  return -1;
 }
 
 double MemoryModel::time_factor(int64_t checkpointed) const {
@@ -43,8 +37,9 @@ double MemoryModel::time_factor(int64_t checkpointed) const {
 
 void MemoryModel::validate() const {
   if (num_blocks < 1) fail("num_blocks must be >= 1, got " + std::to_string(num_blocks));
-  const std::pair<const char*, double> fields[] = {
-      {"m0", m0}, {"mb", mb}, {"mt", mt}, {"ma", ma}, {"mc", mc}, {"mr", mr}, {"margin", margin}};
+  const std::pair<const char*, double> fields[] = {{"m0", m0}, {"mb", mb},        {"mbk", mbk},
+                                                   {"mt", mt}, {"ma", ma},        {"mc", mc},
+                                                   {"mr", mr}, {"margin", margin}};
   for (const auto& [name, v] : fields)
     if (!std::isfinite(v) || v < 0.0)
       fail(std::string(name) + " must be finite and >= 0, got " + std::to_string(v));
@@ -55,9 +50,9 @@ void MemoryModel::validate() const {
 
 std::string MemoryModel::describe() const {
   std::ostringstream s;
-  s << "MemoryModel(L=" << num_blocks << ", peak = " << m0 << " + " << mb << "*B + T*(" << mt
-    << " + " << ma << "*(L-n) + " << mc << "*n + " << mr << "*[n>0]) bytes, margin=" << margin
-    << ", recompute_share=" << recompute_share << ")";
+  s << "MemoryModel(L=" << num_blocks << ", peak = " << m0 << " + B*(" << mb << " + " << mbk
+    << "*max(L-n,1)) + T*(" << mt << " + " << ma << "*max(L-n,1) + " << mc << "*n + " << mr
+    << "*[n>0]) bytes, margin=" << margin << ", recompute_share=" << recompute_share << ")";
   return s.str();
 }
 

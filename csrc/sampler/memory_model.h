@@ -13,15 +13,20 @@ namespace adaptiveload {
 /// holding T tokens in all, when the first n of the model's L blocks run with activation
 /// checkpointing:
 ///
-///   peak(B, T, n) = m0 + mb * B + T * ( mt + ma * (L - n) + mc * n + [n > 0] * mr )
+///   peak(B, T, n) = m0 + B * ( mb + mbk * max(L - n, 1) )
+///                      + T * ( mt + ma * max(L - n, 1) + mc * n + [n > 0] * mr )
 ///
-///   m0  fixed: weights, gradients, optimizer state, workspace
+///   m0  fixed: weights, gradients, workspace
 ///   mb  per sample (text context, per-sample embeddings)
+///   mbk per sample per block that keeps its activations (cross-attention over the sample's
+///       text: the same for an image and a video, so it dominates micro-batches of many images)
 ///   mt  per token, whatever the policy (embedding, head, loss, the block input stream)
-///   ma  per token per block that keeps its activations (not checkpointed)
+///   ma  per token per block that keeps its activations (not checkpointed). The peak comes
+///       at the end of the forward, with the L - n blocks' activations alive, or, when every
+///       block is checkpointed, while one block's activations are rebuilt in its backward:
+///       hence max(L - n, 1) blocks (measured: n = L saves next to nothing over n = L - 1)
 ///   mc  per token per checkpointed block (its saved input)
-///   mr  per token, once when any block is checkpointed (one block's activations,
-///       rebuilt during its backward)
+///   mr  per token, once when any block is checkpointed (what recomputation adds besides)
 ///
 /// Every coefficient is >= 0; fitted by least squares on measured peaks (fit.py).
 /// `margin` >= 0 is the relative headroom the policy keeps: a micro-batch is planned
@@ -34,6 +39,7 @@ struct MemoryModel {
   int64_t num_blocks = 0;  ///< L >= 1
   double m0 = 0.0;
   double mb = 0.0;
+  double mbk = 0.0;
   double mt = 0.0;
   double ma = 0.0;
   double mc = 0.0;

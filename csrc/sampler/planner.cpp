@@ -253,7 +253,8 @@ double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size)
       BatchStats probe;
       probe.add(len, f);
       if (!fits_memory(probe)) continue;
-      while (fill > 1 && memory_.model.checkpointed_blocks(fill, fill * len, memory_.budget) < 0)
+      // What memory allows without recomputation: the largest fill that checkpoints nothing.
+      while (fill > 1 && memory_.model.checkpointed_blocks(fill, fill * len, memory_.budget) != 0)
         --fill;
     }
     for (int64_t b = 0; b < fill; ++b) full.add(len, f);

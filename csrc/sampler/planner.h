@@ -74,7 +74,10 @@ class SampleTable {
   /// cheapest group's micro-batches below what memory allows. Micro-batches of heavy
   /// groups are then cut to about the cost of a full micro-batch of light ones, which
   /// is what makes steps balanceable. Samples over max_tokens are ignored.
-  /// `max_batch_size` (0: no limit) caps the samples of that full micro-batch.
+  /// `max_batch_size` (0: no limit) caps the samples of that full micro-batch. With a memory
+  /// policy, costs include it, and "filled" stops where the micro-batch would need any
+  /// checkpointing: the cheapest group is not cut below what memory allows without
+  /// recomputation, and is not packed past it either, which is where the policy pays.
   double default_max_cost(int64_t max_tokens, int64_t max_batch_size = 0) const;
 
   /// True when sample i alone breaks a cap: S_i > max_tokens, single_cost(i) > max_cost,

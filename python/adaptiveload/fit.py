@@ -256,10 +256,12 @@ MEMORY_SLACK = 0.02
 
 
 def _checkpoint_design(batch, tokens, n, num_blocks) -> np.ndarray:
-    """Columns of m0, mb, mt, ma, mr (see MemoryModel). ``mc`` is not fitted: with ``mt``
-    and ``ma`` it is redundant (``mt + ma*(L-n) + mc*n = (mt + mc*L) + (ma - mc)*(L-n)``)."""
+    """Columns of m0, mb, mbk, mt, ma, mr (see MemoryModel). ``mc`` (a checkpointed block's saved
+    input, ~1/40 of its activations at Wan shapes) is not fitted: with the few ``n`` a
+    calibration measures it is nearly collinear with ``mt`` and ``ma``."""
+    kept = np.maximum(num_blocks - n, 1)
     return np.stack(
-        [np.ones_like(tokens), batch, tokens, tokens * (num_blocks - n), tokens * (n > 0)],
+        [np.ones_like(tokens), batch, batch * kept, tokens, tokens * kept, tokens * (n > 0)],
         axis=1,
     )
 
@@ -314,7 +316,7 @@ def fit_checkpoint_memory_model(rows, num_blocks: int, *, slack: float = MEMORY_
     margin = max(0.0, loo_under) + slack
     return MemoryModel(
         num_blocks,
-        **dict(zip(("m0", "mb", "mt", "ma", "mr"), (float(c) for c in coef), strict=True)),
+        **dict(zip(("m0", "mb", "mbk", "mt", "ma", "mr"), (float(c) for c in coef), strict=True)),
         margin=round(margin, 4),
         recompute_share=round(share, 4),
         meta={

@@ -5,12 +5,14 @@ headroom under a memory budget on speed.
 samples holding ``T`` tokens when the first ``n`` of the model's ``L`` blocks are
 checkpointed::
 
-    peak(B, T, n) = m0 + mb*B + T * (mt + ma*(L - n) + mc*n + [n > 0]*mr)      (bytes)
+    peak(B, T, n) = m0 + B * (mb + mbk*max(L - n, 1))
+                       + T * (mt + ma*max(L - n, 1) + mc*n + [n > 0]*mr)      (bytes)
 
-(``m0`` weights, gradients, optimizer state; ``mb`` per sample; ``mt`` per token whatever
-the policy; ``ma`` per token per block that keeps its activations; ``mc`` per token per
-checkpointed block, its saved input; ``mr`` one block's activations rebuilt during its
-backward). ``fit.fit_checkpoint_memory_model`` fits it to measured peaks.
+(``m0`` weights and gradients; ``mb`` per sample; ``mbk`` per sample per block that keeps its
+activations, its text context in cross-attention; ``mt`` per token whatever the policy;
+``ma`` per token per block that keeps its activations, ``max(L - n, 1)`` of them because with
+every block checkpointed one block's activations are rebuilt in its backward; ``mc`` per token
+per checkpointed block, its saved input; ``mr`` what recomputation adds besides). ``fit.fit_checkpoint_memory_model`` fits it to measured peaks.
 
 The policy of a micro-batch is the fewest ``n`` with ``peak * (1 + margin) <= budget``;
 ``margin`` is fitted from the worst under-prediction on measured points. A micro-batch with
@@ -33,7 +35,7 @@ import numpy as np
 from adaptiveload import _sampler
 
 GIB = 2**30
-_COEFS = ("m0", "mb", "mt", "ma", "mc", "mr")
+_COEFS = ("m0", "mb", "mbk", "mt", "ma", "mc", "mr")
 
 
 def _lens(seq_lens) -> np.ndarray:
@@ -56,6 +58,7 @@ class MemoryModel:
         m0: float,
         ma: float,
         mb: float = 0.0,
+        mbk: float = 0.0,
         mt: float = 0.0,
         mc: float = 0.0,
         mr: float = 0.0,
@@ -67,6 +70,7 @@ class MemoryModel:
             num_blocks=int(num_blocks),
             m0=float(m0),
             mb=float(mb),
+            mbk=float(mbk),
             mt=float(mt),
             ma=float(ma),
             mc=float(mc),

@@ -20,6 +20,7 @@ MemoryModel wan_memory(double margin = 0.05) {
   m.num_blocks = 30;
   m.m0 = 20e9;
   m.mb = 1e6;
+  m.mbk = 2e5;
   m.mt = 1e4;
   m.ma = 1.3e5;
   m.mc = 6e3;
@@ -54,6 +55,7 @@ TEST(MemoryModel, FewestBlocksMatchesTryingEveryCount) {
     m.num_blocks = 1 + static_cast<int64_t>(u(gen) * 40);
     m.m0 = u(gen) * 1e10;
     m.mb = u(gen) * 1e6;
+    m.mbk = u(gen) * 1e6;
     m.mt = u(gen) * 1e4;
     m.ma = u(gen) * 2e5;
     m.mc = u(gen) * (trial % 5 == 0 ? 4e5 : 1e4);  // sometimes checkpointing does not help

@@ -28,8 +28,9 @@ def seed():
 
 def wan_memory(margin=0.05, share=0.25):
     return MemoryModel(
-        L, m0=20e9, mb=1e6, mt=1e4, ma=1.3e5, mr=1.3e5, margin=margin, recompute_share=share
-    )
+        L, m0=20e9, mb=1e6, mbk=2e5, mt=1e4, ma=1.3e5, mr=1.3e5, margin=margin,
+        recompute_share=share,
+    )  # fmt: skip
 
 
 def peak_formula(m: MemoryModel, lens, n):
@@ -37,8 +38,8 @@ def peak_formula(m: MemoryModel, lens, n):
     t = sum(lens)
     return (
         c["m0"]
-        + c["mb"] * len(lens)
-        + t * (c["mt"] + c["ma"] * (m.num_blocks - n) + c["mc"] * n + (c["mr"] if n else 0.0))
+        + (c["mb"] + c["mbk"] * max(m.num_blocks - n, 1)) * len(lens)
+        + t * (c["mt"] + c["ma"] * max(m.num_blocks - n, 1) + c["mc"] * n + (c["mr"] if n else 0.0))
     )
 
 
@@ -106,10 +107,10 @@ def test_save_load_round_trip(tmp_path):
 
 def test_fit_recovers_the_model_and_bounds_the_points(seed):
     rng = np.random.default_rng(seed)
-    true = MemoryModel(6, m0=3e9, mb=2e6, mt=2e4, ma=1.3e5, mr=1.2e5)
+    true = MemoryModel(6, m0=3e9, mb=2e6, mbk=1.5e6, mt=2e4, ma=1.3e5, mr=1.2e5)
     rows = []
     for s in (1560, 6240, 32760, 75600):
-        for b in (1, 2, 3):
+        for b in (1, 2, 3, 40):
             for n in (0, 2, 6):
                 noise = 1 + rng.normal(0, 0.004)
                 ms = 10.0 * b * (1 - 0.3 * (6 - n) / 6) * (1 + rng.normal(0, 0.002))
@@ -130,7 +131,7 @@ def test_fit_recovers_the_model_and_bounds_the_points(seed):
         pred = m.peak_bytes([r["seq_len"]] * r["batch"], r["checkpointed"])
         assert r["peak_bytes"] <= pred * (1 + m.margin)
     # Predictions at unmeasured points within 2% of the truth.
-    for s, b, n in ((14040, 2, 3), (46800, 1, 1), (3600, 3, 5)):
+    for s, b, n in ((14040, 2, 3), (46800, 1, 1), (3600, 3, 5), (1560, 20, 2)):
         assert m.peak_bytes([s] * b, n) == pytest.approx(true.peak_bytes([s] * b, n), rel=0.02)
 
 
