@@ -48,8 +48,7 @@ from datetime import date
 import numpy as np
 
 from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
-from adaptiveload.calibrate import calibrate_plan, measure_memory_points
-from adaptiveload.fit import fit_checkpoint_memory_model
+from adaptiveload.calibrate import calibrate_memory, calibrate_plan
 from adaptiveload.memory import GIB
 from adaptiveload.report import balance_report
 from adaptiveload.wan import wan_seq_len
@@ -94,24 +93,6 @@ class Timings:
             self.ms[key] = self.timer(batch, tuple(shape), checkpointed=self.n)[0]
             self.seconds += time.perf_counter() - t0
         return self.ms[key], 0
-
-
-def memory_kinds(meta, max_tokens):
-    """The kinds the memory model is fitted on, as two maps (S, B) -> shape: each shape of the
-    mix alone and as 2 samples (measured at four n), and as many samples as hold about 32k and
-    96k tokens (measured at n = 0 and L: per-sample memory, text context in cross-attention, is
-    what distinguishes micro-batches of many images)."""
-    few, many = {}, {}
-    for shape in sorted({tuple(int(v) for v in s) for s in meta.shapes}):
-        s = wan_seq_len(*shape)
-        for b in (1, 2):
-            if b * s <= max_tokens:
-                few[(s, b)] = shape
-        for tokens in (32768, 98304):
-            b = tokens // s
-            if b > 2 and b * s <= max_tokens:
-                many[(s, b)] = shape
-    return few, many
 
 
 def full_ckpt_max_tokens(memory, seq_lens, budget):
@@ -214,16 +195,11 @@ def main(argv=None) -> int:
 
     # 1. The memory model.
     t0 = time.perf_counter()
-    few, many = memory_kinds(meta, 2 * int(lens.max()))
-    points_file = os.path.join(args.out, "memory_points.jsonl")
-    rows = measure_memory_points(
-        timer, few, checkpointed=sorted({0, layers // 2, layers - 1, layers}),
-        points_file=points_file, log=None,
-    ) + measure_memory_points(
-        timer, many, checkpointed=(0, layers), points_file=points_file, log=None
+    memory, rows = calibrate_memory(
+        timer, meta.shapes, 2 * int(lens.max()),
+        points_file=os.path.join(args.out, "memory_points.jsonl"), log=None,
     )  # fmt: skip
     fit_rows = [r for r in rows if not r["oom"]]
-    memory = fit_checkpoint_memory_model(fit_rows, layers)
     mem_s = time.perf_counter() - t0
     memory.save(os.path.join(args.out, "memory.json"))
     budget_gib = memory.coefficients()["m0"] / GIB + args.activation_budget_gib * (

@@ -400,7 +400,9 @@ def main(argv=None):
             ),
         )
         if memory is not None:
-            policy = sampler.memory_policy(log=lambda msg: print(f"[rank {rank}] {msg}"))
+            policy = sampler.memory_policy(
+                log=lambda msg: print(f"[rank {rank}] {msg}"), reserved_gib=optimizer_gib
+            )
     else:
         sampler = EqualTokenBatchSampler(seq_lens, max_tokens, cost_model=cost, **common)
 

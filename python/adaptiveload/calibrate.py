@@ -489,6 +489,46 @@ def measure_memory_points(
     return rows
 
 
+def memory_kinds(shapes, max_tokens: int):
+    """The kinds a memory model is fitted on, as two maps ``(S, B) -> shape`` over the distinct
+    pixel shapes: each shape alone and as 2 samples (``few``: measured at four ``n``), and as
+    many samples as hold about 32k and 96k tokens (``many``: measured at ``n = 0`` and ``L``;
+    per-sample memory, the text context of cross-attention in every block, is what sets
+    micro-batches of many images apart). Kinds over ``max_tokens`` are left out."""
+    few, many = {}, {}
+    for shape in sorted({tuple(int(v) for v in s) for s in shapes}):
+        s = wan_seq_len(*shape)
+        for b in (1, 2):
+            if b * s <= max_tokens:
+                few[(s, b)] = shape
+        for tokens in (32768, 98304):
+            b = tokens // s
+            if b > 2 and b * s <= max_tokens:
+                many[(s, b)] = shape
+    return few, many
+
+
+def calibrate_memory(timer: WanTimer, shapes, max_tokens: int, *, points_file=None, log=print):
+    """Measure ``memory_kinds(shapes, max_tokens)`` (``measure_memory_points``; resumable
+    through ``points_file``) and fit the memory model with checkpointing
+    (``fit.fit_checkpoint_memory_model``): a ``MemoryModel`` whose ``meta`` holds the fit's
+    errors, the rows and the points that ran out of memory (left out of the fit)."""
+    from adaptiveload.fit import fit_checkpoint_memory_model
+
+    layers = timer.layers
+    few, many = memory_kinds(shapes, max_tokens)
+    rows = measure_memory_points(
+        timer, few, checkpointed=sorted({0, layers // 2, max(layers - 1, 0), layers}),
+        points_file=points_file, log=log,
+    ) + measure_memory_points(
+        timer, many, checkpointed=(0, layers), points_file=points_file, log=log
+    )  # fmt: skip
+    fit_rows = [r for r in rows if not r["oom"]]
+    model = fit_checkpoint_memory_model(fit_rows, layers)
+    model.meta |= {"out_of_memory": len(rows) - len(fit_rows), **timer.meta}
+    return model, rows
+
+
 def _memory_row(d: dict) -> dict:
     """A row of ``measure_memory_points``'s file, checked."""
     row = dict(d)

@@ -278,7 +278,41 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"suggested max_tokens for a {args.memory_budget:g} GiB budget: {tokens}")
     cal.to_json(args.out)
     print(f"wrote {args.out} (load it with CostModel.from_json or --cost-model)")
+    if args.memory_model:
+        _calibrate_memory(args, dtype)
     return 0
+
+
+def _calibrate_memory(args: argparse.Namespace, dtype) -> None:
+    """The memory model with activation checkpointing, for AdaptiveBatchSampler(memory_model=)."""
+    from adaptiveload.calibrate import WanTimer, calibrate_memory
+
+    if not args.device.startswith("cuda"):
+        print("memory model: peak memory is measured on CUDA only; no memory model written")
+        return
+    if args.metadata is not None:
+        meta = read_metadata(args.metadata)
+        shapes = meta.shapes
+        max_tokens = args.max_tokens or int(2 * meta.seq_lens.max())
+    else:
+        shapes = _shapes(args.shapes)
+        max_tokens = args.max_tokens or 151_200
+    timer = WanTimer(args.config, **_timer_args(args, dtype))
+    points = os.path.splitext(args.memory_model)[0] + ".points.jsonl"
+    log = None if args.no_progress else print
+    model, rows = calibrate_memory(timer, shapes, max_tokens, points_file=points, log=log)
+    m = model.meta
+    print(
+        f"\nmemory model ({len(rows)} points, {m['out_of_memory']} out of memory): {model!r}\n"
+        f"fit error: median {m['error_median']:.1%}, max {m['error_max']:.1%}; worst "
+        f"leave-one-out under-prediction {m['loo_under_max']:.1%}, so margin {model.margin:.1%}; "
+        f"recompute share {model.recompute_share:.1%}"
+    )
+    model.save(args.memory_model)
+    print(
+        f"wrote {args.memory_model} (AdaptiveBatchSampler(memory_model=MemoryModel.load(...), "
+        "memory_budget_gib=...))"
+    )
 
 
 def _timer_args(args: argparse.Namespace, dtype) -> dict:
@@ -449,6 +483,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--text-len", type=int, default=TEXT_LEN)
     c.add_argument(
         "--memory-budget", type=float, default=None, help="GiB; prints the max_tokens that fits"
+    )
+    c.add_argument(
+        "--memory-model",
+        default=None,
+        help="also measure peak memory with n of L blocks checkpointed and write the memory "
+        "model of the checkpointing policy here (JSON; the shapes of --metadata, else the grid)",
     )
     c.add_argument(
         "--warmup", type=int, default=None, help="untimed calls per kind (default 2; --metadata: 1)"

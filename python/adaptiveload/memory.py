@@ -182,9 +182,16 @@ class CheckpointPolicy:
     (``on_oom``): those run with every block checkpointed for the rest of the run.
     ``check_peak`` compares a measured peak with the budget and the prediction and logs
     micro-batches over the budget. ``report()`` sums it up.
+
+    ``reserved_gib``: memory the training process holds that the memory model does not (the
+    optimizer state: calibration times forward+backward only). Micro-batches are planned
+    within ``budget_gib``; measured peaks are compared with ``budget_gib + reserved_gib`` and
+    with the prediction plus ``reserved_gib``.
     """
 
-    def __init__(self, model: MemoryModel, budget_gib: float, *, log=None):
+    def __init__(
+        self, model: MemoryModel, budget_gib: float, *, reserved_gib: float = 0.0, log=None
+    ):
         if not (
             isinstance(budget_gib, (int, float)) and math.isfinite(budget_gib) and budget_gib > 0
         ):
@@ -192,6 +199,9 @@ class CheckpointPolicy:
         self.model = model
         self.budget_gib = float(budget_gib)
         self.budget_bytes = self.budget_gib * GIB
+        if not (isinstance(reserved_gib, (int, float)) and 0 <= reserved_gib < math.inf):
+            raise ValueError(f"reserved_gib must be a finite number >= 0, got {reserved_gib!r}")
+        self.reserved_bytes = float(reserved_gib) * GIB
         self.log = log if log is not None else (lambda msg: warnings.warn(msg, stacklevel=3))
         self.fallbacks: dict[tuple[int, int], int] = {}  # kind -> OOMs seen
         self.over_budget: list[dict] = []
@@ -235,7 +245,7 @@ class CheckpointPolicy:
 
     def check_peak(self, seq_lens, checkpointed: int, peak_bytes: float) -> bool:
         """Compare a measured peak with the prediction; True when within the budget."""
-        predicted = self.model.peak_bytes(seq_lens, checkpointed)
+        predicted = self.model.peak_bytes(seq_lens, checkpointed) + self.reserved_bytes
         row = {
             "batch": self.kind(seq_lens)[0],
             "tokens": self.kind(seq_lens)[1],
@@ -244,13 +254,14 @@ class CheckpointPolicy:
             "predicted_bytes": predicted,
         }
         self.peaks.append(row)
-        ok = peak_bytes <= self.budget_bytes
+        limit = self.budget_bytes + self.reserved_bytes
+        ok = peak_bytes <= limit
         if not ok:
             self.over_budget.append(row)
             self.log(
                 f"micro-batch of {row['batch']} sample(s), {row['tokens']} tokens, "
                 f"{checkpointed} checkpointed blocks: measured peak {peak_bytes / GIB:.2f} GiB "
-                f"over the budget of {self.budget_gib:g} GiB (predicted {predicted / GIB:.2f} GiB)"
+                f"over the budget of {limit / GIB:.2f} GiB (predicted {predicted / GIB:.2f} GiB)"
             )
         return ok
 
@@ -263,7 +274,7 @@ class CheckpointPolicy:
             "oom_fallback_kinds": len(self.fallbacks),
         }
         if len(peaks):
-            util = peaks / self.budget_bytes
+            util = peaks / (self.budget_bytes + self.reserved_bytes)
             err = (pred - peaks) / peaks
             out |= {
                 "peak_over_budget_mean": float(util.mean()),

@@ -724,12 +724,16 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             raise ValueError(f"indices must be a non-empty 1-D list of integers, got {indices!r}")
         return int(self._table.checkpointed_blocks(idx.astype(np.int64)))
 
-    def memory_policy(self, log=None) -> CheckpointPolicy:
+    def memory_policy(self, log=None, reserved_gib: float = 0.0) -> CheckpointPolicy:
         """A ``CheckpointPolicy`` for the training loop: the plan's choice per micro-batch, the
-        fallback to full checkpointing after an out-of-memory error, peaks against the budget."""
+        fallback to full checkpointing after an out-of-memory error, peaks against the budget
+        (plus ``reserved_gib``, memory the model's calibration does not hold, such as the
+        optimizer state the budget was reduced by)."""
         if self.memory_model is None:
             raise ValueError("memory_policy needs a sampler made with memory_model")
-        return CheckpointPolicy(self.memory_model, self.memory_budget_gib, log=log)
+        return CheckpointPolicy(
+            self.memory_model, self.memory_budget_gib, reserved_gib=reserved_gib, log=log
+        )
 
     # -- online refinement --------------------------------------------------------------
     @property

@@ -315,3 +315,63 @@ def test_memory_points_record_out_of_memory_and_go_on(tmp_path):
     timer.calls.clear()
     assert measure_memory_points(timer, kinds, points_file=points, log=None) == rows
     assert timer.calls == []
+
+
+# -- memory model with checkpointing -----------------------------------------------------------
+
+
+class FakeMemoryTimer:
+    """Time and peak memory of a micro-batch with n of L blocks checkpointed, from a known
+    memory model (with 0.3% noise) and a recompute share of 25%."""
+
+    def __init__(self, truth, seed):
+        self.truth, self.layers = truth, truth.num_blocks
+        self.meta = {"device": "fake", "config": "fake"}
+        self.rng = np.random.default_rng(seed)
+        self.calls = []
+
+    def __call__(self, batch, shape, checkpointed=None):
+        n = self.layers if checkpointed is None else checkpointed
+        self.calls.append((batch, tuple(shape), n))
+        s = wan_seq_len(*shape)
+        ms = batch * (1 + 1e-3 * s) * (1 - 0.25 * (self.layers - n) / self.layers)
+        peak = self.truth.peak_bytes([s] * batch, n) * (1 + 0.003 * self.rng.standard_normal())
+        return ms, int(peak)
+
+
+def test_calibrate_memory_fits_the_policy_model_and_resumes(tmp_path):
+    from adaptiveload import MemoryModel
+    from adaptiveload.calibrate import calibrate_memory, memory_kinds
+
+    seed = int(np.random.SeedSequence().entropy % 2**32)
+    print(f"seed {seed}")
+    truth = MemoryModel(5, m0=2e9, mb=1e6, mbk=3e6, mt=2e4, ma=1e5, mr=1e4)
+    shapes = [(1, 480, 832), (1, 624, 624), (17, 480, 832), (49, 480, 832), (81, 480, 832)]
+    timer = FakeMemoryTimer(truth, seed)
+    path = tmp_path / "mem.points.jsonl"
+    model, rows = calibrate_memory(timer, shapes, 160_000, points_file=path, log=None)
+    few, many = memory_kinds(shapes, 160_000)
+    assert len(rows) == 4 * len(few) + 2 * len(many) and len(timer.calls) == len(rows)
+    assert any(b > 2 for _, b in many), "large batches of images measured"
+    assert model.recompute_share == pytest.approx(0.25, abs=0.01)
+    for r in rows:  # never under the measured peak beyond the margin
+        pred = model.peak_bytes([r["seq_len"]] * r["batch"], r["checkpointed"])
+        assert r["peak_bytes"] <= pred * (1 + model.margin)
+    for s, b, n in ((1560, 40, 2), (32760, 3, 1), (8000, 1, 4)):
+        assert model.peak_bytes([s] * b, n) == pytest.approx(truth.peak_bytes([s] * b, n), rel=0.02)
+    # Resume: nothing measured again.
+    again = FakeMemoryTimer(truth, seed)
+    model2, rows2 = calibrate_memory(again, shapes, 160_000, points_file=path, log=None)
+    assert again.calls == [] and rows2 == rows and model2 == model
+
+
+def test_calibrate_cli_memory_model_needs_cuda(tmp_path, capsys):
+    pytest.importorskip("diffusers")
+    from adaptiveload.cli import main
+
+    args = "calibrate --config tiny --device cpu --dtype fp32 --no-fused --max-tokens 3000"
+    args += " --shapes 1x32x48,17x64x96 --text-len 8 --repeat 1 --warmup 0 --no-progress"
+    mem = tmp_path / "mem.json"
+    rc = main([*args.split(), "--out", str(tmp_path / "c.json"), "--memory-model", str(mem)])
+    assert rc == 0
+    assert "measured on CUDA only" in capsys.readouterr().out and not mem.exists()

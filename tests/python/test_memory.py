@@ -269,3 +269,11 @@ def test_checkpoint_policy_falls_back_after_oom_and_logs_over_budget():
         p.blocks_for([10**7])
     with pytest.raises(ValueError, match="budget_gib"):
         CheckpointPolicy(wan_memory(), 0)
+    # Reserved memory (optimizer state) is added to the budget and the prediction.
+    q = CheckpointPolicy(wan_memory(), 60.0, reserved_gib=5.0, log=logs.append)
+    assert q.blocks_for(lens) == n
+    assert q.check_peak(lens, n, 64 * GIB)
+    assert not q.check_peak(lens, n, 66 * GIB)
+    assert q.peaks[0]["predicted_bytes"] == pytest.approx(
+        wan_memory().peak_bytes(lens, n) + 5 * GIB
+    )
