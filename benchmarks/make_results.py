@@ -338,6 +338,37 @@ SECTIONS = [
         ),
     ),
     (
+        "How much faster is an epoch when each micro-batch checkpoints only what its memory needs?",
+        lambda: (
+            copied(
+                "h200/replay_memory.csv",
+                "Memory headroom into speed: the checkpointing policy",
+                "benchmarks/replay_memory.py: memory model fitted to measured peaks of the mix's "
+                "kinds with n of L blocks checkpointed, plans at one memory budget (8 ranks), "
+                "every distinct (S, B, n) kind of each plan timed fresh twice with its peak; "
+                "Wan-2.1-1.3B with 6 of its 30 blocks, bf16, fused ops, the budget emulated "
+                "(the short model's fixed memory plus the full model's activation budget "
+                "scaled by 6/30). \"policy plan, full ckpt\" is the policy's own plan run with "
+                "every block checkpointed; the full-checkpointing arms use the largest "
+                "max_tokens at which any shape's micro-batch fits the budget.",
+                "This run's memory model had no per-sample term: micro-batches of ~100 "
+                "images (72-97 samples, n = 5 of 6) peaked 1-3% over the budget, 9.6% over "
+                "its prediction. The model now has a per-sample term per kept block (cross-"
+                "attention over each sample's text) and calibration measures many-image "
+                "batches; the replay with it did not finish in this session's GPU time, the "
+                "training run below used it.",
+            )
+            + copied(
+                "h200/train_memory.csv",
+                "The policy in a real training run",
+                "examples/train_wan.py on one H200 with --memory-model/--memory-budget: each "
+                "micro-batch checkpoints the blocks its plan chose; peaks measured per "
+                "micro-batch. The prediction adds the 8 bytes per parameter left to AdamW, "
+                "which the bf16 model's state fills about half of (hence over-prediction).",
+            )
+        ),
+    ),
+    (
         "How do the samplers compare under the cost model calibrated on the GPU?",
         lambda: copied(
             "cpu/sim_calibrated.csv",
