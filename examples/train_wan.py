@@ -555,7 +555,7 @@ def main(argv=None):
                         raise
                     # Gradients of this step are partial: clear them and run the step again
                     # from its first micro-batch, this kind now fully checkpointed.
-                    del loss
+                    loss = None  # frees the graph of the failed micro-batch, if it got one
                     optimizer.zero_grad(set_to_none=True)
                     torch.cuda.empty_cache()
                     oom_retries += 1

@@ -398,3 +398,61 @@ def _tiny_params():
     from adaptiveload.models.wan import build_wan
 
     return sum(p.numel() for p in build_wan("tiny").parameters())
+
+
+def test_out_of_memory_reruns_the_step_fully_checkpointed_without_counting_twice(
+    dataset, tmp_path, monkeypatch
+):
+    """An out-of-memory error in the middle of a step (injected into the second micro-batch's
+    forward): the step's partial gradients are cleared, the step re-runs with that kind fully
+    checkpointed, and every later loss equals that of a run without the error (checkpointing
+    does not change the math), so no gradient was counted twice or lost."""
+    import importlib.util
+
+    import torch
+
+    from adaptiveload import MemoryModel
+    from adaptiveload.metadata import read_metadata
+
+    spec = importlib.util.spec_from_file_location(
+        "train_wan", os.path.join(EXAMPLES, "train_wan.py")
+    )
+    train_wan = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_wan)
+
+    meta = read_metadata(os.path.join(dataset, "metadata.csv"))
+    longest = int(meta.seq_lens.max())
+    model = MemoryModel(2, m0=2**30, ma=2**30 / (4 * longest), recompute_share=0.25)
+    path = str(tmp_path / "memory.json")
+    model.save(path)
+    budget = model.peak_bytes([longest], 1) * 1.01 / 2**30 + 0.01
+    argv = [
+        "--data", dataset, "--device", "cpu", "--config", "tiny", "--num-workers", "0",
+        "--no-progress", "--micro-batches-per-step", "2", "--seed", "5", "--max-tokens", "320",
+        "--memory-model", path, "--memory-budget", f"{budget:.4f}", "--max-steps", "4",
+        "--no-refine-cost-model",
+    ]  # fmt: skip
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    clean = str(tmp_path / "clean.jsonl")
+    train_wan.main([*argv, "--log-file", clean])
+
+    real = train_wan.flow_matching_loss
+    calls = {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:  # step 1, second micro-batch
+            raise torch.OutOfMemoryError("injected")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_wan, "flow_matching_loss", failing)
+    faulty = str(tmp_path / "faulty.jsonl")
+    train_wan.main([*argv, "--log-file", faulty])
+    a, b = read_log(clean), read_log(faulty)
+    assert [r["batches"] for r in a] == [r["batches"] for r in b]
+    for x, y in zip(a, b, strict=True):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-6, abs=1e-9), x["global_step"]
+    mem = [r["memory"] for r in read_lines(faulty) if "memory" in r][0]
+    assert mem["oom_retries"] == 1 and mem["oom_fallback_kinds"] == 1
+    # 8 micro-batches, the failed call, and the re-run of the step's first micro-batch.
+    assert calls["n"] == 4 * 2 + 2, "the failed step ran again from its first micro-batch"
