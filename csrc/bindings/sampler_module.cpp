@@ -192,7 +192,7 @@ PYBIND11_MODULE(_sampler, m) {
       [](const SampleTable& table, int64_t max_tokens, double max_cost, int64_t num_replicas,
          int64_t micro_batches_per_step, bool shuffle, uint64_t seed, int64_t epoch, bool drop_last,
          bool balance, int64_t lookahead_steps, bool skip_oversize,
-         std::optional<UInt8Array> exclude, int64_t max_batch_size) {
+         std::optional<UInt8Array> exclude, int64_t max_batch_size, bool uneven_counts) {
         PlanOptions o;
         o.max_tokens = max_tokens;
         o.max_batch_size = max_batch_size;
@@ -205,6 +205,7 @@ PYBIND11_MODULE(_sampler, m) {
         o.drop_last = drop_last;
         o.balance = balance;
         o.lookahead_steps = lookahead_steps;
+        o.uneven_counts = uneven_counts;
         o.oversize = skip_oversize ? adaptiveload::OversizePolicy::kSkip
                                    : adaptiveload::OversizePolicy::kError;
         const uint8_t* ex = nullptr;
@@ -232,12 +233,14 @@ PYBIND11_MODULE(_sampler, m) {
         out["padding"] = to_numpy(std::move(plan.padding));
         out["skipped"] = to_numpy(std::move(plan.skipped));
         if (table.has_memory_policy()) out["checkpointed"] = to_numpy(std::move(plan.checkpointed));
+        if (uneven_counts) out["rank_offsets"] = to_numpy(std::move(plan.rank_offsets));
         return out;
       },
       py::arg("table"), py::arg("max_tokens"), py::arg("max_cost"), py::arg("num_replicas"),
       py::arg("micro_batches_per_step"), py::arg("shuffle"), py::arg("seed"), py::arg("epoch"),
       py::arg("drop_last"), py::arg("balance"), py::arg("lookahead_steps"),
-      py::arg("skip_oversize"), py::arg("exclude") = py::none(), py::arg("max_batch_size") = 0);
+      py::arg("skip_oversize"), py::arg("exclude") = py::none(), py::arg("max_batch_size") = 0,
+      py::arg("uneven_counts") = false);
 
   m.def(
       "assign_to_ranks",
@@ -247,4 +250,11 @@ PYBIND11_MODULE(_sampler, m) {
             adaptiveload::assign_to_ranks(costs.data(), costs.size(), num_bins, per_bin));
       },
       py::arg("costs"), py::arg("num_bins"), py::arg("per_bin"));
+
+  m.def(
+      "assign_uneven",
+      [](py::array_t<double, py::array::c_style | py::array::forcecast> costs, int64_t num_bins) {
+        return to_numpy(adaptiveload::assign_uneven(costs.data(), costs.size(), num_bins));
+      },
+      py::arg("costs"), py::arg("num_bins"));
 }

@@ -40,6 +40,15 @@ void validate_options(const PlanOptions& o) {
     invalid("micro_batches_per_step must be >= 1, got " + std::to_string(o.micro_batches_per_step));
   if (o.lookahead_steps < 1)
     invalid("lookahead_steps must be >= 1, got " + std::to_string(o.lookahead_steps));
+  if (o.uneven_counts && !o.balance)
+    invalid("uneven_counts needs balance: without balancing every rank takes K per step");
+}
+
+double largest_bin(const double* costs, int64_t n_items, int64_t num_bins,
+                   const std::vector<int64_t>& bin_of) {
+  std::vector<double> load(num_bins, 0.0);
+  for (int64_t i = 0; i < n_items; ++i) load[bin_of[i]] += costs[i];
+  return *std::max_element(load.begin(), load.end());
 }
 
 MicroBatch make_micro_batch(const SampleTable& table, const std::vector<int64_t>& samples,
@@ -298,6 +307,75 @@ std::vector<int64_t> assign_to_ranks(const double* costs, int64_t n_items, int64
   return bin_of;
 }
 
+std::vector<int64_t> assign_uneven(const double* costs, int64_t n_items, int64_t num_bins) {
+  if (num_bins < 1 || n_items < num_bins) invalid("assign_uneven: need n_items >= num_bins >= 1");
+  std::vector<int64_t> order(n_items);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
+  std::vector<double> load(num_bins, 0.0);
+  std::vector<int64_t> count(num_bins, 0), bin_of(n_items);
+  using Bin = std::pair<double, int64_t>;  // (load, bin): ties go to the lower bin
+  std::priority_queue<Bin, std::vector<Bin>, std::greater<Bin>> open;
+  for (int64_t j = 0; j < n_items; ++j) {
+    const int64_t item = order[j];
+    int64_t b = j;  // the num_bins largest items open a bin each: every bin gets one
+    if (j >= num_bins) {
+      b = open.top().second;
+      open.pop();
+    }
+    bin_of[item] = b;
+    load[b] += costs[item];
+    ++count[b];
+    open.push({load[b], b});
+  }
+  // Moves of one item, or swaps of two, between the most and the least loaded bins. Each
+  // lowers the sum of squared loads (it shifts d with load[l] + d < load[h]), so the loop
+  // ends; the cap only bounds its time.
+  std::vector<int64_t> in_h, in_l;
+  for (int64_t rounds = 0; rounds < 4 * n_items; ++rounds) {
+    const int64_t h = std::max_element(load.begin(), load.end()) - load.begin();
+    const int64_t l = std::min_element(load.begin(), load.end()) - load.begin();
+    in_h.clear();
+    in_l.clear();
+    for (int64_t i = 0; i < n_items; ++i) {
+      if (bin_of[i] == h) in_h.push_back(i);
+      if (bin_of[i] == l) in_l.push_back(i);
+    }
+    int64_t give = -1, take = -1;
+    double best = load[h];
+    for (int64_t a : in_h) {
+      if (count[h] >= 2) {
+        const double after = std::max(load[h] - costs[a], load[l] + costs[a]);
+        if (after < best) best = after, give = a, take = -1;
+      }
+      for (int64_t b : in_l) {
+        const double d = costs[a] - costs[b];
+        const double after = std::max(load[h] - d, load[l] + d);
+        if (d > 0 && after < best) best = after, give = a, take = b;
+      }
+    }
+    if (give < 0) break;
+    const double d = costs[give] - (take >= 0 ? costs[take] : 0.0);
+    bin_of[give] = l;
+    if (take >= 0) {
+      bin_of[take] = h;
+    } else {
+      --count[h];
+      ++count[l];
+    }
+    load[h] -= d;
+    load[l] += d;
+  }
+  if (n_items % num_bins == 0) {
+    std::vector<int64_t> even = assign_to_ranks(costs, n_items, num_bins, n_items / num_bins);
+    if (largest_bin(costs, n_items, num_bins, even) <=
+        largest_bin(costs, n_items, num_bins, bin_of))
+      return even;
+  }
+  return bin_of;
+}
+
 EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8_t* exclude) {
   validate_options(o);
   const int64_t n = table.size();
@@ -370,6 +448,10 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
 
   // 4. Slot of each micro-batch: slot_item[(t * W + r) * K + k] = index into mbs.
   std::vector<int64_t> slot_item(m);
+  if (o.uneven_counts) {
+    plan.rank_offsets.assign(plan.num_steps * W + 1, 0);
+    plan.rank_offsets.back() = m;
+  }
   if (o.balance) {
     const int64_t L = o.lookahead_steps;
     std::vector<std::pair<double, int64_t>> items;  // (cost, micro-batch), sorted by cost
@@ -389,15 +471,32 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
       if (o.shuffle) shuffle_in_place(chunk_order, order_rng);
       for (int64_t c = 0; c < steps; ++c) {
         const auto* chunk = items.data() + c * per_step;
-        if (K == 1) {
+        for (int64_t j = 0; j < per_step; ++j) chunk_costs[j] = chunk[j].first;
+        if (o.uneven_counts) {
+          rank_of = assign_uneven(chunk_costs.data(), per_step, W);
+        } else if (K == 1) {
           // One micro-batch per rank: any assignment is as good as another.
           std::iota(rank_of.begin(), rank_of.end(), 0);
         } else {
-          for (int64_t j = 0; j < per_step; ++j) chunk_costs[j] = chunk[j].first;
           rank_of = assign_to_ranks(chunk_costs.data(), per_step, W, K);
         }
         const int64_t t = t0 + chunk_order[c];
         std::fill(fill.begin(), fill.end(), 0);
+        if (o.uneven_counts) {
+          // Each rank's micro-batches of the step side by side, in decreasing cost.
+          std::vector<int64_t> first(W + 1, 0);
+          for (int64_t j = 0; j < per_step; ++j) ++first[rank_of[j] + 1];
+          first[0] = t * per_step;
+          for (int64_t r = 0; r < W; ++r) {
+            first[r + 1] += first[r];
+            plan.rank_offsets[t * W + r] = first[r];
+          }
+          for (int64_t j = 0; j < per_step; ++j) {
+            const int64_t r = rank_of[j];
+            slot_item[first[r] + fill[r]++] = chunk[j].second;
+          }
+          continue;
+        }
         for (int64_t j = 0; j < per_step; ++j) {
           const int64_t r = rank_of[j];
           slot_item[(t * W + r) * K + fill[r]++] = chunk[j].second;

@@ -19,6 +19,17 @@
 // drawn from a window of `lookahead_steps` steps sorted by cost, so a step holds
 // micro-batches of similar cost, and are then assigned to ranks, K each, by longest
 // processing time first, which minimizes the slowest rank of the step.
+//
+// With uneven_counts, K is the average: each step still holds W*K micro-batches, but a
+// rank may take any number >= 1 of them, so that a rank of one expensive micro-batch and
+// a rank of several cheap ones finish the step together. A step's micro-batches stay
+// contiguous, rank after rank:
+//
+//   micro-batch id m = rank_offsets[t * W + r] + k,   0 <= k < count(t, r) >= 1
+//   count(t, r) = rank_offsets[t * W + r + 1] - rank_offsets[t * W + r]
+//
+// (rank_offsets[t * W] = t * W * K). The loop must then synchronize gradients once per
+// step, at each rank's last micro-batch of it.
 #pragma once
 
 #include <cstdint>
@@ -120,6 +131,9 @@ struct PlanOptions {
   bool balance = true;
   int64_t lookahead_steps = 64;  ///< window, in optimizer steps; >= 1
   OversizePolicy oversize = OversizePolicy::kError;
+  /// Any count >= 1 of a step's W*K micro-batches per rank (K is then the average; see
+  /// assign_uneven). Needs balance. Off: exactly K per rank.
+  bool uneven_counts = false;
 };
 
 struct EpochPlan {
@@ -137,10 +151,19 @@ struct EpochPlan {
   int64_t num_dropped_samples = 0;      ///< samples left out of this epoch (drop_last = true)
   int64_t num_split_micro_batches = 0;  ///< micro-batches halved to fill the last step
   std::vector<int64_t> skipped;         ///< samples over a cap, left out (OversizePolicy::kSkip)
+  /// uneven_counts only (empty otherwise): num_steps * W + 1 micro-batch ids; those of
+  /// (step t, rank r) are [rank_offsets[t * W + r], rank_offsets[t * W + r + 1]).
+  std::vector<int64_t> rank_offsets;
 
   int64_t num_micro_batches() const { return static_cast<int64_t>(offsets.size()) - 1; }
+  /// Micro-batches of rank r in step t: K, or any count >= 1 with uneven_counts.
+  int64_t micro_batches_in_step(int64_t step, int64_t rank) const {
+    if (rank_offsets.empty()) return micro_batches_per_step;
+    return rank_offsets[step * num_replicas + rank + 1] - rank_offsets[step * num_replicas + rank];
+  }
   int64_t micro_batch_id(int64_t step, int64_t rank, int64_t k) const {
-    return (step * num_replicas + rank) * micro_batches_per_step + k;
+    if (rank_offsets.empty()) return (step * num_replicas + rank) * micro_batches_per_step + k;
+    return rank_offsets[step * num_replicas + rank] + k;
   }
 };
 
@@ -160,5 +183,14 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& options,
 /// \return bin of each item.
 std::vector<int64_t> assign_to_ranks(const double* costs, int64_t n_items, int64_t num_bins,
                                      int64_t per_bin);
+
+/// \brief Assigns n_items >= num_bins costs to num_bins bins, any count >= 1 each,
+/// minimizing the largest bin sum greedily: the num_bins largest items open one bin each,
+/// every further item (in decreasing cost) goes to the least loaded bin (LPT), and then
+/// an item of the most loaded bin moves to, or swaps with one of, the least loaded bin
+/// while that lowers the larger of their two sums. The result is never worse than assign_to_ranks
+/// with per_bin = n_items / num_bins when that divides: where it would be, that assignment is
+/// returned. \return bin of each item.
+std::vector<int64_t> assign_uneven(const double* costs, int64_t n_items, int64_t num_bins);
 
 }  // namespace adaptiveload

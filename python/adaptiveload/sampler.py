@@ -58,7 +58,12 @@ _MAX_KIND_LEN, _MAX_KIND_BATCH = 2**40 - 1, 2**24 - 1
 class Plan:
     """One epoch for all ranks. Micro-batch ``m = (step * W + rank) * K + k`` holds
     ``samples[offsets[m]:offsets[m+1]]``; ``costs[m]`` is its predicted cost and
-    ``tokens[m]`` its token count."""
+    ``tokens[m]`` its token count.
+
+    With uneven counts (``rank_offsets`` set), rank ``r`` takes any number >= 1 of step
+    ``t``'s ``W * K`` micro-batches: ``m = rank_offsets[t * W + r] + k`` for
+    ``k < micro_batches_in_step(t, r)``. Either way step ``t`` is micro-batches
+    ``[t * W * K, (t + 1) * W * K)``."""
 
     num_replicas: int
     micro_batches_per_step: int
@@ -76,6 +81,13 @@ class Plan:
     skipped: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     #: blocks checkpointed per micro-batch, with a memory policy (None without one)
     checkpointed: np.ndarray | None = None
+    #: uneven counts only: ``num_steps * W + 1`` micro-batch ids, those of (step t, rank r)
+    #: from ``rank_offsets[t * W + r]`` to ``rank_offsets[t * W + r + 1]``
+    rank_offsets: np.ndarray | None = None
+
+    @property
+    def uneven_counts(self) -> bool:
+        return self.rank_offsets is not None
 
     @property
     def num_micro_batches(self) -> int:
@@ -83,24 +95,68 @@ class Plan:
 
     @property
     def micro_batches_per_rank(self) -> int:
+        """``num_steps * K``: each rank's micro-batches, or their average with uneven counts
+        (``num_rank_micro_batches(rank)`` gives a rank's own)."""
         return self.num_steps * self.micro_batches_per_step
 
+    def micro_batches_in_step(self, step: int, rank: int) -> int:
+        """Micro-batches of ``rank`` in ``step``: K, or any count >= 1 with uneven counts."""
+        if self.rank_offsets is None:
+            return self.micro_batches_per_step
+        t = step * self.num_replicas + rank
+        return int(self.rank_offsets[t + 1] - self.rank_offsets[t])
+
+    def rank_step_starts(self, rank: int) -> np.ndarray:
+        """``num_steps + 1`` positions in ``rank``'s stream: its micro-batches before each
+        step, and in all."""
+        if self.rank_offsets is None:
+            return np.arange(self.num_steps + 1, dtype=np.int64) * self.micro_batches_per_step
+        w = self.num_replicas
+        counts = self.rank_offsets[rank + 1 :: w] - self.rank_offsets[rank:-1:w]
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def num_rank_micro_batches(self, rank: int) -> int:
+        return int(self.rank_step_starts(rank)[-1])
+
+    def _first(self, step: int, rank: int) -> int:
+        t = step * self.num_replicas + rank
+        if self.rank_offsets is None:
+            return t * self.micro_batches_per_step
+        return int(self.rank_offsets[t])
+
     def micro_batch(self, step: int, rank: int, k: int = 0) -> np.ndarray:
-        m = (step * self.num_replicas + rank) * self.micro_batches_per_step + k
+        m = self._first(step, rank) + k
         return self.samples[self.offsets[m] : self.offsets[m + 1]]
 
     def rank_micro_batches(self, rank: int, start: int = 0) -> Iterator[np.ndarray]:
         """This rank's micro-batches in order, step after step, from the ``start``-th."""
-        k = self.micro_batches_per_step
-        for i in range(start, self.micro_batches_per_rank):
-            yield self.micro_batch(i // k, rank, i % k)
+        starts = self.rank_step_starts(rank)
+        step = int(np.searchsorted(starts, start, side="right")) - 1
+        for t in range(max(step, 0), self.num_steps):
+            for k in range(max(start - int(starts[t]), 0), int(starts[t + 1] - starts[t])):
+                yield self.micro_batch(t, rank, k)
 
-    def _per_slot(self, values: np.ndarray) -> np.ndarray:
-        return values.reshape(self.num_steps, self.num_replicas, self.micro_batches_per_step)
+    def _per_rank_sums(self, values: np.ndarray) -> np.ndarray:
+        """Sums of ``values`` (one per micro-batch) per step and rank, shape (num_steps, W)."""
+        if self.rank_offsets is None:
+            return values.reshape(
+                self.num_steps, self.num_replicas, self.micro_batches_per_step
+            ).sum(axis=2)
+        sums = np.add.reduceat(values, self.rank_offsets[:-1]) if len(values) else values
+        return sums.reshape(self.num_steps, self.num_replicas)
 
     def rank_costs(self) -> np.ndarray:
         """Predicted cost of each rank in each step, shape (num_steps, W)."""
-        return self._per_slot(self.costs).sum(axis=2)
+        return self._per_rank_sums(self.costs)
+
+    def step_tokens(self) -> np.ndarray:
+        """Tokens of each step over all ranks, shape (num_steps,): the normalizer of a loss
+        summed over tokens, the same on every rank."""
+        return self._per_rank_sums(self.tokens).sum(axis=1)
+
+    def step_samples(self) -> np.ndarray:
+        """Samples of each step over all ranks (padding repeats included), shape (num_steps,)."""
+        return self._per_rank_sums(self.micro_batch_sizes()).sum(axis=1)
 
     def micro_batch_sizes(self) -> np.ndarray:
         return np.diff(self.offsets)
@@ -119,6 +175,17 @@ class Plan:
         sizes = self.offsets[slots + 1] - self.offsets[slots]
         within = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         out[self.samples[np.repeat(self.offsets[slots], sizes) + within]] = True
+        return out
+
+    def consumed_steps(self, steps_done: int, n: int) -> np.ndarray:
+        """Samples of the first ``steps_done`` steps of all ranks (padding repeats excluded),
+        as ``n`` flags: micro-batches ``[0, steps_done * W * K)``, in either layout."""
+        out = np.zeros(n, dtype=bool)
+        end = steps_done * self.num_replicas * self.micro_batches_per_step
+        keep = np.flatnonzero(self.padding[:end] == 0)
+        sizes = self.offsets[keep + 1] - self.offsets[keep]
+        within = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        out[self.samples[np.repeat(self.offsets[keep], sizes) + within]] = True
         return out
 
 
@@ -451,6 +518,7 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         max_batch_size: int | None = None,
         memory_model: MemoryModel | None = None,
         memory_budget_gib: float | None = None,
+        uneven_counts: bool = False,
     ):
         self.seq_lens = _as_seq_lens(seq_lens)
         if (memory_model is None) != (memory_budget_gib is None):
@@ -504,6 +572,12 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         self.shuffle = _bool_arg("shuffle", shuffle)
         self.drop_last = _bool_arg("drop_last", drop_last)
         self.balance = _bool_arg("balance", balance)
+        self.uneven_counts = _bool_arg("uneven_counts", uneven_counts)
+        if self.uneven_counts and not self.balance:
+            raise ValueError(
+                "uneven_counts=True needs balance=True: without balancing every rank takes K "
+                "micro-batches per step"
+            )
         self.verify_ranks = _bool_arg("verify_ranks", verify_ranks)
         self.on_oversize = on_oversize
         self._base_cost_model = cost_model if cost_model is not None else CostModel.default()
@@ -596,6 +670,7 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         return state
 
     def __setstate__(self, state: dict) -> None:
+        state.setdefault("uneven_counts", False)  # pickled before the option
         self.__dict__.update(state)
         self._build_table()
 
@@ -621,6 +696,7 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             "on_oversize": self.on_oversize,
             # Only when set, so that states saved before the options still match.
             **({"max_batch_size": self.max_batch_size} if self.max_batch_size else {}),
+            **({"uneven_counts": True} if self.uneven_counts else {}),
             **(
                 {
                     "memory_model": self.memory_model.to_dict() | {"meta": {}},
@@ -647,6 +723,7 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             self.on_oversize == "skip",
             None if excluded is None else excluded.view(np.uint8),
             self.max_batch_size or 0,
+            self.uneven_counts,
         )
 
     def plan(self) -> Plan:
@@ -682,7 +759,9 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         resume = "none"
         if self._excluded is not None or self._start:
             h = hashlib.blake2b(self._excluded.tobytes() if self._excluded is not None else b"")
-            resume = f"{h.hexdigest()[:16]}@{self._start}"
+            # With uneven counts the ranks' stream positions differ; their step does not.
+            at = f"step {self.start_step}" if self.uneven_counts else self._start
+            resume = f"{h.hexdigest()[:16]}@{at}"
         mine = self._fingerprint() | {"epoch": self.epoch, "resume": resume}
         key = tuple(sorted((k, repr(v)) for k, v in mine.items()))
         if self._verified == key:
@@ -906,7 +985,33 @@ class _PlannedBatchSampler(Sampler[list[int]]):
     def start_step(self) -> int:
         """The optimizer step of the current plan at which iteration starts (non-zero after a
         resume that replays the interrupted plan)."""
+        if self.uneven_counts:
+            return self._step_at(self._start)
         return self._start // self.micro_batches_per_step
+
+    def _step_at(self, position: int) -> int:
+        """The step of this rank's stream that begins at micro-batch ``position`` (uneven
+        counts; positions there are always at a step's start)."""
+        starts = self.plan().rank_step_starts(self.rank)
+        return int(np.searchsorted(starts, position, side="left"))
+
+    def micro_batches_in_step(self, step: int) -> int:
+        """Micro-batches this rank draws in ``step`` of the current plan: K, or with
+        ``uneven_counts`` any count >= 1. Every rank knows its own from the plan, without
+        communication; the loop synchronizes gradients at the last of them."""
+        plan = self.plan()
+        step = _int_arg("step", step, 0)
+        if step >= plan.num_steps:
+            raise ValueError(f"step must be in [0, {plan.num_steps}) for this plan, got {step}")
+        return plan.micro_batches_in_step(step, self.rank)
+
+    def steps(self) -> Iterator[tuple[int, int]]:
+        """``(step, micro-batches of this rank in it)`` for the steps of the current pass, from
+        ``start_step``: the batches the loader yields, step by step (docs/sampler.md,
+        "Uneven micro-batch counts per rank")."""
+        plan = self.plan()
+        for step in range(self.start_step, plan.num_steps):
+            yield step, plan.micro_batches_in_step(step, self.rank)
 
     @property
     def start_micro_batch(self) -> int:
@@ -938,11 +1043,17 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         self._pass = "running"
         self._position = self._start
         if consumer.shard is not None:
+            if self.uneven_counts:
+                raise RuntimeError(
+                    f"{type(self).__name__}(uneven_counts=True) under accelerate's "
+                    "BatchSamplerShard: it deals batch j to process j % num_processes, so ranks "
+                    "must take equal counts. Iterate the sampler per rank (a plain DataLoader)."
+                )
             return self._iter_all_ranks(plan, consumer.shard)
         return self._iter_rank(plan)
 
     def _iter_rank(self, plan: Plan) -> Iterator[list[int]]:
-        end = plan.micro_batches_per_rank
+        end = plan.num_rank_micro_batches(self.rank)
         if self._start >= end:
             self._pass = "done"
         for batch in plan.rank_micro_batches(self.rank, self._start):
@@ -974,7 +1085,7 @@ class _PlannedBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         """Micro-batches of the current pass (from ``start_micro_batch`` to the plan's end)."""
-        remaining = self.plan().micro_batches_per_rank - self._start
+        remaining = self.plan().num_rank_micro_batches(self.rank) - self._start
         if _is_accelerate(sys._getframe(1).f_locals.get("self"), "BatchSamplerShard"):
             return remaining * self.num_replicas  # see _iter_all_ranks
         return remaining
@@ -989,7 +1100,7 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             return
         if self._resume_pending:
             plan = self.plan()
-            left = plan.micro_batches_per_rank - self._start
+            left = plan.num_rank_micro_batches(self.rank) - self._start
             if left > 0:
                 raise ValueError(
                     f"set_epoch({epoch}): this sampler was resumed at epoch {self.epoch}, step "
@@ -1028,7 +1139,14 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         ``'learned_costs'``: ``{"active": [[seq_len, batch, ms], ...]`` (the current epoch's),
         ``"history": [[seq_len, batch, [ms, ...]], ...]}`` (the most recent times per kind,
         which give the next epoch's).
+
+        With ``uneven_counts`` positions go by steps, since the ranks' micro-batch counts
+        differ: ``micro_batches_done`` is refused, and without arguments the sampler must
+        have handed out exactly this rank's micro-batches of whole steps. The state then
+        holds ``'steps_done'`` (and ``'micro_batches_done' = steps_done * K``).
         """
+        if self.uneven_counts:
+            return self._state_by_steps(steps_done, micro_batches_done)
         plan = self.plan()
         end = plan.micro_batches_per_rank
         k = self.micro_batches_per_step
@@ -1061,9 +1179,53 @@ class _PlannedBatchSampler(Sampler[list[int]]):
                     "start_step does"
                 )
             raise ValueError(f"{name} must be in [0, {end // unit}] for this plan, got {value!r}")
+        return self._state(position, plan.consumed(position, len(self.seq_lens)))
+
+    def _state_by_steps(self, steps_done: int | None, micro_batches_done: int | None) -> dict:
+        plan = self.plan()
+        if micro_batches_done is not None:
+            raise ValueError(
+                "state_dict: with uneven_counts the ranks' micro-batch counts differ, so "
+                "positions go by steps: pass steps_done"
+            )
+        if steps_done is not None:
+            steps = _int_arg("steps_done", steps_done, 0)
+        else:
+            if self._pass == "running" and self._consumer.reads_ahead:
+                if not _called_by_torchdata(sys._getframe(2)):
+                    raise ValueError(
+                        f"state_dict(): this sampler is drawn by {self._consumer.name}, which "
+                        "reads ahead of training. Pass the steps your loop completed: "
+                        "state_dict(steps_done=N)."
+                    )
+            position = self._position if self._pass != "ready" else self._start
+            starts = plan.rank_step_starts(self.rank)
+            steps = int(np.searchsorted(starts, position, side="left"))
+            if steps > plan.num_steps or starts[steps] != position:
+                raise ValueError(
+                    f"state_dict(): this rank has drawn {position} micro-batches, inside step "
+                    f"{steps - 1}; with uneven_counts a state is taken between steps: pass "
+                    "steps_done"
+                )
+        if not self.start_step <= steps <= plan.num_steps:
+            if steps < self.start_step:
+                raise ValueError(
+                    f"steps_done={steps} is before the resumed position (step "
+                    f"{self.start_step}): count steps from the epoch's start, as start_step does"
+                )
+            raise ValueError(
+                f"steps_done must be in [0, {plan.num_steps}] for this plan, got {steps}"
+            )
+        state = self._state(
+            steps * self.micro_batches_per_step, plan.consumed_steps(steps, len(self.seq_lens))
+        )
+        state["steps_done"] = steps
+        return state
+
+    def _state(self, position: int, consumed_in_plan: np.ndarray) -> dict:
         n = len(self.seq_lens)
         excluded = np.zeros(n, dtype=bool) if self._excluded is None else self._excluded
-        consumed = excluded | plan.consumed(position, n)
+        consumed = excluded | consumed_in_plan
         state = {
             "version": _STATE_VERSION,
             "fingerprint": self._fingerprint(),
@@ -1147,7 +1309,9 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             raise ValueError("sampler state: 'fingerprint' must be a dict")
         mine = self._fingerprint()
         missing = sorted(
-            set(mine) - set(saved) - {"max_batch_size", "memory_model", "memory_budget_gib"}
+            set(mine)
+            - set(saved)
+            - {"max_batch_size", "memory_model", "memory_budget_gib", "uneven_counts"}
         )
         if missing:
             raise ValueError(f"sampler state: fingerprint lacks {missing}")
@@ -1178,7 +1342,24 @@ class _PlannedBatchSampler(Sampler[list[int]]):
 
         previous = (self.epoch, self._excluded, self._start, self._plan)
         self.epoch = epoch
-        if saved == mine:
+        if saved == mine and self.uneven_counts:
+            # The same plan: replay it from the saved step, at this rank's place in it.
+            steps = _state_count(state, "steps_done") if "steps_done" in state else -1
+            self._excluded = excluded if excluded.any() else None
+            self._start, self._plan = 0, None
+            plan = self.plan()
+            problem = None
+            if steps < 0 or position != steps * self.micro_batches_per_step:
+                problem = "'steps_done' is missing or disagrees with 'micro_batches_done'"
+            elif steps > plan.num_steps:
+                problem = f"'steps_done' = {steps} is past the end of its plan"
+            elif not np.array_equal(excluded | plan.consumed_steps(steps, n), consumed):
+                problem = f"'consumed' does not match the samples of its plan up to step {steps}"
+            if problem:
+                self.epoch, self._excluded, self._start, self._plan = previous
+                raise ValueError(f"sampler state: {problem}: the state is corrupt")
+            self._start = int(plan.rank_step_starts(self.rank)[steps])
+        elif saved == mine:
             # The same plan: replay it from the saved position.
             self._excluded = excluded if excluded.any() else None
             self._start, self._plan = 0, None
@@ -1257,6 +1438,14 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
         verify_ranks: with ``torch.distributed`` initialized, all ranks compare their plan
             fingerprints at the start of each epoch and raise ``RuntimeError`` naming what
             differs. Every process of the job must then iterate its sampler each epoch.
+        uneven_counts: for loops that synchronize gradients once per optimizer step (DDP
+            with ``no_sync`` or a manual all-reduce): each step's ``W x K`` micro-batches go
+            to ranks in any count >= 1 each (K is the average), so that a rank of several
+            cheap micro-batches and one of a single expensive one finish together. The loop
+            learns its counts from ``steps()`` / ``micro_batches_in_step(step)``; states go by
+            steps. FSDP2 only with parameters kept unsharded within a step
+            (``reshard_after_forward=False``), since its all-gathers run per forward:
+            docs/sampler.md, "Uneven micro-batch counts per rank".
 
     ``record_time`` and ``update_cost_model`` refine the cost model with measured times,
     epoch after epoch (docs/sampler.md, "Online refinement").
@@ -1284,6 +1473,7 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
         max_batch_size: int | None = None,
         memory_model: MemoryModel | None = None,
         memory_budget_gib: float | None = None,
+        uneven_counts: bool = False,
     ):
         super().__init__(
             seq_lens,
@@ -1305,6 +1495,7 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
             max_batch_size=max_batch_size,
             memory_model=memory_model,
             memory_budget_gib=memory_budget_gib,
+            uneven_counts=uneven_counts,
         )
 
     @property
