@@ -348,7 +348,7 @@ SECTIONS = [
                 "every distinct (S, B, n) kind of each plan timed fresh twice with its peak; "
                 "Wan-2.1-1.3B with 6 of its 30 blocks, bf16, fused ops, the budget emulated "
                 "(the short model's fixed memory plus the full model's activation budget "
-                "scaled by 6/30). \"policy plan, full ckpt\" is the policy's own plan run with "
+                'scaled by 6/30). "policy plan, full ckpt" is the policy\'s own plan run with '
                 "every block checkpointed; the full-checkpointing arms use the largest "
                 "max_tokens at which any shape's micro-batch fits the budget.",
                 "This run's memory model had no per-sample term: micro-batches of ~100 "
