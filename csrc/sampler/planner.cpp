@@ -270,13 +270,20 @@ double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size)
     lightest_full = std::min(lightest_full, stats_cost(full));
   }
   if (heaviest == 0.0) return 1.0;  // nothing fits; planning will report the samples
+  // With a memory policy, samples over the cap run alone, so the cap need not admit the
+  // heaviest one: micro-batches are sized to what the cheapest group fits without
+  // recomputation, and heavier samples run one per micro-batch.
+  if (has_memory_ && std::isfinite(lightest_full)) return lightest_full;
   return std::max(heaviest, lightest_full);
 }
 
 bool SampleTable::exceeds_caps(int64_t i, int64_t max_tokens, double max_cost) const {
   BatchStats one;
   one.add(samples_[i].seq_len, samples_[i].cost);
-  return samples_[i].seq_len > max_tokens || !fits_memory(one) || stats_cost(one) > max_cost;
+  // With a memory policy the compute cap binds micro-batches of two or more samples only: a
+  // sample over it runs alone (memory is what decides whether it can run at all).
+  return samples_[i].seq_len > max_tokens || !fits_memory(one) ||
+         (!has_memory_ && stats_cost(one) > max_cost);
 }
 
 std::vector<int64_t> SampleTable::oversize_samples(int64_t max_tokens, double max_cost) const {

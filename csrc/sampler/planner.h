@@ -86,13 +86,15 @@ class SampleTable {
   /// groups are then cut to about the cost of a full micro-batch of light ones, which
   /// is what makes steps balanceable. Samples over max_tokens are ignored.
   /// `max_batch_size` (0: no limit) caps the samples of that full micro-batch. With a memory
-  /// policy, costs include it, and "filled" stops where the micro-batch would need any
-  /// checkpointing: the cheapest group is not cut below what memory allows without
-  /// recomputation, and is not packed past it either, which is where the policy pays.
+  /// policy the cap is the second term alone, "filled" stopping where the micro-batch would
+  /// need any checkpointing (costs include the policy): micro-batches are sized to what
+  /// memory allows without recomputation, which is where the policy pays, and a sample over
+  /// the cap runs alone (exceeds_caps).
   double default_max_cost(int64_t max_tokens, int64_t max_batch_size = 0) const;
 
-  /// True when sample i alone breaks a cap: S_i > max_tokens, single_cost(i) > max_cost,
-  /// or it does not fit the memory budget.
+  /// True when sample i alone breaks a cap: S_i > max_tokens, single_cost(i) > max_cost
+  /// (without a memory policy: with one, such a sample runs alone), or it does not fit the
+  /// memory budget.
   /// The planner uses this same test, so a sample it accepts here it accepts there.
   bool exceeds_caps(int64_t i, int64_t max_tokens, double max_cost) const;
 

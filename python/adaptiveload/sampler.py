@@ -1431,6 +1431,8 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
             budget, each checkpoints the fewest blocks that keep it there
             (``plan().checkpointed``, ``checkpointed_blocks(indices)``, ``memory_policy()``),
             and its cost is the cost model's (fully checkpointed) times the time it saves.
+            The default ``max_cost`` is then a micro-batch of the cheapest group filled to
+            what fits without checkpointing, and a sample over ``max_cost`` runs alone.
             ``max_tokens`` may then be None (the most tokens one sample fits at full
             checkpointing). docs/sampler.md, "Memory budget and checkpointing per micro-batch".
         on_oversize: 'error' (default) refuses, when the sampler is made, samples that alone
