@@ -29,16 +29,14 @@ the block, so a patched model survives ``torch.save``/``torch.load`` and ``copy.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
+from adaptiveload.integrations._patch import all_patched, patch_forwards, unpatch_forwards
 from adaptiveload.ops import gated_residual_layer_norm_modulate, layer_norm_modulate
 
 __all__ = ["apply_fused_ops", "remove_fused_ops", "is_fused"]
 
-_MARK = "_adaptiveload_fused"
 _INSTALL = "pip install diffsynth (tested with diffsynth==2.1.12)"
 
 
@@ -134,23 +132,16 @@ def apply_fused_ops(model: nn.Module) -> nn.Module:
             f"apply_fused_ops: {type(model).__name__} has no DiffSynth DiTBlock "
             "(diffsynth.models.wan_video_dit) running DiTBlock.forward"
         )
-    for block in blocks:
-        if not getattr(block, _MARK, False):
-            block.forward = functools.partial(_fused_block_forward, block)
-            setattr(block, _MARK, True)
+    patch_forwards(blocks, _fused_block_forward)
     return model
 
 
 def remove_fused_ops(model: nn.Module) -> nn.Module:
     """Undo ``apply_fused_ops``: the blocks run DiffSynth's own forward again."""
-    for block in _dit_blocks(model):
-        if getattr(block, _MARK, False):
-            del block.forward
-            delattr(block, _MARK)
+    unpatch_forwards(_dit_blocks(model))
     return model
 
 
 def is_fused(model: nn.Module) -> bool:
     """Whether ``model`` has DiffSynth blocks and all of them are patched."""
-    blocks = _dit_blocks(model)
-    return bool(blocks) and all(getattr(b, _MARK, False) for b in blocks)
+    return all_patched(_dit_blocks(model))

@@ -21,14 +21,13 @@ activation checkpointing: the first ``n`` of ``model.blocks``, in training only.
 
 from __future__ import annotations
 
-import functools
 import operator
 
 import torch
 import torch.utils.checkpoint
 from torch import nn
 
-_MARK = "_adaptiveload_fused"
+from adaptiveload.integrations._patch import all_patched, patch_forwards, unpatch_forwards
 
 
 def _modulation(block: nn.Module, temb: torch.Tensor):
@@ -109,25 +108,18 @@ def apply_fused_ops(model: nn.Module) -> nn.Module:
     blocks = _wan_blocks(model)
     if not blocks:
         raise ValueError(f"apply_fused_ops: {type(model).__name__} has no WanTransformerBlock")
-    for block in blocks:
-        if not getattr(block, _MARK, False):
-            block.forward = functools.partial(_fused_block_forward, block)
-            setattr(block, _MARK, True)
+    patch_forwards(blocks, _fused_block_forward)
     return model
 
 
 def remove_fused_ops(model: nn.Module) -> nn.Module:
     """Undo ``apply_fused_ops``: the blocks run diffusers' own forward again."""
-    for block in _wan_blocks(model):
-        if getattr(block, _MARK, False):
-            del block.forward
-            delattr(block, _MARK)
+    unpatch_forwards(_wan_blocks(model))
     return model
 
 
 def is_fused(model: nn.Module) -> bool:
-    blocks = _wan_blocks(model)
-    return bool(blocks) and all(getattr(b, _MARK, False) for b in blocks)
+    return all_patched(_wan_blocks(model))
 
 
 # -- activation checkpointing of the first n blocks ----------------------------------------------
