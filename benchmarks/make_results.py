@@ -42,6 +42,15 @@ def append_csv(path: str, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
+def write_csv(path: str, rows: list[dict]) -> None:
+    """Writes `rows` as a CSV at `path`, columns the first row's keys (missing values empty):
+    the raw output of a benchmark run under its --out folder."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]), restval="", extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
 def read(rel: str) -> list[dict]:
     path = os.path.join(RESULTS, rel)
     if not os.path.exists(path):

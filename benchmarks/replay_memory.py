@@ -55,7 +55,8 @@ from adaptiveload.wan import wan_seq_len
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from replay_wan import MIXES, held_out_metadata  # noqa: E402
+from make_results import write_csv, write_results  # noqa: E402
+from replay_wan import MIXES, Timings, held_out_metadata  # noqa: E402
 
 ARMS = ["equal-token, full ckpt", "balanced, full ckpt", "policy plan, full ckpt", "policy"]
 
@@ -78,21 +79,6 @@ class FakeGPU:
         peak = 2e9 + batch * (4e5 + 1.5e7 * kept) + t * (2e4 + 1.36e5 * kept + 3e3 * n)
         noise = 1 + 0.004 * self.rng.standard_normal()
         return ms * noise, int(peak * (1 + 0.002 * self.rng.standard_normal()))
-
-
-class Timings:
-    """Measured (ms, peak) per kind (S, B, n), with the time spent measuring."""
-
-    def __init__(self, timer, n=None):
-        self.timer, self.n, self.ms, self.seconds = timer, n, {}, 0.0
-
-    def __call__(self, batch, shape):
-        key = (wan_seq_len(*shape), batch)
-        if key not in self.ms:
-            t0 = time.perf_counter()
-            self.ms[key] = self.timer(batch, tuple(shape), checkpointed=self.n)[0]
-            self.seconds += time.perf_counter() - t0
-        return self.ms[key], 0
 
 
 def full_ckpt_max_tokens(memory, seq_lens, budget):
@@ -190,8 +176,6 @@ def main(argv=None) -> int:
             args.config, layers=layers, dtype=torch.bfloat16, fused=True,
             warmup=args.warmup, repeat=args.repeat, activation_checkpointing=True,
         )  # fmt: skip
-        timer.layers = len(timer.model.blocks)
-    timer.layers = layers
 
     # 1. The memory model.
     t0 = time.perf_counter()
@@ -220,7 +204,8 @@ def main(argv=None) -> int:
     common = dict(group_keys=meta.group_keys(), rank=0, on_oversize="skip")
     plans, kinds, cal_info = {}, {}, {}
     full = timer.layers
-    own = Timings(timer)  # fully checkpointed timings, shared by the calibrations
+    # Fully checkpointed timings (the timers' default n), shared by the calibrations.
+    own = Timings(timer)
     for w in args.worlds:
         for k in args.ks:
 
@@ -329,19 +314,13 @@ def main(argv=None) -> int:
     }
     with open(os.path.join(args.out, "replay_memory.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)
-    cols = list(out_rows[0])
-    with open(os.path.join(args.out, "replay_memory.csv"), "w") as f:
-        f.write(",".join(cols) + "\n")
-        for r in out_rows:
-            f.write(",".join(f"{r[c]}" for c in cols) + "\n")
+    write_csv(os.path.join(args.out, "replay_memory.csv"), out_rows)
     if args.write:
         write(out_rows, setup, result)
     return 0
 
 
 def write(rows, setup, result):
-    from make_results import write_results
-
     head = ["ranks", "K", "arm", "epoch (s)", "speedup vs equal-token", "speedup vs same plan full ckpt",
             "measured imbalance", "peak/budget mean", "peak/budget p10", "peak/budget max",
             "micro-batches over budget", "blocks checkpointed (mean)"]  # fmt: skip

@@ -423,11 +423,10 @@ def main(argv=None) -> int:
     }  # fmt: skip
     with open(os.path.join(args.out, "replay.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)
-    cols = list(rows[0])
-    with open(os.path.join(args.out, "replay.csv"), "w") as f:
-        f.write(",".join(cols) + "\n")
-        for r in rows:
-            f.write(",".join(f"{r.get(c, '')}" for c in cols) + "\n")
+    sys.path.insert(0, HERE)
+    from make_results import write_csv
+
+    write_csv(os.path.join(args.out, "replay.csv"), rows)
     figure(rows, os.path.join(args.out, "replay.png"))
     if args.write:
         write(rows, setup, result["noise"])
