@@ -1159,16 +1159,14 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             position = _int_arg("micro_batches_done", micro_batches_done, 0)
             name, value, unit = "micro_batches_done", micro_batches_done, 1
         else:
-            if self._pass == "running" and self._consumer.reads_ahead:
-                if not _called_by_torchdata(sys._getframe(1)):
-                    raise ValueError(
-                        f"state_dict(): this sampler is drawn by {self._consumer.name}, which "
-                        "reads ahead of training, so the batches it has handed out "
-                        f"({self._position - self._start} this pass) include some training has "
-                        "not used. Pass the steps your loop completed: "
-                        "state_dict(steps_done=N); or use torchdata's StatefulDataLoader, or "
-                        "adaptiveload.integrations.accelerate.prepare_data_loader with accelerate."
-                    )
+            self._refuse_read_ahead(
+                sys._getframe(1),
+                ", so the batches it has handed out "
+                f"({self._position - self._start} this pass) include some training has not "
+                "used. Pass the steps your loop completed: state_dict(steps_done=N); or use "
+                "torchdata's StatefulDataLoader, or "
+                "adaptiveload.integrations.accelerate.prepare_data_loader with accelerate.",
+            )
             position = self._position if self._pass != "ready" else self._start
             name, value, unit = "position", position, 1
         if not self._start <= position <= end:
@@ -1181,6 +1179,20 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             raise ValueError(f"{name} must be in [0, {end // unit}] for this plan, got {value!r}")
         return self._state(position, plan.consumed(position, len(self.seq_lens)))
 
+    def _refuse_read_ahead(self, caller, advice: str) -> None:
+        """A position-less ``state_dict()`` is refused while a consumer that reads ahead of
+        training (a DataLoader with workers) is drawing, unless torchdata asks (``caller``:
+        the frame that called ``state_dict``)."""
+        if (
+            self._pass == "running"
+            and self._consumer.reads_ahead
+            and not _called_by_torchdata(caller)
+        ):
+            raise ValueError(
+                f"state_dict(): this sampler is drawn by {self._consumer.name}, which reads "
+                f"ahead of training{advice}"
+            )
+
     def _state_by_steps(self, steps_done: int | None, micro_batches_done: int | None) -> dict:
         plan = self.plan()
         if micro_batches_done is not None:
@@ -1191,13 +1203,9 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         if steps_done is not None:
             steps = _int_arg("steps_done", steps_done, 0)
         else:
-            if self._pass == "running" and self._consumer.reads_ahead:
-                if not _called_by_torchdata(sys._getframe(2)):
-                    raise ValueError(
-                        f"state_dict(): this sampler is drawn by {self._consumer.name}, which "
-                        "reads ahead of training. Pass the steps your loop completed: "
-                        "state_dict(steps_done=N)."
-                    )
+            self._refuse_read_ahead(
+                sys._getframe(2), ". Pass the steps your loop completed: state_dict(steps_done=N)."
+            )
             position = self._position if self._pass != "ready" else self._start
             starts = plan.rank_step_starts(self.rank)
             steps = int(np.searchsorted(starts, position, side="left"))
