@@ -339,12 +339,10 @@ class FakeMemoryTimer:
         return ms, int(peak)
 
 
-def test_calibrate_memory_fits_the_policy_model_and_resumes(tmp_path):
+def test_calibrate_memory_fits_the_policy_model_and_resumes(tmp_path, seed):
     from adaptiveload import MemoryModel
     from adaptiveload.calibrate import calibrate_memory, memory_kinds
 
-    seed = int(np.random.SeedSequence().entropy % 2**32)
-    print(f"seed {seed}")
     truth = MemoryModel(5, m0=2e9, mb=1e6, mbk=3e6, mt=2e4, ma=1e5, mr=1e4)
     shapes = [(1, 480, 832), (1, 624, 624), (17, 480, 832), (49, 480, 832), (81, 480, 832)]
     timer = FakeMemoryTimer(truth, seed)

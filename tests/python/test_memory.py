@@ -19,13 +19,6 @@ WAN_LENGTHS = [1560, 3600, 14040, 32760, 46800, 75600]
 L = 30
 
 
-@pytest.fixture
-def seed():
-    value = int(np.random.SeedSequence().entropy % 2**32)
-    print(f"seed {value}")
-    return value
-
-
 def wan_memory(margin=0.05, share=0.25):
     return MemoryModel(
         L, m0=20e9, mb=1e6, mbk=2e5, mt=1e4, ma=1.3e5, mr=1.3e5, margin=margin,

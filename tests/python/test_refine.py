@@ -25,13 +25,6 @@ WAN_LENGTHS = [1560, 3600, 14040, 32760, 46800, 75600]
 MAX_TOKENS = 151200
 
 
-@pytest.fixture
-def seed():
-    value = int(np.random.SeedSequence().entropy % 2**32)
-    print(f"seed {value}")
-    return value
-
-
 def lengths(seed, n=None):
     rng = np.random.default_rng(seed)
     n = n or int(rng.integers(300, 700))
