@@ -246,9 +246,10 @@ class CheckpointPolicy:
     def check_peak(self, seq_lens, checkpointed: int, peak_bytes: float) -> bool:
         """Compare a measured peak with the prediction; True when within the budget."""
         predicted = self.model.peak_bytes(seq_lens, checkpointed) + self.reserved_bytes
+        batch, tokens = self.kind(seq_lens)
         row = {
-            "batch": self.kind(seq_lens)[0],
-            "tokens": self.kind(seq_lens)[1],
+            "batch": batch,
+            "tokens": tokens,
             "checkpointed": int(checkpointed),
             "peak_bytes": float(peak_bytes),
             "predicted_bytes": predicted,
