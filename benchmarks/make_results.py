@@ -80,17 +80,19 @@ def ops_bandwidth() -> list[str]:
     if not rows:
         return []
     main = {(r["shape"], r["impl"]): r for r in rows if r["label"].startswith("main")}
-    final = {(r["shape"], r["impl"]): r for r in rows if r["label"] == "this build, final"}
+    prev = {(r["shape"], r["impl"]): r for r in rows if r["label"].startswith("previous build")}
     cur = [r for r in rows if r["label"] == "this build"]
     out = [
         "## Fused LayerNorm-Modulate: bandwidth",
         "",
-        f"{provenance(cur, 'BASELINE=... bash scripts/gpu_check.sh build test bench host')}. "
+        f"{provenance(cur, 'BASELINE=... bash scripts/gpu_check.sh bench host')}. "
         f"Ceiling: a device-to-device copy in the same run ({cur[0]['ceiling_gbs']} GB/s, bytes "
         "read + written); calls graph-timed, two input sets used in turn (docs/ops.md, byte "
         'model). bf16 x and y with fp32 modulation unless "fp32" (fp32 x, bf16 y and dy). '
-        '"main": the kernels before the tuning table (commit 1d7d800), built and measured in '
-        'the same run; "rows": the tuning-table rows that ran (final build).',
+        '"main": the kernels before the tuning table (commit 1d7d800, measured that morning '
+        'beside the first table build); "prev": the build before the host-time changes '
+        '(commit 48dea90), measured in the same run as this build; "rows": the tuning-table '
+        "rows that ran.",
         "",
     ]
     body = []
@@ -98,22 +100,23 @@ def ops_bandwidth() -> list[str]:
         if r["impl"] != "ours":
             continue
         key = (r["shape"], r["impl"])
-        m = main.get(key, {})
+        m, p = main.get(key, {}), prev.get(key, {})
         e = next((x for x in cur if x["shape"] == r["shape"] and x["impl"] == "eager"), {})
-        f = final.get(key, {})
         body.append(
             [
                 r["shape"],
                 r["fwd_ms"],
                 r["fwd_pct"],
+                p.get("fwd_pct", "-"),
                 m.get("fwd_pct", "-"),
                 r["bwd_ms"],
                 r["bwd_pct"],
+                p.get("bwd_pct", "-"),
                 m.get("bwd_pct", "-"),
                 r["fwd_bwd_ms"],
                 e.get("fwd_bwd_ms", "-"),
                 r["saved_mib"],
-                f.get("rows", "").replace(" ", "<br>") or "-",
+                r.get("rows", "").replace(" ", "<br>") or "-",
             ]
         )
     out += table(
@@ -121,9 +124,11 @@ def ops_bandwidth() -> list[str]:
             "shape",
             "fwd ms",
             "fwd % copy",
+            "prev",
             "main",
             "bwd ms",
             "bwd % copy",
+            "prev",
             "main",
             "fwd+bwd ms",
             "eager fwd+bwd ms",
@@ -132,18 +137,6 @@ def ops_bandwidth() -> list[str]:
         ],
         body,
     )
-    if final:
-        out += [
-            "",
-            "The final build (host-side changes after the run above, same kernels) at the "
-            "`--quick` shapes: "
-            + "; ".join(
-                f"{s.split()[0]} fwd {r['fwd_pct']}% bwd {r['bwd_pct']}%"
-                for (s, impl), r in final.items()
-                if impl == "ours"
-            )
-            + ".",
-        ]
     compile_rows = read("h200/torch_compile.csv")
     if compile_rows:
         out += [
@@ -183,8 +176,9 @@ def host_overhead() -> list[str]:
         f"{provenance(rows, 'python benchmarks/bench_host_overhead.py')}. A (1, 4, 64) float32 "
         "tensor, inputs that require grad; the median over rounds of the mean of 2,000 "
         "back-to-back calls (the GPU waits on the host). Targets: forward <= 20 us, "
-        "forward+backward <= 120 us. Runs on this machine vary by several us (F.layer_norm "
-        "alone: 13.5-20.4 us forward, ours 17.8-24.8 us, over the day's runs).",
+        'forward+backward <= 120 us. "this build" and "previous build" ran in one call; runs '
+        "on this machine vary by several us (F.layer_norm alone, forward: 13.5-20.4 us over the "
+        "day's runs).",
         "",
     ]
     body = []

@@ -1,17 +1,24 @@
-// Autograd of both ops, in C++ (the Autograd dispatch key): each forward saves its input (or
-// r, for the gated op), the small operands and the per-row mean and rstd, and each backward
-// calls the op's registered backward (_layer_norm_modulate_backward, ...) with the mask of
-// gradients wanted. Doing this in C++ keeps a call's host time to the dispatcher's: a Python
-// autograd formula cost more host time than the four eager ops the fused op replaces.
+// Autograd of both ops, in C++ (the Autograd dispatch key), written as ATen writes its own:
+// each forward creates a graph node (a torch::autograd::Node) when an input requires grad,
+// saves its input (or r, for the gated op), the small operands and the per-row mean and rstd,
+// and the node's backward calls the op's registered backward (_layer_norm_modulate_backward,
+// ...) with the mask of gradients the graph wants. A plain Node costs the host less than a
+// torch::autograd::Function (no context object, no saved-data dictionary, no output wrapping),
+// and a Python autograd formula cost more than the four eager ops the fused op replaces.
 //
 // Double backward (create_graph=True: gradient penalties, Hessian-vector products): the fused
 // backward kernels give first-order gradients only, so then the gradients are formed by the same
 // formulas in ATen ops (backward_graph), which autograd differentiates again.
 #include <ATen/ATen.h>
-#include <torch/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
 #include <array>
+#include <memory>
+#include <mutex>
+#include <string>
 #include <tuple>
 
 #include "op_handles.h"
@@ -19,7 +26,8 @@
 namespace adaptiveload {
 namespace {
 
-using torch::autograd::AutogradContext;
+using torch::autograd::Node;
+using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
 at::ScalarType acc_type(const at::Tensor& x) {
@@ -56,53 +64,60 @@ std::array<at::Tensor, 5> backward_graph(const at::Tensor& x, const at::Tensor& 
   return out;
 }
 
+// Forward-mode AD has no formula here: refuse it rather than drop the tangent.
+template <typename... T>
+void refuse_forward_ad(const char* op, const T&... tensors) {
+  const bool any = ((tensors.defined() && tensors._fw_grad(/*level=*/0).defined()) || ...);
+  TORCH_CHECK(!any, op,
+              ": forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) is not "
+              "supported");
+}
+
+inline const at::Tensor& or_undefined(const std::optional<at::Tensor>& t) {
+  static const at::Tensor undefined;
+  return t.has_value() ? *t : undefined;
+}
+
+inline std::optional<at::Tensor> as_optional(const at::Tensor& t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+}
+
 // ---- layer_norm_modulate ----
 
-class LayerNormModulate : public torch::autograd::Function<LayerNormModulate> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& shift,
-                               const at::Tensor& scale, const std::optional<at::Tensor>& weight,
-                               const std::optional<at::Tensor>& bias, double eps,
-                               std::optional<at::ScalarType> out_dtype) {
-    const auto& op = layer_norm_modulate_handle();
-    at::AutoDispatchBelowADInplaceOrView below;
-    auto [y, mean, rstd] = op.call(x, shift, scale, weight, bias, eps, out_dtype);
-    ctx->save_for_backward(
-        {x, shift, scale, weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), mean, rstd});
-    ctx->saved_data["eps"] = eps;
-    ctx->mark_non_differentiable({mean, rstd});
-    // No zero-filled gradients for mean and rstd (two allocations and fills per backward).
-    ctx->set_materialize_grads(false);
-    return {y, mean, rstd};
+// Next edges: x, shift, scale, weight, bias (an empty edge where weight or bias is absent).
+struct LayerNormModulateBackward final : public Node {
+  SavedVariable x, shift, scale, weight, bias, mean, rstd;
+  double eps = 0.0;
+
+  std::string name() const override { return "LayerNormModulateBackward"; }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (SavedVariable* v : {&x, &shift, &scale, &weight, &bias, &mean, &rstd}) v->reset_data();
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto& op = layer_norm_modulate_backward_handle();
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &shift = saved[1], &scale = saved[2];
-    const at::Tensor &weight = saved[3], &bias = saved[4], &mean = saved[5], &rstd = saved[6];
-    // needs_input_grad counts the tensor inputs only: x, shift, scale[, weight][, bias].
-    int edge = 3;
-    const bool need_w = weight.defined() && ctx->needs_input_grad(edge++);
-    const bool need_b = bias.defined() && ctx->needs_input_grad(edge);
-    const std::array<bool, 5> mask{ctx->needs_input_grad(0), ctx->needs_input_grad(1),
-                                   ctx->needs_input_grad(2), need_w, need_b};
-    variable_list out(7);
-    if (!grads[0].defined()) return out;  // y unused: every gradient is zero
-    if (!(mask[0] || mask[1] || mask[2] || mask[3] || mask[4])) return out;
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    variable_list out(5);
+    std::array<bool, 5> mask{};
+    bool any = false;
+    for (int i = 0; i < 5; ++i) any = (mask[i] = task_should_compute_output(i)) || any;
+    if (!any || !grads[0].defined()) return out;  // nothing wanted, or y unused: zero
+    const at::Tensor x_ = x.unpack(), shift_ = shift.unpack(), scale_ = scale.unpack();
+    const at::Tensor weight_ = weight.unpack(), bias_ = bias.unpack();
     if (at::GradMode::is_enabled()) {  // create_graph=True
-      auto g = backward_graph(x, shift, scale, weight, bias, grads[0],
-                              ctx->saved_data["eps"].toDouble(), mask);
-      for (int i = 0; i < 5; ++i) out[i] = g[i];
+      auto g = backward_graph(x_, shift_, scale_, weight_, bias_, grads[0], eps, mask);
+      for (int i = 0; i < 5; ++i) out[i] = std::move(g[i]);
       return out;
     }
-    auto w = weight.defined() ? std::optional<at::Tensor>(weight) : std::nullopt;
-    auto b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
-    auto [dx, dshift, dscale, dweight, dbias] =
-        op.call(grads[0], x, shift, scale, w, b, mean, rstd, mask);
-    const at::Tensor g[5] = {dx, dshift, dscale, dweight, dbias};
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [dx, dshift, dscale, dweight, dbias] = layer_norm_modulate_backward_handle().call(
+        grads[0], x_, shift_, scale_, as_optional(weight_), as_optional(bias_), mean.unpack(),
+        rstd.unpack(), mask);
+    at::Tensor g[5] = {std::move(dx), std::move(dshift), std::move(dscale), std::move(dweight),
+                       std::move(dbias)};
     for (int i = 0; i < 5; ++i)
-      if (mask[i]) out[i] = g[i];
+      if (mask[i]) out[i] = std::move(g[i]);
     return out;
   }
 };
@@ -111,77 +126,85 @@ Fwd3 layer_norm_modulate_autograd(const at::Tensor& x, const at::Tensor& shift,
                                   const at::Tensor& scale, const std::optional<at::Tensor>& weight,
                                   const std::optional<at::Tensor>& bias, double eps,
                                   std::optional<at::ScalarType> out_dtype) {
-  auto out = LayerNormModulate::apply(x, shift, scale, weight, bias, eps, out_dtype);
-  return {out[0], out[1], out[2]};
+  const at::Tensor &w = or_undefined(weight), &b = or_undefined(bias);
+  refuse_forward_ad("layer_norm_modulate", x, shift, scale, w, b);
+  std::shared_ptr<LayerNormModulateBackward> node;
+  if (torch::autograd::compute_requires_grad(x, shift, scale, weight, bias)) {
+    node.reset(new LayerNormModulateBackward(), torch::autograd::deleteNode);
+    node->set_next_edges(torch::autograd::collect_next_edges(x, shift, scale, weight, bias));
+  }
+  Fwd3 out = [&] {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return layer_norm_modulate_handle().call(x, shift, scale, weight, bias, eps, out_dtype);
+  }();
+  if (node) {
+    // y is differentiable; mean and rstd are not (they get no history).
+    torch::autograd::set_history(std::get<0>(out), node);
+    node->x = SavedVariable(x, false);
+    node->shift = SavedVariable(shift, false);
+    node->scale = SavedVariable(scale, false);
+    node->weight = SavedVariable(w, false);
+    node->bias = SavedVariable(b, false);
+    node->mean = SavedVariable(std::get<1>(out), false);
+    node->rstd = SavedVariable(std::get<2>(out), false);
+    node->eps = eps;
+  }
+  return out;
 }
 
 // ---- gated_residual_layer_norm_modulate ----
 
-class GatedResidualLayerNormModulate
-    : public torch::autograd::Function<GatedResidualLayerNormModulate> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& residual,
-                               const at::Tensor& h, const at::Tensor& gate, const at::Tensor& shift,
-                               const at::Tensor& scale, const std::optional<at::Tensor>& weight,
-                               const std::optional<at::Tensor>& bias, double eps,
-                               std::optional<at::ScalarType> out_dtype) {
-    const auto& op = gated_residual_layer_norm_modulate_handle();
-    at::AutoDispatchBelowADInplaceOrView below;
-    auto [r, y, mean, rstd] =
-        op.call(residual, h, gate, shift, scale, weight, bias, eps, out_dtype);
-    // r (an output, the next residual stream) replaces residual; h is needed for dgate.
-    ctx->save_for_backward({r, h, gate, shift, scale, weight.value_or(at::Tensor()),
-                            bias.value_or(at::Tensor()), mean, rstd});
-    ctx->saved_data["eps"] = eps;
-    ctx->mark_non_differentiable({mean, rstd});
-    ctx->set_materialize_grads(false);
-    return {r, y, mean, rstd};
+// Next edges: residual, h, gate, shift, scale, weight, bias. Inputs: dr, dy (either may be
+// undefined when its output is unused). r, an output, is saved in place of residual.
+struct GatedResidualLayerNormModulateBackward final : public Node {
+  SavedVariable r, h, gate, shift, scale, weight, bias, mean, rstd;
+  double eps = 0.0;
+
+  std::string name() const override { return "GatedResidualLayerNormModulateBackward"; }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (SavedVariable* v : {&r, &h, &gate, &shift, &scale, &weight, &bias, &mean, &rstd})
+      v->reset_data();
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto& op = gated_residual_layer_norm_modulate_backward_handle();
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &r = saved[0], &h = saved[1], &gate = saved[2], &shift = saved[3];
-    const at::Tensor &scale = saved[4], &weight = saved[5], &bias = saved[6];
-    const at::Tensor &mean = saved[7], &rstd = saved[8];
-    int edge = 5;  // residual, h, gate, shift, scale[, weight][, bias]
-    const bool need_w = weight.defined() && ctx->needs_input_grad(edge++);
-    const bool need_b = bias.defined() && ctx->needs_input_grad(edge);
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    variable_list out(7);
     std::array<bool, 7> mask{};
-    for (int i = 0; i < 5; ++i) mask[i] = ctx->needs_input_grad(i);
-    mask[5] = need_w;
-    mask[6] = need_b;
-    variable_list out(9);
     bool any = false;
-    for (bool m : mask) any = any || m;
-    if (!any) return out;
-    if (!grads[0].defined() && !grads[1].defined()) return out;
+    for (int i = 0; i < 7; ++i) any = (mask[i] = task_should_compute_output(i)) || any;
+    if (!any || (!grads[0].defined() && !grads[1].defined())) return out;
+    const at::Tensor r_ = r.unpack(shared_from_this()), h_ = h.unpack(), gate_ = gate.unpack();
+    const at::Tensor shift_ = shift.unpack(), scale_ = scale.unpack();
+    const at::Tensor weight_ = weight.unpack(), bias_ = bias.unpack();
     // Undefined: r or y unused. The kernels take dr as optional and need dy.
-    const at::Tensor dy = grads[1].defined() ? grads[1] : at::zeros_like(saved[0]);
+    const at::Tensor dy = grads[1].defined() ? grads[1] : at::zeros_like(r_);
     const at::Tensor& dr_in = grads[0];
     if (at::GradMode::is_enabled()) {  // create_graph=True
-      const at::Tensor dr = dr_in.defined() ? dr_in : at::zeros_like(r);
+      const at::Tensor dr = dr_in.defined() ? dr_in : at::zeros_like(r_);
       // In terms of the saved output r, whose own dependence on residual, h and gate autograd
       // follows through this op's node.
       const std::array<bool, 5> ln_mask{mask[0] || mask[1] || mask[2], mask[3], mask[4], mask[5],
                                         mask[6]};
-      auto g = backward_graph(r, shift, scale, weight, bias, dy, ctx->saved_data["eps"].toDouble(),
-                              ln_mask);
+      auto g = backward_graph(r_, shift_, scale_, weight_, bias_, dy, eps, ln_mask);
       const at::Tensor dr_total = g[0].defined() ? dr + g[0] : dr;  // r = residual + gate * h
       if (mask[0]) out[0] = dr_total;
-      if (mask[1]) out[1] = (dr_total * gate).to(h.scalar_type());
-      if (mask[2]) out[2] = (dr_total * h).sum_to_size(gate.sizes()).to(gate.scalar_type());
-      for (int i = 0; i < 4; ++i) out[3 + i] = g[1 + i];
+      if (mask[1]) out[1] = (dr_total * gate_).to(h_.scalar_type());
+      if (mask[2]) out[2] = (dr_total * h_).sum_to_size(gate_.sizes()).to(gate_.scalar_type());
+      for (int i = 0; i < 4; ++i) out[3 + i] = std::move(g[1 + i]);
       return out;
     }
-    auto w = weight.defined() ? std::optional<at::Tensor>(weight) : std::nullopt;
-    auto b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
-    auto dr = dr_in.defined() ? std::optional<at::Tensor>(dr_in) : std::nullopt;
-    auto res = op.call(dr, dy, r, h, gate, shift, scale, w, b, mean, rstd, mask);
-    const at::Tensor g[7] = {std::get<0>(res), std::get<1>(res), std::get<2>(res), std::get<3>(res),
-                             std::get<4>(res), std::get<5>(res), std::get<6>(res)};
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto res = gated_residual_layer_norm_modulate_backward_handle().call(
+        as_optional(dr_in), dy, r_, h_, gate_, shift_, scale_, as_optional(weight_),
+        as_optional(bias_), mean.unpack(), rstd.unpack(), mask);
+    at::Tensor g[7] = {std::move(std::get<0>(res)), std::move(std::get<1>(res)),
+                       std::move(std::get<2>(res)), std::move(std::get<3>(res)),
+                       std::move(std::get<4>(res)), std::move(std::get<5>(res)),
+                       std::move(std::get<6>(res))};
     for (int i = 0; i < 7; ++i)
-      if (mask[i]) out[i] = g[i];
+      if (mask[i]) out[i] = std::move(g[i]);
     return out;
   }
 };
@@ -192,9 +215,34 @@ Fwd4 gated_residual_layer_norm_modulate_autograd(const at::Tensor& residual, con
                                                  const std::optional<at::Tensor>& weight,
                                                  const std::optional<at::Tensor>& bias, double eps,
                                                  std::optional<at::ScalarType> out_dtype) {
-  auto out = GatedResidualLayerNormModulate::apply(residual, h, gate, shift, scale, weight, bias,
-                                                   eps, out_dtype);
-  return {out[0], out[1], out[2], out[3]};
+  const at::Tensor &w = or_undefined(weight), &b = or_undefined(bias);
+  refuse_forward_ad("gated_residual_layer_norm_modulate", residual, h, gate, shift, scale, w, b);
+  std::shared_ptr<GatedResidualLayerNormModulateBackward> node;
+  if (torch::autograd::compute_requires_grad(residual, h, gate, shift, scale, weight, bias)) {
+    node.reset(new GatedResidualLayerNormModulateBackward(), torch::autograd::deleteNode);
+    node->set_next_edges(
+        torch::autograd::collect_next_edges(residual, h, gate, shift, scale, weight, bias));
+  }
+  Fwd4 out = [&] {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return gated_residual_layer_norm_modulate_handle().call(residual, h, gate, shift, scale, weight,
+                                                            bias, eps, out_dtype);
+  }();
+  if (node) {
+    torch::autograd::set_history(std::get<0>(out), node);  // r: the node's input 0
+    torch::autograd::set_history(std::get<1>(out), node);  // y: input 1
+    node->r = SavedVariable(std::get<0>(out), true);
+    node->h = SavedVariable(h, false);
+    node->gate = SavedVariable(gate, false);
+    node->shift = SavedVariable(shift, false);
+    node->scale = SavedVariable(scale, false);
+    node->weight = SavedVariable(w, false);
+    node->bias = SavedVariable(b, false);
+    node->mean = SavedVariable(std::get<2>(out), false);
+    node->rstd = SavedVariable(std::get<3>(out), false);
+    node->eps = eps;
+  }
+  return out;
 }
 
 }  // namespace

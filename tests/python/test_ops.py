@@ -406,6 +406,22 @@ def test_opcheck():
     )
 
 
+def test_forward_ad_is_refused():
+    # No forward-mode formula: a dual input must raise, never give a zero or missing tangent.
+    import torch.autograd.forward_ad as fwad
+
+    gen = torch.Generator().manual_seed(12)
+    x, h = (rand((2, 3, 16), torch.float32, "cpu", gen) for _ in range(2))
+    m = make_mod("per_sample", x.shape, torch.float32, "cpu", gen)
+    with fwad.dual_level():
+        xd = fwad.make_dual(x, torch.randn_like(x))
+        with pytest.raises(RuntimeError, match="layer_norm_modulate: forward-mode AD"):
+            ops.layer_norm_modulate(xd, m, m)
+        md = fwad.make_dual(m, torch.randn_like(m))
+        with pytest.raises(RuntimeError, match="gated_residual_layer_norm_modulate: forward-mode"):
+            ops.gated_residual_layer_norm_modulate(x, h, md, m, m)
+
+
 def test_saved_memory_is_x_plus_stats():
     x = torch.randn(4, 8, 64, requires_grad=True)
     shift = torch.randn(4, 1, 64, requires_grad=True)
@@ -731,6 +747,53 @@ def test_explicit_configurations_are_checked():
     m5 = torch.randn(2, 1, 5120, device="cuda")
     with pytest.raises(RuntimeError, match="multiple of 4"):
         run(x5, None, None, m5, m5, None, None, EPS, None, "fwd.f32.plain.block.warp10x1x4;warps=6")
+
+
+# Groups of at most 16 rows (kDirectMaxRows in csrc/ops/cuda/configs.h) that share one row of
+# every summed gradient get one block each, which writes the fp32 gradients itself; 17 rows,
+# or a 16-bit gradient, take the partial buffer and its second stage. Every backward row, both
+# ways: (x shape without D, modulation kind).
+SMALL_GROUPS = [((3, 5), "per_sample"), ((2, 16), "chunk"), ((1, 7), "shared"), ((2, 17), "chunk")]
+BWD_ROWS = [r for r in TABLE if r["direction"] == "backward"]
+
+
+@cuda_only
+@pytest.mark.parametrize("lead,mod", SMALL_GROUPS, ids=[f"{m}{s}" for s, m in SMALL_GROUPS])
+@pytest.mark.parametrize("row", BWD_ROWS, ids=[r["id"] for r in BWD_ROWS])
+def test_backward_rows_on_small_groups(row, lead, mod):
+    if row["arch_min"] > _arch():
+        pytest.skip(f"row for sm_{row['arch_min']} and newer")
+    shape, dtype, _, out, affine, gated = row_problem(row)
+    if row["lean"] and affine:
+        pytest.skip("the lean kernel has no affine case")
+    _, bwd_ran = check_problem((*lead, shape[-1]), dtype, mod, out, affine, gated, bwd=row["id"])
+    assert bwd_ran == row["id"]
+
+
+@cuda_only
+@pytest.mark.parametrize(
+    "rows,mod_dtype,second_stage",
+    [(16, torch.float32, False), (17, torch.float32, True), (16, torch.bfloat16, True)],
+)
+def test_small_groups_launch_one_kernel(rows, mod_dtype, second_stage):
+    x = torch.randn(2, rows, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    shift, scale = (
+        torch.randn(2, 1, 256, device="cuda", dtype=mod_dtype, requires_grad=True) for _ in range(2)
+    )
+    y = ops.layer_norm_modulate(x, shift, scale)
+    dy = torch.randn_like(y)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        got = torch.autograd.grad(y, (x, shift, scale), dy)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("bwd" in n for n in names), names
+    assert any("reduce_partials" in n for n in names) == second_stage, names
+    ref_in = f64(x, shift, scale)
+    ref = torch.autograd.grad(reference(*ref_in), ref_in, dy.double())
+    lowp_in = [t.detach().clone().requires_grad_() for t in (x, shift, scale)]
+    lowp = torch.autograd.grad(reference(*lowp_in), lowp_in, dy)
+    for name, g, r, lp in zip(("dx", "dshift", "dscale"), got, ref, lowp, strict=True):
+        assert_close(name, g, r, lp, torch.bfloat16)
 
 
 # Which gradients are asked for changes how the backward groups rows (dshift and dscale may

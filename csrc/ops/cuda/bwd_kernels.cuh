@@ -11,11 +11,11 @@
 namespace adaptiveload {
 namespace {
 
-// Writes a block's partial sums of one gradient slot: teams 1.. hand their sums to team 0
-// through the (idle) ring, which adds them in team order; team 0 writes the block's partials.
+// Writes a block's partial sums of gradient q: teams 1.. hand their sums to team 0 through the
+// (idle) ring, which adds them in team order; team 0 writes the block's partials.
 // Every thread of the block calls it (it has barriers); the ring's copies must be complete.
 template <int VEC, int VPT>
-__device__ __forceinline__ void write_partials(const BwdParams& p, float (&acc)[VPT][VEC], int slot,
+__device__ __forceinline__ void write_partials(const BwdParams& p, float (&acc)[VPT][VEC], int q,
                                                char* ring, int teams, int team, int tid) {
   const int tt = p.team_threads;
   const int64_t nvec = p.D / VEC;
@@ -46,7 +46,7 @@ __device__ __forceinline__ void write_partials(const BwdParams& p, float (&acc)[
     }
   }
   if (team == 0) {
-    float* out = p.partials + (static_cast<int64_t>(blockIdx.x) * p.num_slots + slot) * p.D;
+    float* out = p.part[q] + static_cast<int64_t>(blockIdx.x) * p.part_stride;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int64_t c = tid + static_cast<int64_t>(i) * tt;
@@ -307,7 +307,7 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
   copy_wait(0);
 #pragma unroll
   for (int q = 0; q < NS; ++q) {
-    if (grouped[q]) write_partials<VEC, VPT>(p, acc[q], p.grad[q].slot, ring, teams, team, tid);
+    if (grouped[q]) write_partials<VEC, VPT>(p, acc[q], q, ring, teams, team, tid);
   }
 }
 
@@ -476,12 +476,12 @@ __global__ void __maxnreg__(VPT * 16 / sizeof(T) <= 8 ? 64 : 96)
 
   copy_wait(0);
   if (p.grad[kShift].mode == 1)
-    write_partials<VEC, VPT>(p, acc_shift, p.grad[kShift].slot, ring, teams, team, tid);
+    write_partials<VEC, VPT>(p, acc_shift, kShift, ring, teams, team, tid);
   if (p.grad[kScale].mode == 1)
-    write_partials<VEC, VPT>(p, acc_scale, p.grad[kScale].slot, ring, teams, team, tid);
+    write_partials<VEC, VPT>(p, acc_scale, kScale, ring, teams, team, tid);
 }
 
-// Any D, any alignment. Partials are accumulated in place in this block's slice of the partial
+// Any D, any alignment. Partials are accumulated in place in this block's rows of the partial
 // buffer; each column belongs to one thread, so no atomics are needed.
 template <typename T>
 __global__ void __launch_bounds__(256) layer_norm_modulate_bwd_loop_kernel(const BwdParams p) {
@@ -489,8 +489,13 @@ __global__ void __launch_bounds__(256) layer_norm_modulate_bwd_loop_kernel(const
   const float inv_d = 1.f / static_cast<float>(p.D);
   int64_t first, last;
   chunk_range(p, first, last);
-  float* part = p.partials + static_cast<int64_t>(blockIdx.x) * p.num_slots * p.D;
-  for (int64_t d = threadIdx.x; d < p.num_slots * p.D; d += blockDim.x) part[d] = 0.f;
+  float* part[kNumSlots];
+  for (int q = 0; q < kNumSlots; ++q) {
+    part[q] = p.grad[q].mode == 1 ? p.part[q] + static_cast<int64_t>(blockIdx.x) * p.part_stride
+                                  : nullptr;
+    if (part[q] != nullptr)
+      for (int64_t d = threadIdx.x; d < p.D; d += blockDim.x) part[q][d] = 0.f;
+  }
   auto weight = [&](int64_t d) {
     return p.weight != nullptr ? load1(p.weight, p.weight_kind, d) : 1.f;
   };
@@ -528,7 +533,7 @@ __global__ void __launch_bounds__(256) layer_norm_modulate_bwd_loop_kernel(const
       if (p.dx != nullptr) store1(p.dx, XK, idx, dx);
       for (int q = 0; q < kNumSlots; ++q) {
         if (p.grad[q].mode == 1) {
-          part[p.grad[q].slot * p.D + d] += e[q];
+          part[q][d] += e[q];
         } else if (p.grad[q].mode == 2) {
           store1(p.grad[q].buf, p.grad[q].kind, idx, e[q]);
         }

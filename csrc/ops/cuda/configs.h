@@ -78,6 +78,11 @@ struct BwdSettings {
   bool interleave = true;  // rows dealt to blocks in interleaved tiles
 };
 
+// Backward: groups of at most this many rows (rows sharing one row of every grouped gradient)
+// get one block each, which writes its sums straight into the fp32 gradients, so that small
+// problems, whose time is the host's, launch one kernel instead of two.
+constexpr int64_t kDirectMaxRows = 16;
+
 // How a backward launch sizes its grid and gets its fp32 partial buffer: plan(grid, p, target
 // blocks, rows per tile) chooses the chunking, allocates the partials, fills p and sets
 // grid.blocks (dispatch.cu).

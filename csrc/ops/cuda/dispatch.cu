@@ -300,15 +300,36 @@ struct GridPlan {
   at::Tensor partials;
 };
 
-// Chooses the chunking for `target_blocks` blocks, allocates the partials and fills p. Chunks
-// never straddle a group of `gmin` rows (see min_group); a block takes at least `tile` rows of a
-// group (its teams' rows at a time when they are interleaved).
+// Whether block b's partial sums can go straight into row b of every grouped gradient when
+// each group of `gmin` rows has one block: each gradient's rows are that group and it is fp32
+// (the second stage would add one partial to zero and round: the same value). Sets `grouped`.
+bool direct_ok(const BackwardProblem& prob, int64_t gmin, bool& grouped) {
+  grouped = false;
+  for (const GradTarget* t : prob.targets) {
+    if (t->mode != GradMode::kGrouped) continue;
+    grouped = true;
+    if (t->group != gmin || t->out.scalar_type() != at::kFloat) return false;
+  }
+  return true;
+}
+
+// Chooses the chunking for `target_blocks` blocks, points p at where blocks write their partial
+// sums (a shared buffer that reduce_partials sums, allocated here, or the gradients themselves)
+// and fills p. Chunks never straddle a group of `gmin` rows (see min_group); a block takes at
+// least `tile` rows of a group (its teams' rows at a time when they are interleaved). Groups of
+// at most kDirectMaxRows rows get one block each when that spares the second stage.
 void plan_chunks(BwdGrid& grid, BwdParams& p, int64_t target_blocks, int64_t tile) {
   auto* g = static_cast<GridPlan*>(grid.ctx);
+  const BackwardProblem& prob = *g->prob;
   const int64_t gmin = g->gmin;
   const int64_t groups = p.rows / gmin;
-  int64_t per_group = std::max<int64_t>(1, (target_blocks + groups - 1) / groups);
-  per_group = std::min(per_group, (gmin + tile - 1) / tile);
+  bool grouped = false;
+  const bool can_direct = direct_ok(prob, gmin, grouped);
+  int64_t per_group = 1;
+  if (!(can_direct && grouped && gmin <= kDirectMaxRows)) {
+    per_group = std::max<int64_t>(1, (target_blocks + groups - 1) / groups);
+    per_group = std::min(per_group, (gmin + tile - 1) / tile);
+  }
   const int64_t chunk = (gmin + per_group - 1) / per_group;
   per_group = (gmin + chunk - 1) / chunk;  // no empty chunks
   const int64_t blocks = groups * per_group;
@@ -318,9 +339,22 @@ void plan_chunks(BwdGrid& grid, BwdParams& p, int64_t target_blocks, int64_t til
   p.group = gmin;
   p.per_group = per_group;
   p.chunk_rows = chunk;
-  g->partials = at::empty({p.num_slots > 0 ? blocks * p.num_slots * p.D : 0},
-                          g->prob->x->options().dtype(at::kFloat));
+  if (can_direct && (!grouped || per_group == 1)) {
+    p.partials = nullptr;
+    p.part_stride = p.D;
+    for (int q = 0; q < kNumSlots; ++q) {
+      const GradTarget& t = *prob.targets[q];
+      p.part[q] = t.mode == GradMode::kGrouped ? t.out.data_ptr<float>() : nullptr;
+    }
+    return;
+  }
+  g->partials = at::empty({blocks * p.num_slots * p.D}, prob.x->options().dtype(at::kFloat));
   p.partials = g->partials.data_ptr<float>();
+  p.part_stride = p.num_slots * p.D;
+  for (int q = 0; q < kNumSlots; ++q) {
+    p.part[q] =
+        prob.targets[q]->mode == GradMode::kGrouped ? p.partials + p.grad[q].slot * p.D : nullptr;
+  }
 }
 
 void bwd_cuda(const BackwardProblem& prob, const std::string* config) {
@@ -445,7 +479,7 @@ void bwd_cuda(const BackwardProblem& prob, const std::string* config) {
     }
   }
   TORCH_CHECK(launched, "layer_norm_modulate backward: no tuning-table row for D = ", D);
-  reduce_partials(p, prob.targets, stream);
+  if (p.partials != nullptr) reduce_partials(p, prob.targets, stream);
 }
 
 void reduce_partials(const BwdParams& p, GradTarget* const (&targets)[kNumSlots],

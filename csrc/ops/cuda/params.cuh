@@ -67,7 +67,7 @@ enum Slot : int { kShift = 0, kScale = 1, kGate = 2, kWeight = 3, kBias = 4, kNu
 
 struct GradArg {
   int mode = 0;         // GradMode
-  int slot = -1;        // kGrouped: index into a block's partials
+  int slot = -1;        // kGrouped: its slot in a block's partials (the shared buffer's layout)
   void* buf = nullptr;  // kElementwise: per-element output
   int kind = kF32;
 };
@@ -87,7 +87,13 @@ struct BwdParams {
   const float* mean;
   const float* rstd;
   GradArg grad[kNumSlots];
-  float* partials;  // [gridDim.x][num_slots][D]
+  // kGrouped gradient q: block b's D partial sums at part[q] + b * part_stride. Either rows of
+  // one fp32 buffer [gridDim.x][num_slots][D] that reduce_partials sums (part_stride =
+  // num_slots * D), or, when every block is the only one of its output row and the gradient is
+  // fp32, the gradient itself (part_stride = D; no second stage).
+  float* part[kNumSlots];
+  int64_t part_stride;
+  float* partials;  // the shared buffer, or null when the kernel writes the gradients
   int num_slots;
   int64_t rows, D;
   int64_t group;      // rows per chunk group; chunks never straddle a group
