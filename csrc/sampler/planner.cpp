@@ -71,14 +71,18 @@ std::vector<MicroBatch> pack_groups(const SampleTable& table, const PlanOptions&
     BatchStats stats;
     double cost = 0.0;
     int64_t ckpt = 0;
+    // Under a memory policy a micro-batch of two or more samples grows only while it needs no
+    // recomputation: one that would is cut, and its samples run in more micro-batches without
+    // it (the same samples, less time); a single sample takes the blocks it needs.
+    const bool free_only = table.has_memory_policy();
     for (int64_t j = begin; j < end; ++j) {
       BatchStats grown = stats;
       grown.add(table.seq_len(bucketed[j]), table.sample_cost(bucketed[j]));
       const int64_t grown_ckpt = table.checkpointed_blocks(grown);
       const double grown_cost = table.stats_cost(grown);
       const bool full = o.max_batch_size > 0 && grown.count > o.max_batch_size;
-      if (j > begin &&
-          (full || grown.tokens > o.max_tokens || grown_ckpt < 0 || grown_cost > o.max_cost)) {
+      if (j > begin && (full || grown.tokens > o.max_tokens || grown_ckpt < 0 ||
+                        grown_cost > o.max_cost || (free_only && grown_ckpt > 0))) {
         mbs.push_back({begin, j, cost, stats.tokens, false, static_cast<int32_t>(ckpt)});
         begin = j;
         grown = BatchStats{};
@@ -251,6 +255,7 @@ double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size)
     if (fits_memory(one)) heaviest = std::max(heaviest, stats_cost(one));
   }
   double lightest_full = std::numeric_limits<double>::infinity();
+  double heaviest_full = 0.0;
   for (int64_t g = 0; g < num_groups_; ++g) {
     const int64_t len = group_max_len_[g];
     if (len > max_tokens) continue;
@@ -268,12 +273,14 @@ double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size)
     }
     for (int64_t b = 0; b < fill; ++b) full.add(len, f);
     lightest_full = std::min(lightest_full, stats_cost(full));
+    heaviest_full = std::max(heaviest_full, stats_cost(full));
   }
   if (heaviest == 0.0) return 1.0;  // nothing fits; planning will report the samples
-  // With a memory policy, samples over the cap run alone, so the cap need not admit the
-  // heaviest one: micro-batches are sized to what the cheapest group fits without
-  // recomputation, and heavier samples run one per micro-batch.
-  if (has_memory_ && std::isfinite(lightest_full)) return lightest_full;
+  // With a memory policy, packing already stops where a micro-batch would need recomputation
+  // (pack_groups), so the default cap is the one that never binds sooner: every group's
+  // micro-batches fill what memory holds without recomputation, the longest samples run
+  // alone, and balancing works with the costs that result.
+  if (has_memory_) return std::max(heaviest, heaviest_full);
   return std::max(heaviest, lightest_full);
 }
 

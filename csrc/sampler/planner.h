@@ -86,10 +86,10 @@ class SampleTable {
   /// groups are then cut to about the cost of a full micro-batch of light ones, which
   /// is what makes steps balanceable. Samples over max_tokens are ignored.
   /// `max_batch_size` (0: no limit) caps the samples of that full micro-batch. With a memory
-  /// policy the cap is the second term alone, "filled" stopping where the micro-batch would
-  /// need any checkpointing (costs include the policy): micro-batches are sized to what
-  /// memory allows without recomputation, which is where the policy pays, and a sample over
-  /// the cap runs alone (exceeds_caps).
+  /// policy, where packing stops a micro-batch of two or more samples before it would need
+  /// any recomputation, the cap is the max instead of the min over groups, "filled" stopping
+  /// there too (costs include the policy): a cap that never binds sooner, so micro-batches
+  /// are sized to what memory holds without recomputation, which is where the policy pays.
   double default_max_cost(int64_t max_tokens, int64_t max_batch_size = 0) const;
 
   /// True when sample i alone breaks a cap: S_i > max_tokens, single_cost(i) > max_cost

@@ -1439,8 +1439,10 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
             budget, each checkpoints the fewest blocks that keep it there
             (``plan().checkpointed``, ``checkpointed_blocks(indices)``, ``memory_policy()``),
             and its cost is the cost model's (fully checkpointed) times the time it saves.
-            The default ``max_cost`` is then a micro-batch of the cheapest group filled to
-            what fits without checkpointing, and a sample over ``max_cost`` runs alone.
+            A micro-batch of two or more samples grows only while it needs no
+            recomputation (only a sample alone checkpoints), the default ``max_cost`` is
+            then one that never binds sooner (the heaviest group's micro-batch filled that
+            way), and a sample over ``max_cost`` runs alone.
             ``max_tokens`` may then be None (the most tokens one sample fits at full
             checkpointing). docs/sampler.md, "Memory budget and checkpointing per micro-batch".
         on_oversize: 'error' (default) refuses, when the sampler is made, samples that alone
