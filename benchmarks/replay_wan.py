@@ -13,6 +13,9 @@ The arms, all at the same ``max_tokens``:
     plan-aware    ... with `adaptiveload calibrate --metadata` (the kinds its own plans use)
     refined       ... the built-in profile refined online over --refine-epochs training
                   epochs (sampler.record_time / update_cost_model)
+    uneven        (--uneven, K > 1) plan-aware with uneven_counts=True: a rank takes any
+                  number >= 1 of the step's W x K micro-batches; its speedup is also given
+                  against plan-aware, the same model with K per rank
 
 Models are built from one set of timings (the calibrations' and the refinement's own); the
 epoch is scored with fresh timings of every kind, taken twice in two orders (ascending, then
@@ -23,10 +26,12 @@ shuffled), whose spread is the noise floor. Calibration covers epoch 0; the scor
     python benchmarks/replay_wan.py --fake --out /tmp/replay      # a synthetic GPU, any machine
     python benchmarks/replay_wan.py --mix held-out-long --worlds 8      # longer 720p clips
     python benchmarks/replay_wan.py --max-batch-size 1 --worlds 8        # batch-size-1 pipelines
+    python benchmarks/replay_wan.py --uneven --worlds 8 --ks 4           # uneven counts per rank
     python benchmarks/replay_wan.py --calibration-only --layers 30 --worlds 8 --ks 1
 
 Writes replay.json, replay.csv and replay.png under --out; --write also stores the CSV as
-benchmarks/results/<gpu>/replay_wan[_<mix>|_b<max batch size>].csv and rewrites RESULTS.md.
+benchmarks/results/<gpu>/replay_wan[_<mix>|_b<max batch size>|_uneven].csv and rewrites
+RESULTS.md.
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ HELD_OUT_MIX = [
 # 61-frame ones: attention's share is larger and equal-token buckets lose more.
 HELD_OUT_LONG_MIX = [*HELD_OUT_MIX[:-1], (77, 720, 1280, 0.05)]
 MIXES = {"held-out": HELD_OUT_MIX, "held-out-long": HELD_OUT_LONG_MIX}
-ARMS = ["equal-token", "paper rule", "built-in", "grid", "plan-aware", "refined"]
+ARMS = ["equal-token", "paper rule", "built-in", "grid", "plan-aware", "refined", "uneven"]
 
 
 def held_out_metadata(n: int, seed: int = 7, mix: str = "held-out") -> Metadata:
@@ -172,6 +177,8 @@ def refine(args, meta, max_tokens, w, k, builtin, own, trajectory):
 
 # Samples per micro-batch at most, for every arm (--max-batch-size; None: no limit).
 MAX_BATCH_SIZE = None
+# --uneven: the uneven-counts arm too (for K > 1).
+UNEVEN = False
 
 
 def sampler_of(meta, max_tokens, w, k, model, **kw):
@@ -206,6 +213,9 @@ def arm_samplers(meta, max_tokens, w, k, models):
     }
     for arm in ("built-in", "grid", "plan-aware", "refined"):
         out[arm] = sampler_of(meta, max_tokens, w, k, models[arm][(w, k)])
+    if UNEVEN and k > 1:
+        model = models["plan-aware"][(w, k)]
+        out["uneven"] = sampler_of(meta, max_tokens, w, k, model, uneven_counts=True)
     return out
 
 
@@ -228,7 +238,11 @@ def score(plan, lens, ms, model):
     sizes = np.diff(plan.offsets)
     first = lens[plan.samples[plan.offsets[:-1]]]
     t = np.array([ms[(int(s), int(b))] for s, b in zip(first, sizes, strict=True)])
-    loads = t.reshape(plan.num_steps, plan.num_replicas, plan.micro_batches_per_step).sum(axis=2)
+    if plan.rank_offsets is not None:  # uneven counts: (step, rank)'s micro-batches, any number
+        loads = np.add.reduceat(t, plan.rank_offsets[:-1]).reshape(plan.num_steps, -1)
+    else:
+        loads = t.reshape(plan.num_steps, plan.num_replicas, plan.micro_batches_per_step)
+        loads = loads.sum(axis=2)
     mx, mn, mean = loads.max(axis=1), loads.min(axis=1), loads.mean(axis=1)
     out = {
         "steps": plan.num_steps,
@@ -239,6 +253,16 @@ def score(plan, lens, ms, model):
         "max_over_min": float(np.mean(mx / mn)),
         "predicted_imbalance": balance_report(plan).imbalance,
     }
+    counts = (
+        np.diff(plan.rank_offsets)
+        if plan.rank_offsets is not None
+        else np.full(plan.num_steps * plan.num_replicas, plan.micro_batches_per_step)
+    )
+    out.update(
+        counts_min=int(counts.min()),
+        counts_max=int(counts.max()),
+        micro_batches_mean=float(counts.mean()),
+    )
     if model is not None:
         pred = model.batch_costs(lens[plan.samples], plan.offsets)
         err = np.abs(pred - t) / t
@@ -271,6 +295,9 @@ def main(argv=None) -> int:
         help="samples per micro-batch at most, every arm (1: batch-size-1 pipelines; the "
         "equal-token arm is then their default, shuffled samples one per micro-batch)",
     )
+    ap.add_argument(
+        "--uneven", action="store_true", help="also plan-aware with uneven counts (K > 1)"
+    )
     ap.add_argument("--refine-epochs", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=2)
@@ -281,8 +308,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="out/replay")
     ap.add_argument("--write", action="store_true", help="store the CSV under benchmarks/results")
     args = ap.parse_args(argv)
-    global MAX_BATCH_SIZE
+    global MAX_BATCH_SIZE, UNEVEN
     MAX_BATCH_SIZE = args.max_batch_size
+    UNEVEN = args.uneven
     os.makedirs(args.out, exist_ok=True)
 
     meta = (
@@ -310,6 +338,7 @@ def main(argv=None) -> int:
         "layers": args.layers,
         "checkpointing": not args.no_checkpointing,
         "max_batch_size": args.max_batch_size,
+        "uneven": args.uneven,
         **timer.meta,
     }
     print("setup:", json.dumps(setup), flush=True)
@@ -374,6 +403,13 @@ def main(argv=None) -> int:
         )
         r["speedup"] = base["epoch_s"] / r["epoch_s"]
         r["speedup_if_balanced"] = base["epoch_s"] / r["ideal_s"]
+        if r["arm"] == "uneven":
+            even = next(
+                x
+                for x in rows
+                if (x["ranks"], x["K"], x["arm"]) == (r["ranks"], r["K"], "plan-aware")
+            )
+            r["speedup_vs_even_counts"] = even["epoch_s"] / r["epoch_s"]
 
     # The refined arm epoch by epoch: what a training log shows.
     refined = []
@@ -401,6 +437,12 @@ def main(argv=None) -> int:
     head = f"{'W':>3} {'K':>2} {'arm':<12} {'epoch s':>8} {'speedup':>8} {'imbal':>6} {'pred':>6} {'(max-min)/max':>13} {'err med':>8} {'err p90':>8}"
     print("\n" + head)
     for r in rows:
+        if "speedup_vs_even_counts" in r:
+            print(
+                f"    (uneven: {r['speedup_vs_even_counts']:.3f}x vs plan-aware with K per rank; "
+                f"micro-batches per rank and step {r['counts_min']}-{r['counts_max']}, "
+                f"mean {r['micro_batches_mean']:.2f})"
+            )
         e = (
             f"{r['err_median']:8.1%} {r['err_p90']:8.1%}"
             if "err_median" in r
@@ -444,12 +486,14 @@ def figure(rows, path):
         return
     settings = sorted({(r["ranks"], r["K"]) for r in rows})
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    width = 0.8 / len(ARMS)
-    for i, arm in enumerate(ARMS):
+    arms = [a for a in ARMS if all(any(r["arm"] == a for r in rows) for _ in settings)]
+    width = 0.8 / len(arms)
+    for i, arm in enumerate(arms):
         sel = [
-            next(r for r in rows if (r["ranks"], r["K"], r["arm"]) == (w, k, arm))
+            next((r for r in rows if (r["ranks"], r["K"], r["arm"]) == (w, k, arm)), None)
             for w, k in settings
         ]
+        sel = [r or {"imbalance": 0.0, "speedup": 0.0} for r in sel]
         x = np.arange(len(settings)) + i * width
         axes[0].bar(x, [r["imbalance"] * 100 for r in sel], width, label=arm)
         axes[1].bar(x, [r["speedup"] for r in sel], width, label=arm)
@@ -488,6 +532,14 @@ def write(rows, setup, noise):
     if setup.get("max_batch_size"):
         name = f"replay_wan_b{setup['max_batch_size']}.csv"
         meta["setup"] += f", max_batch_size {setup['max_batch_size']}"
+    if setup.get("uneven"):
+        name = name.replace(".csv", "_uneven.csv")
+        head += ["speedup vs even counts", "micro-batches per rank and step"]
+        for row, r in zip(out, rows, strict=True):
+            row += [
+                f"{r['speedup_vs_even_counts']:.3f}x" if "speedup_vs_even_counts" in r else "-",
+                f"{r['counts_min']}-{r['counts_max']} (mean {r['micro_batches_mean']:.2f})",
+            ]
     print("wrote", write_results(f"{gpu}/{name}", head, out, meta))
 
 

@@ -3,7 +3,7 @@
 # the GPU tests and the benchmarks, and print a short table last.
 #
 #   bash scripts/gpu_check.sh [build] [test] [bench] [host] [tune] [profile] [e2e] [replay]
-#                             [calibrate] [memory] [train_memory] [hostprof]
+#                             [calibrate] [memory] [train_memory] [diffsynth_step] [hostprof]
 #                                                             (default: build test bench host)
 #
 # Results go to $OUT (or ./out): logs, and the benchmarks' CSVs (copy them to
@@ -172,6 +172,12 @@ PY
         --data /tmp/wan_mem_data --layers 6 --memory-model "$mm" \
         --memory-budget "$budget" --max-steps "${TRAIN_STEPS:-300}" --epochs 100 --no-progress \
         --log-file "$OUT/train_memory.jsonl" --num-workers 4 --warm-shapes
+      ;;
+    diffsynth_step)
+      # Issue 18: the fused ops' share of a DiffSynth Wan training step (diffsynth carried as a
+      # wheel in .whl/; its model module loads without the package's data-pipeline imports).
+      run_step diffsynth_step ours timeout "${DIFFSYNTH_TIMEOUT:-120}" $PY \
+        benchmarks/diffsynth_step.py --csv "$OUT/diffsynth_step.csv" ${DIFFSYNTH_ARGS:-}
       ;;
     hostprof)
       # Issue 17: where the host time of forward+backward goes (torch.profiler, tiny tensors).
