@@ -3,7 +3,8 @@
 # the GPU tests and the benchmarks, and print a short table last.
 #
 #   bash scripts/gpu_check.sh [build] [test] [bench] [host] [tune] [profile] [e2e] [replay]
-#                             [calibrate] [memory] [train_memory] [diffsynth_step] [hostprof]
+#                             [uneven] [calibrate] [memory] [train_memory] [diffsynth_step]
+#                             [hostprof]
 #                                                             (default: build test bench host)
 #
 # Results go to $OUT (or ./out): logs, and the benchmarks' CSVs (copy them to
@@ -137,6 +138,14 @@ PY
       eval "extra=(${REPLAY_ARGS:-})"
       run_step replay ours timeout "${REPLAY_TIMEOUT:-420}" $PY benchmarks/replay_wan.py \
         --out "$OUT/replay" "${extra[@]}"
+      ;;
+    uneven)
+      # Issue 18: uneven micro-batch counts per rank against K per rank, W = 8, K = 4, with one
+      # sample per micro-batch and with the mixed plan (benchmarks/replay_wan.py --uneven).
+      run_step uneven_b1 ours timeout "${UNEVEN_TIMEOUT:-240}" $PY benchmarks/replay_wan.py \
+        --uneven --worlds 8 --ks 4 --max-batch-size 1 --out "$OUT/uneven_b1"
+      run_step uneven ours timeout "${UNEVEN_TIMEOUT:-240}" $PY benchmarks/replay_wan.py \
+        --uneven --worlds 8 --ks 4 --out "$OUT/uneven"
       ;;
     calibrate)
       # Plan-aware calibration of the full-depth model, timed (issue 15's <= 10 minutes).
