@@ -3,13 +3,10 @@ outputs and gradients as the unmodified model, exactly the first n blocks recomp
 switched per step, saved and copied models, and DDP / FSDP2 ranks using different n."""
 
 import copy
-import os
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 pytest.importorskip("diffusers")
 
@@ -19,6 +16,7 @@ from adaptiveload.integrations.diffusers import (  # noqa: E402
     set_checkpointed_blocks,
 )
 from adaptiveload.models.wan import build_wan, random_batch  # noqa: E402
+from gloo_ranks import full_grads, run_on_ranks  # noqa: E402
 
 L = 3
 # Checkpointing recomputes the same fp32 ops on CPU; only reduction order may differ.
@@ -223,54 +221,32 @@ def rank_inputs(model, step, rank):
     return make_inputs(model, seed=1000 + 10 * step + rank)
 
 
-def parallel_worker(rank, world, init_file, out_dir, wrap):
-    import traceback
+def parallel_worker(rank, world, wrap):
+    model = build_wan("tiny", layers=L, seed=SEED, fused=True)
+    counter = ForwardCounter(model)
+    if wrap == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    result = {}
-    try:
-        model = build_wan("tiny", layers=L, seed=SEED, fused=True)
-        counter = ForwardCounter(model)
-        if wrap == "ddp":
-            from torch.nn.parallel import DistributedDataParallel
+        wrapped = DistributedDataParallel(model)
+    else:
+        from torch.distributed.fsdp import fully_shard
 
-            wrapped = DistributedDataParallel(model)
-        else:
-            from torch.distributed.fsdp import fully_shard
-
-            for block in model.blocks:
-                fully_shard(block)
-            wrapped = fully_shard(model)
-        steps = []
-        for step, ns in enumerate(RANK_N):
-            set_checkpointed_blocks(wrapped, ns[rank])
-            model.zero_grad(set_to_none=True)
-            out = wrapped(**rank_inputs(model, step, rank), return_dict=False)[0]
-            loss_of(out).backward()
-            grads = {}
-            for name, p in model.named_parameters():
-                g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-                grads[name] = g.detach().clone()
-            steps.append({"grads": grads, "calls": counter.take()})
-        result = {"steps": steps}
-    except Exception as e:  # reported to the test
-        result = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
-    finally:
-        torch.save(result, os.path.join(out_dir, f"{wrap}_{rank}.pt"))
-        dist.destroy_process_group()
+        for block in model.blocks:
+            fully_shard(block)
+        wrapped = fully_shard(model)
+    steps = []
+    for step, ns in enumerate(RANK_N):
+        set_checkpointed_blocks(wrapped, ns[rank])
+        model.zero_grad(set_to_none=True)
+        out = wrapped(**rank_inputs(model, step, rank), return_dict=False)[0]
+        loss_of(out).backward()
+        steps.append({"grads": full_grads(model), "calls": counter.take()})
+    return {"steps": steps}
 
 
 @pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
 def test_ranks_with_different_n_match_one_process_without_checkpointing(tmp_path, wrap):
-    mp.start_processes(
-        parallel_worker,
-        args=(WORLD, str(tmp_path / f"init_{wrap}"), str(tmp_path), wrap),
-        nprocs=WORLD,
-        start_method="spawn",
-    )
-    results = [torch.load(tmp_path / f"{wrap}_{r}.pt", weights_only=False) for r in range(WORLD)]
-    for r in results:
-        assert "error" not in r, r.get("trace")
+    results = run_on_ranks(parallel_worker, WORLD, tmp_path, wrap, wrap)
     ref = build_wan("tiny", layers=L, seed=SEED, fused=True)
     for step, ns in enumerate(RANK_N):
         # One process, no checkpointing: the mean of the ranks' losses over the same samples.

@@ -2,19 +2,16 @@
 against the even plan, resumption by steps, and real gloo ranks whose gradients, synchronized
 once per step, equal one process's over the same samples."""
 
-import datetime
-import os
 import pickle
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, Dataset
 
 from adaptiveload import AdaptiveBatchSampler
 from adaptiveload.cost import CostModel
+from gloo_ranks import full_grads, run_on_ranks
 
 WAN_LENGTHS = [1560, 3600, 14040, 32760, 46800, 75600]
 
@@ -188,61 +185,40 @@ def tiny_model():
     return torch.nn.Sequential(torch.nn.Linear(FEATURES, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
 
 
-def grad_worker(rank, world, init_file, out_dir, wrap):
+def grad_worker(rank, world, wrap):
     import contextlib
-    import traceback
 
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=30),
-    )
-    result = {}
-    try:
-        sampler = tiny_sampler(rank)
-        plan = sampler.plan()
-        model = tiny_model()
-        if wrap == "ddp":
-            wrapped = torch.nn.parallel.DistributedDataParallel(model)
-        else:
-            from torch.distributed.fsdp import fully_shard
+    sampler = tiny_sampler(rank)
+    plan = sampler.plan()
+    model = tiny_model()
+    if wrap == "ddp":
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        from torch.distributed.fsdp import fully_shard
 
-            wrapped = fully_shard(model, reshard_after_forward=False)
-        loader = DataLoader(
-            TokenDataset(), batch_sampler=sampler, num_workers=2, collate_fn=collate
-        )
-        it = iter(loader)
-        grads = []
-        for step, count in sampler.steps():
-            if step == STEPS:
-                break
-            # The step's tokens over all ranks; DDP and FSDP2 average over ranks, so * world.
-            scale = world / float(plan.step_tokens()[step])
-            for k in range(count):
-                x, y = next(it)
-                last = k == count - 1
-                if wrap == "ddp":
-                    sync = contextlib.nullcontext() if last else wrapped.no_sync()
-                else:
-                    wrapped.set_requires_gradient_sync(last)
-                    wrapped.set_reshard_after_backward(last)
-                    sync = contextlib.nullcontext()
-                with sync:
-                    (token_loss(wrapped, x, y) * scale).backward()
-            g = {}
-            for name, p in model.named_parameters():
-                full = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-                g[name] = full.detach().clone()
-            grads.append(g)
-            model.zero_grad(set_to_none=True)
-        result = {"grads": grads}
-    except Exception as e:  # reported to the test
-        result = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
-    finally:
-        torch.save(result, os.path.join(out_dir, f"{wrap}_{rank}.pt"))
-        dist.destroy_process_group()
+        wrapped = fully_shard(model, reshard_after_forward=False)
+    loader = DataLoader(TokenDataset(), batch_sampler=sampler, num_workers=2, collate_fn=collate)
+    it = iter(loader)
+    grads = []
+    for step, count in sampler.steps():
+        if step == STEPS:
+            break
+        # The step's tokens over all ranks; DDP and FSDP2 average over ranks, so * world.
+        scale = world / float(plan.step_tokens()[step])
+        for k in range(count):
+            x, y = next(it)
+            last = k == count - 1
+            if wrap == "ddp":
+                sync = contextlib.nullcontext() if last else wrapped.no_sync()
+            else:
+                wrapped.set_requires_gradient_sync(last)
+                wrapped.set_reshard_after_backward(last)
+                sync = contextlib.nullcontext()
+            with sync:
+                (token_loss(wrapped, x, y) * scale).backward()
+        grads.append(full_grads(model))
+        model.zero_grad(set_to_none=True)
+    return {"grads": grads}
 
 
 @pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
@@ -250,15 +226,7 @@ def test_step_gradients_over_uneven_ranks_match_one_process(tmp_path, wrap):
     plan = tiny_sampler(0).plan()
     counts = np.diff(plan.rank_offsets).reshape(plan.num_steps, WORLD)[:STEPS]
     assert (counts[:, 0] != counts[:, 1]).any(), "the test needs steps of unequal counts"
-    mp.start_processes(
-        grad_worker,
-        args=(WORLD, str(tmp_path / f"init_{wrap}"), str(tmp_path), wrap),
-        nprocs=WORLD,
-        start_method="spawn",
-    )
-    results = [torch.load(tmp_path / f"{wrap}_{r}.pt", weights_only=False) for r in range(WORLD)]
-    for r in results:
-        assert "error" not in r, r.get("trace")
+    results = run_on_ranks(grad_worker, WORLD, tmp_path, wrap, wrap)
     data, ref = TokenDataset(), tiny_model()
     for step in range(STEPS):
         ref.zero_grad(set_to_none=True)
