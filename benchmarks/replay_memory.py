@@ -122,7 +122,7 @@ def score_timings(timer, kinds, seed=0):
 
 def score(plan, slots, ms, peak, budget):
     t = np.array([ms[s[:3]] for s in slots])
-    loads = t.reshape(plan.num_steps, plan.num_replicas, plan.micro_batches_per_step).sum(axis=2)
+    loads = plan.rank_sums(t)
     mx, mean = loads.max(axis=1), loads.mean(axis=1)
     util = np.array([peak[s[:3]] for s in slots], float) / budget
     return {

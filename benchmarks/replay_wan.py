@@ -238,11 +238,7 @@ def score(plan, lens, ms, model):
     sizes = np.diff(plan.offsets)
     first = lens[plan.samples[plan.offsets[:-1]]]
     t = np.array([ms[(int(s), int(b))] for s, b in zip(first, sizes, strict=True)])
-    if plan.rank_offsets is not None:  # uneven counts: (step, rank)'s micro-batches, any number
-        loads = np.add.reduceat(t, plan.rank_offsets[:-1]).reshape(plan.num_steps, -1)
-    else:
-        loads = t.reshape(plan.num_steps, plan.num_replicas, plan.micro_batches_per_step)
-        loads = loads.sum(axis=2)
+    loads = plan.rank_sums(t)  # (step, rank): K micro-batches each, or any number (uneven)
     mx, mn, mean = loads.max(axis=1), loads.min(axis=1), loads.mean(axis=1)
     out = {
         "steps": plan.num_steps,
@@ -253,11 +249,7 @@ def score(plan, lens, ms, model):
         "max_over_min": float(np.mean(mx / mn)),
         "predicted_imbalance": balance_report(plan).imbalance,
     }
-    counts = (
-        np.diff(plan.rank_offsets)
-        if plan.rank_offsets is not None
-        else np.full(plan.num_steps * plan.num_replicas, plan.micro_batches_per_step)
-    )
+    counts = plan.rank_sums(np.ones(plan.num_micro_batches, dtype=np.int64))
     out.update(
         counts_min=int(counts.min()),
         counts_max=int(counts.max()),

@@ -468,7 +468,7 @@ def main(argv=None):
         plan = sampler.plan()
         if sampler.start_step >= plan.num_steps:
             continue  # a resumed epoch with nothing left
-        step_tokens = plan.tokens.reshape(plan.num_steps, W * K).sum(axis=1)
+        step_tokens = plan.step_tokens()
         if args.warm_shapes:
             t_warm = time.perf_counter()
             warmed = warm_shapes(model, plan, rank, data.shapes, text_len, device, seen_shapes)

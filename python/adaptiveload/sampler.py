@@ -136,8 +136,9 @@ class Plan:
             for k in range(max(start - int(starts[t]), 0), int(starts[t + 1] - starts[t])):
                 yield self.micro_batch(t, rank, k)
 
-    def _per_rank_sums(self, values: np.ndarray) -> np.ndarray:
-        """Sums of ``values`` (one per micro-batch) per step and rank, shape (num_steps, W)."""
+    def rank_sums(self, values: np.ndarray) -> np.ndarray:
+        """Sums of ``values`` (one per micro-batch) per step and rank, shape (num_steps, W), in
+        either layout (``rank_sums(np.ones(num_micro_batches))``: the counts)."""
         if self.rank_offsets is None:
             return values.reshape(
                 self.num_steps, self.num_replicas, self.micro_batches_per_step
@@ -147,16 +148,16 @@ class Plan:
 
     def rank_costs(self) -> np.ndarray:
         """Predicted cost of each rank in each step, shape (num_steps, W)."""
-        return self._per_rank_sums(self.costs)
+        return self.rank_sums(self.costs)
 
     def step_tokens(self) -> np.ndarray:
         """Tokens of each step over all ranks, shape (num_steps,): the normalizer of a loss
         summed over tokens, the same on every rank."""
-        return self._per_rank_sums(self.tokens).sum(axis=1)
+        return self.rank_sums(self.tokens).sum(axis=1)
 
     def step_samples(self) -> np.ndarray:
         """Samples of each step over all ranks (padding repeats included), shape (num_steps,)."""
-        return self._per_rank_sums(self.micro_batch_sizes()).sum(axis=1)
+        return self.rank_sums(self.micro_batch_sizes()).sum(axis=1)
 
     def micro_batch_sizes(self) -> np.ndarray:
         return np.diff(self.offsets)
@@ -164,28 +165,28 @@ class Plan:
     def consumed(self, micro_batches_done: int, n: int) -> np.ndarray:
         """Samples of the first ``micro_batches_done`` micro-batches of every rank (padding
         repeats excluded), as ``n`` flags."""
-        out = np.zeros(n, dtype=bool)
         if micro_batches_done <= 0:
-            return out
+            return np.zeros(n, dtype=bool)
         w, k = self.num_replicas, self.micro_batches_per_step
         i = np.arange(micro_batches_done, dtype=np.int64)
         ranks = np.arange(w, dtype=np.int64)
         slots = (((i // k)[:, None] * w + ranks[None, :]) * k + (i % k)[:, None]).ravel()
-        slots = slots[self.padding[slots] == 0]
-        sizes = self.offsets[slots + 1] - self.offsets[slots]
-        within = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        out[self.samples[np.repeat(self.offsets[slots], sizes) + within]] = True
-        return out
+        return self._sample_flags(slots, n)
 
     def consumed_steps(self, steps_done: int, n: int) -> np.ndarray:
         """Samples of the first ``steps_done`` steps of all ranks (padding repeats excluded),
         as ``n`` flags: micro-batches ``[0, steps_done * W * K)``, in either layout."""
-        out = np.zeros(n, dtype=bool)
         end = steps_done * self.num_replicas * self.micro_batches_per_step
-        keep = np.flatnonzero(self.padding[:end] == 0)
-        sizes = self.offsets[keep + 1] - self.offsets[keep]
+        return self._sample_flags(np.arange(end, dtype=np.int64), n)
+
+    def _sample_flags(self, slots: np.ndarray, n: int) -> np.ndarray:
+        """``n`` flags, set for the samples of micro-batches ``slots`` (padding repeats
+        excluded)."""
+        out = np.zeros(n, dtype=bool)
+        slots = slots[self.padding[slots] == 0]
+        sizes = self.offsets[slots + 1] - self.offsets[slots]
         within = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        out[self.samples[np.repeat(self.offsets[keep], sizes) + within]] = True
+        out[self.samples[np.repeat(self.offsets[slots], sizes) + within]] = True
         return out
 
 
