@@ -9,19 +9,10 @@
 
 #include "sampler/cost_model.h"
 #include "sampler/planner.h"
+#include "wan_mix.h"
 
 namespace adaptiveload {
 namespace {
-
-std::vector<int64_t> wan_lengths(int64_t n, uint32_t seed) {
-  const int64_t lens[] = {1560, 3600, 14040, 32760, 46800, 75600};
-  const double weights[] = {0.5, 0.1, 0.05, 0.2, 0.05, 0.1};
-  std::mt19937 gen(seed);
-  std::discrete_distribution<int> pick(std::begin(weights), std::end(weights));
-  std::vector<int64_t> out(n);
-  for (auto& s : out) s = lens[pick(gen)];
-  return out;
-}
 
 double largest_load(const std::vector<double>& costs, const std::vector<int64_t>& bin_of,
                     int64_t bins) {
@@ -97,7 +88,7 @@ class UnevenPlan : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(UnevenPlan, CoversEverySampleOnceWithAtLeastOnePerRankAndNoSlowerSteps) {
   const Shape s = GetParam();
-  const auto lens = wan_lengths(3001, 11);
+  const auto lens = wan_mix(3001, 11);
   const SampleTable table(lens.data(), lens.size(), nullptr,
                           CostModel::polynomial(1.0, 3.1e-3, 1.35e-7));
   PlanOptions o = options(s.W, s.K, s.max_batch_size, s.lookahead);
@@ -152,7 +143,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, UnevenPlan,
                                            Shape{3, 5, 0, 1}));
 
 TEST(UnevenPlanTest, KOneIsTheEvenPlan) {
-  const auto lens = wan_lengths(500, 5);
+  const auto lens = wan_mix(500, 5);
   const SampleTable table(lens.data(), lens.size(), nullptr,
                           CostModel::polynomial(1.0, 3.1e-3, 1.35e-7));
   PlanOptions o = options(4, 1, 0, 8);
@@ -166,7 +157,7 @@ TEST(UnevenPlanTest, KOneIsTheEvenPlan) {
 }
 
 TEST(UnevenPlanTest, ExcludedSamplesNeverAppearAndBalanceIsRequired) {
-  const auto lens = wan_lengths(400, 9);
+  const auto lens = wan_mix(400, 9);
   const SampleTable table(lens.data(), lens.size(), nullptr,
                           CostModel::polynomial(1.0, 3.1e-3, 1.35e-7));
   PlanOptions o = options(2, 3, 1, 4);
