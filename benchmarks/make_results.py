@@ -348,6 +348,12 @@ SECTIONS = [
                 "Uneven micro-batch counts per rank, mixed plan",
                 "The same without max_batch_size.",
             )
+            + copied(
+                "h200/replay_wan_held-out-long_b1_uneven.csv",
+                "Uneven micro-batch counts per rank, batch size 1, long 720p clips",
+                "benchmarks/replay_wan.py --uneven --mix held-out-long --worlds 8 --ks 2,4 "
+                "--max-batch-size 1: the mix where one clip costs most against an image.",
+            )
         ),
     ),
     (

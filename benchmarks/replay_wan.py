@@ -520,19 +520,20 @@ def write(rows, setup, noise):
         f"{setup['layers']} blocks, checkpointing {setup['checkpointing']}, "
         f"noise median {noise['median']:.2%} p90 {noise['p90']:.2%}",
     }
-    name = "replay_wan.csv" if setup["data"] == "held-out" else f"replay_wan_{setup['data']}.csv"
+    # replay_wan[_<mix>][_b<max_batch_size>][_uneven].csv: one file per setup, the Ks as rows.
+    name = "replay_wan" if setup["data"] == "held-out" else f"replay_wan_{setup['data']}"
     if setup.get("max_batch_size"):
-        name = f"replay_wan_b{setup['max_batch_size']}.csv"
+        name += f"_b{setup['max_batch_size']}"
         meta["setup"] += f", max_batch_size {setup['max_batch_size']}"
     if setup.get("uneven"):
-        name = name.replace(".csv", "_uneven.csv")
+        name += "_uneven"
         head += ["speedup vs even counts", "micro-batches per rank and step"]
         for row, r in zip(out, rows, strict=True):
             row += [
                 f"{r['speedup_vs_even_counts']:.3f}x" if "speedup_vs_even_counts" in r else "-",
                 f"{r['counts_min']}-{r['counts_max']} (mean {r['micro_batches_mean']:.2f})",
             ]
-    print("wrote", write_results(f"{gpu}/{name}", head, out, meta))
+    print("wrote", write_results(f"{gpu}/{name}.csv", head, out, meta))
 
 
 if __name__ == "__main__":
