@@ -16,6 +16,12 @@ sum of squared errors divided by the number of latent elements of the WHOLE opti
 step (all ranks, all micro-batches; known from the plan without communication), and
 gradients are summed across ranks: the step's gradient is that of the global mean.
 
+Uneven counts (--uneven-counts, adaptive sampler): a rank may take any number >= 1 of each
+step's W x K micro-batches (AdaptiveBatchSampler(uneven_counts=True)); the loop runs this
+rank's count (sampler.micro_batches_in_step), the normalizer above is unchanged, and gradients
+are still synchronized once per step (DDP: the all-reduce after the step's last micro-batch;
+FSDP2: parameters stay gathered through the step, reduce-scatter at its last backward).
+
 Online refinement (--refine-cost-model, on by default with the adaptive sampler): each
 micro-batch's measured forward+backward time is recorded in the sampler, and at each
 epoch's end the ranks fold their records into the cost model the next epoch plans with
@@ -133,6 +139,16 @@ def parse_args(argv=None):
         "--cost-model", default=None, help="calibrated JSON (default: built-in Wan 2.1 fit)"
     )
     ap.add_argument("--micro-batches-per-step", type=int, default=1)
+    ap.add_argument(
+        "--uneven-counts",
+        action="store_true",
+        help="adaptive sampler: ranks take any number >= 1 of each step's W x K micro-batches, "
+        "so a rank of images and a rank of one long clip finish together (FSDP2 then keeps "
+        "parameters unsharded through the step)",
+    )
+    ap.add_argument(
+        "--max-batch-size", type=int, default=None, help="samples per micro-batch at most"
+    )
     ap.add_argument("--lookahead-steps", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument(
@@ -183,6 +199,8 @@ def parse_args(argv=None):
         ap.error(
             "--memory-budget chooses checkpointing per micro-batch; drop --activation-checkpointing"
         )
+    if args.uneven_counts and args.sampler != "adaptive":
+        ap.error("--uneven-counts needs --sampler adaptive")
     if args.refine_cost_model is None:
         args.refine_cost_model = args.sampler == "adaptive"
     return args
@@ -213,9 +231,13 @@ def wrap(model, args, device):
         )
     from torch.distributed.fsdp import fully_shard
 
+    # Uneven counts: ranks run different numbers of forwards in a step, so the parameters
+    # stay gathered through it (one all-gather, at the first forward; one reduce-scatter, at
+    # the last backward) instead of pairing a different number of collectives per rank.
+    reshard = not args.uneven_counts
     for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, reshard_after_forward=reshard)
+    fully_shard(model, reshard_after_forward=reshard)
     return model
 
 
@@ -367,6 +389,7 @@ def main(argv=None):
         num_replicas=world,
         rank=rank,
         micro_batches_per_step=args.micro_batches_per_step,
+        max_batch_size=args.max_batch_size,
         seed=args.seed,
     )
     model = build_model(args, device, dtype)
@@ -392,6 +415,7 @@ def main(argv=None):
             max_cost=args.max_cost,
             cost_model=cost,
             lookahead_steps=args.lookahead_steps,
+            uneven_counts=args.uneven_counts,
             **common,
             **(
                 {"memory_model": memory, "memory_budget_gib": plan_budget}
@@ -446,7 +470,7 @@ def main(argv=None):
     log = open(args.log_file, "a") if (args.log_file and rank == 0) else None
     elements_per_token = CONFIGS[args.config]["in_channels"] * math.prod(PATCH)
     ddp_manual = args.parallel == "ddp"
-    K, W = args.micro_batches_per_step, world
+    W = world
     on_cuda = device.type == "cuda"
     progress = None
     steps_run = 0  # optimizer steps of this invocation
@@ -514,8 +538,9 @@ def main(argv=None):
             t_start = time.perf_counter()
             data_wait = 0.0
             fetched = []  # this step's batches, kept for a re-run after an out-of-memory error
+            count = sampler.micro_batches_in_step(step)  # K, or this rank's share (uneven)
             k = 0
-            while k < K:
+            while k < count:
                 if k == 0:  # (re)start the step
                     loss_sum = torch.zeros((), device=device)
                     samples = tokens = 0
@@ -540,7 +565,9 @@ def main(argv=None):
                 if ddp_manual and hasattr(model, "no_sync"):
                     sync = model.no_sync()
                 elif hasattr(model, "set_requires_gradient_sync"):
-                    model.set_requires_gradient_sync(k == K - 1)
+                    model.set_requires_gradient_sync(k == count - 1)
+                    if args.uneven_counts:
+                        model.set_reshard_after_backward(k == count - 1)
                 if marks is not None:
                     marks.append(torch.cuda.Event(enable_timing=True))
                     marks[-1].record()
@@ -645,7 +672,9 @@ def main(argv=None):
                     for r, (_, times) in enumerate(per_rank):
                         for k, ms in enumerate(times):
                             if ms > 0:
-                                errors.append(abs(plan.costs[(step * W + r) * K + k] / ms - 1))
+                                errors.append(
+                                    abs(plan.costs[plan.micro_batch_id(step, r, k)] / ms - 1)
+                                )
                 if log:
                     log.write(json.dumps(record) + "\n")
                     log.flush()

@@ -12,7 +12,7 @@ from adaptiveload._version import __version__
 from adaptiveload.cost import CostModel
 from adaptiveload.memory import CheckpointPolicy, MemoryModel
 from adaptiveload.report import BalanceReport, balance_report
-from adaptiveload.sampler import AdaptiveBatchSampler, EqualTokenBatchSampler, Plan
+from adaptiveload.sampler import AdaptiveBatchSampler, EqualTokenBatchSampler, MicroBatch, Plan
 from adaptiveload.seqlen import wan_seq_len
 
 # name -> module that defines it, imported on first access (PEP 562).
@@ -45,6 +45,7 @@ __all__ = [
     "CostModel",
     "EqualTokenBatchSampler",
     "MemoryModel",
+    "MicroBatch",
     "Plan",
     "balance_report",
     "gated_residual_layer_norm_modulate",

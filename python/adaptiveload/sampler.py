@@ -35,6 +35,7 @@ import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -52,6 +53,27 @@ _MAX_LEN = 2**63 - 1
 # kind a cost model holds (as the C++ core checks them).
 _LEARN_WINDOW = 32
 _MAX_KIND_LEN, _MAX_KIND_BATCH = 2**40 - 1, 2**24 - 1
+
+
+class MicroBatch(NamedTuple):
+    """One batch of a loader, with where it stands in its optimizer step (``micro_batches``)."""
+
+    #: what the loader yielded (the collated samples)
+    batch: Any
+    #: the optimizer step of the epoch's plan
+    step: int
+    #: this rank's micro-batch ``index`` of the step, ``0 <= index < count``
+    index: int
+    #: this rank's micro-batches in the step: K, or any count >= 1 with uneven counts
+    count: int
+    #: tokens and samples of the step over all ranks: the normalizers of a summed loss
+    step_tokens: int
+    step_samples: int
+
+    @property
+    def last(self) -> bool:
+        """The rank's last micro-batch of the step: synchronize gradients and step here."""
+        return self.index == self.count - 1
 
 
 @dataclass
@@ -124,8 +146,13 @@ class Plan:
             return t * self.micro_batches_per_step
         return int(self.rank_offsets[t])
 
+    def micro_batch_id(self, step: int, rank: int, k: int = 0) -> int:
+        """Index ``m`` (into ``costs``, ``tokens``, ``offsets``) of ``rank``'s ``k``-th
+        micro-batch of ``step``."""
+        return self._first(step, rank) + k
+
     def micro_batch(self, step: int, rank: int, k: int = 0) -> np.ndarray:
-        m = self._first(step, rank) + k
+        m = self.micro_batch_id(step, rank, k)
         return self.samples[self.offsets[m] : self.offsets[m + 1]]
 
     def rank_micro_batches(self, rank: int, start: int = 0) -> Iterator[np.ndarray]:
@@ -1013,6 +1040,49 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         plan = self.plan()
         for step in range(self.start_step, plan.num_steps):
             yield step, plan.micro_batches_in_step(step, self.rank)
+
+    def micro_batches(self, loader) -> Iterator[MicroBatch]:
+        """Each batch of ``loader`` (a DataLoader over this sampler, or what accelerate made
+        of one) as a ``MicroBatch``: the batch with its step, its place in the step, this
+        rank's count there, and the step's token and sample counts over all ranks.
+        ``mb.last`` is where this rank synchronizes gradients and steps the optimizer.
+
+        The stream is checked against the plan: a loader that draws from another batch
+        sampler is refused, and one that ends early or yields more batches than this rank's
+        plan raises ``RuntimeError`` instead of shifting every later step boundary."""
+        source = getattr(loader, "batch_sampler", None)
+        ours = (
+            source,
+            getattr(source, "batch_sampler", None),
+            getattr(loader, "adaptive_sampler", None),
+        )
+        if source is not None and not any(s is self for s in ours):
+            raise ValueError(
+                f"micro_batches(loader): the loader's batch_sampler is not this sampler "
+                f"({type(source).__name__}); its batches would not follow this plan's steps"
+            )
+        end = object()
+        it = iter(loader)
+        first = next(it, end)  # starts the sampler's pass (a resume, or the epoch again)
+        plan = self.plan()
+        tokens, samples = plan.step_tokens(), plan.step_samples()
+        for step in range(self.start_step, plan.num_steps):
+            count = plan.micro_batches_in_step(step, self.rank)
+            for k in range(count):
+                batch, first = (first, end) if first is not end else (next(it, end), end)
+                if batch is end:
+                    raise RuntimeError(
+                        f"micro_batches: the loader ended in step {step} after {k} of rank "
+                        f"{self.rank}'s {count} micro-batches there: it did not yield every "
+                        "batch of this sampler's pass"
+                    )
+                yield MicroBatch(batch, step, k, count, int(tokens[step]), int(samples[step]))
+        if first is not end or next(it, end) is not end:
+            raise RuntimeError(
+                f"micro_batches: the loader yielded more batches than this rank's plan holds "
+                f"({plan.num_rank_micro_batches(self.rank)} for rank {self.rank}): it does not "
+                "draw from this sampler alone"
+            )
 
     @property
     def start_micro_batch(self) -> int:

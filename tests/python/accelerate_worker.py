@@ -64,7 +64,12 @@ def main(scenario, out_dir):
         out["len"] = len(loader)
         for epoch in range(2):
             loader.set_epoch(epoch)
-            out["epochs"][epoch] = [b.tolist() for b in loader]
+            if epoch == 0:
+                out["epochs"][epoch] = [b.tolist() for b in loader]
+            else:  # through micro_batches: the same batches, each with its step
+                mbs = list(sampler.micro_batches(loader))
+                out["epochs"][epoch] = [mb.batch.tolist() for mb in mbs]
+                out["steps"] = [[mb.step, mb.index, mb.count, mb.last] for mb in mbs]
             out["plan"][epoch] = [
                 b.tolist() for b in sampler.plan().rank_micro_batches(accelerator.process_index)
             ]

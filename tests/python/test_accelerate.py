@@ -56,6 +56,10 @@ def test_prepared_loader_sees_every_sample_once_per_epoch(tmp_path, scenario, np
             assert r["epochs"][epoch] == r["plan"][epoch]
         orders.append(per_rank[0]["epochs"][epoch])
     assert orders[0] != orders[1], "set_epoch did not reach the sampler"
+    # Epoch 1 went through sampler.micro_batches(prepared loader): K per step, in order.
+    for r in per_rank:
+        n = len(r["plan"]["1"])
+        assert r["steps"] == [[m // 2, m % 2, 2, m % 2 == 1] for m in range(n)]
     assert all(r["len"] == len(r["plan"]["0"]) for r in per_rank)
 
 

@@ -143,6 +143,40 @@ def test_fsdp2_trains_on_cpu(dataset, tmp_path):
     assert len(recs) == 2 and all(r["loss"] > 0 for r in recs)
 
 
+def test_uneven_counts_resume_exactly_and_agree_under_ddp_and_fsdp2(dataset, tmp_path):
+    # One sample per micro-batch and one-step lookahead: some steps give a rank 1 and the
+    # other 3 of their 4 micro-batches (epoch 0, steps 12 and 13). The first run stops after
+    # step 12, so the resume starts right after an uneven step.
+    full, first, rest, fsdp = (
+        str(tmp_path / n) for n in ("full.jsonl", "first.jsonl", "rest.jsonl", "fsdp.jsonl")
+    )
+    common = ("--data", dataset, "--no-refine-cost-model", "--uneven-counts",
+              "--max-batch-size", "1", "--lookahead-steps", "1")  # fmt: skip
+    ckpt = str(tmp_path / "ckpt")
+    torchrun(*common, "--max-steps", "22", "--log-file", full)
+    torchrun(*common, "--max-steps", "13", "--log-file", first, "--checkpoint-dir", ckpt)
+    torchrun(*common, "--max-steps", "22", "--log-file", rest, "--checkpoint-dir", ckpt,
+             "--resume")  # fmt: skip
+    torchrun(*common, "--max-steps", "14", "--log-file", fsdp, "--parallel", "fsdp")
+    full_log = read_log(full)
+    counts = [[len(rank) for rank in rec["batches"]] for rec in full_log]
+    assert all(sum(c) == 4 and min(c) >= 1 for c in counts)
+    assert [1, 3] in counts[:13], f"the test needs an uneven step before the resume: {counts}"
+    resumed = read_log(first) + read_log(rest)
+    assert len(resumed) == len(full_log) == 22
+    for a, b in zip(full_log, resumed, strict=True):
+        assert a["batches"] == b["batches"], f"step {a['global_step']}: other micro-batches"
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), f"step {a['global_step']}"
+    # Under FSDP2 (parameters gathered through the step) the same steps give the same losses:
+    # each rank synchronized once per step, after its own count of micro-batches.
+    for a, b in zip(full_log[:14], read_log(fsdp), strict=True):
+        assert a["batches"] == b["batches"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), f"fsdp step {a['global_step']}"
+    epoch0 = [i for rec in full_log if rec["epoch"] == 0 for r in rec["batches"]
+              for mb in r for i in mb]  # fmt: skip
+    assert sorted(epoch0) == list(range(60)), "epoch 0 did not draw every sample once"
+
+
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_warm_shapes_changes_nothing_but_the_clock(dataset, tmp_path, parallel):
     # --warm-shapes runs every new micro-batch shape once before the epoch, on random inputs,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from adaptiveload import AdaptiveBatchSampler
+from adaptiveload import AdaptiveBatchSampler, EqualTokenBatchSampler
 from adaptiveload.cost import CostModel
 from gloo_ranks import full_grads, run_on_ranks
 
@@ -130,6 +130,89 @@ def test_state_of_even_sampler_continues_under_uneven_counts():
     assert not consumed & set(rest) and len(set(rest)) == len(rest) == len(lens) - len(consumed)
 
 
+class IndexDataset(Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return int(i)
+
+
+def expected_stream(plan, rank, start=0):
+    """(step, index, count) of each micro-batch of ``rank`` from step ``start``."""
+    return [
+        (t, k, c)
+        for t in range(start, plan.num_steps)
+        for c in [plan.micro_batches_in_step(t, rank)]
+        for k in range(c)
+    ]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", ["uneven", "even", "equal-token"])
+def test_micro_batches_tell_the_loop_where_each_step_ends(num_workers, kind):
+    lens = wan_mix(400, seed=6)
+    uneven_seen = False
+    for rank in range(4):
+        if kind == "equal-token":
+            s = EqualTokenBatchSampler(
+                lens, 2 * 75600, num_replicas=4, rank=rank, micro_batches_per_step=4,
+                seed=3, verify_ranks=False,
+            )  # fmt: skip
+        else:
+            s = make(lens, rank=rank, uneven_counts=kind == "uneven", max_batch_size=1,
+                     lookahead_steps=2)  # fmt: skip
+        plan = s.plan()
+        loader = DataLoader(
+            IndexDataset(len(lens)), batch_sampler=s, num_workers=num_workers, collate_fn=list
+        )
+        got = list(s.micro_batches(loader))
+        want = expected_stream(plan, rank)
+        assert [(m.step, m.index, m.count) for m in got] == want
+        assert [m.last for m in got] == [k == c - 1 for _, k, c in want]
+        for m in got:
+            assert m.batch == plan.micro_batch(m.step, rank, m.index).tolist()
+            assert m.step_tokens == int(plan.step_tokens()[m.step])
+            assert m.step_samples == int(plan.step_samples()[m.step])
+        uneven_seen |= any(c != 4 for _, _, c in want)
+    assert uneven_seen == (kind == "uneven")
+
+
+def test_micro_batches_after_a_resume_start_at_the_resumed_step():
+    lens = wan_mix(600, seed=7)
+    kw = dict(uneven_counts=True, max_batch_size=1, lookahead_steps=2)
+    for rank in range(4):
+        s = make(lens, rank=rank, **kw)
+        s.set_epoch(2)
+        state = s.state_dict(steps_done=4)
+        resumed = make(lens, rank=rank, **kw)
+        resumed.load_state_dict(state)
+        resumed.set_epoch(2)
+        loader = DataLoader(IndexDataset(len(lens)), batch_sampler=resumed, collate_fn=list)
+        got = list(resumed.micro_batches(loader))
+        assert [(m.step, m.index, m.count) for m in got] == expected_stream(s.plan(), rank, 4)
+        assert [m.batch for m in got] == [b.tolist() for b in s.plan().rank_micro_batches(
+            rank, s.plan().rank_step_starts(rank)[4])]  # fmt: skip
+
+
+def test_micro_batches_refuse_a_loader_that_is_not_this_samplers_stream():
+    lens = wan_mix(300, seed=8)
+    s = make(lens, rank=1, uneven_counts=True, max_batch_size=1, lookahead_steps=2)
+    other = make(lens, rank=2, uneven_counts=True, max_batch_size=1, lookahead_steps=2)
+    with pytest.raises(ValueError, match="batch_sampler is not this sampler"):
+        next(s.micro_batches(DataLoader(IndexDataset(len(lens)), batch_sampler=other)))
+    batches = [b.tolist() for b in s.plan().rank_micro_batches(1)]
+    n = s.plan().num_steps
+    last = s.plan().micro_batches_in_step(n - 1, 1)
+    with pytest.raises(RuntimeError, match=f"ended in step {n - 1} after {last - 1} of"):
+        list(s.micro_batches(batches[:-1]))
+    with pytest.raises(RuntimeError, match="more batches than this rank's plan"):
+        list(s.micro_batches(batches + [batches[0]]))
+
+
 # -- gradients over real gloo ranks -----------------------------------------------------------
 
 WORLD, K, FEATURES, STEPS = 2, 3, 4, 4
@@ -198,26 +281,25 @@ def grad_worker(rank, world, wrap):
 
         wrapped = fully_shard(model, reshard_after_forward=False)
     loader = DataLoader(TokenDataset(), batch_sampler=sampler, num_workers=2, collate_fn=collate)
-    it = iter(loader)
-    grads = []
-    for step, count in sampler.steps():
-        if step == STEPS:
+    grads, counts = [], []
+    for mb in sampler.micro_batches(loader):  # each batch says where its step ends
+        if mb.step == STEPS:
             break
+        x, y = mb.batch
+        if wrap == "ddp":
+            sync = contextlib.nullcontext() if mb.last else wrapped.no_sync()
+        else:
+            wrapped.set_requires_gradient_sync(mb.last)
+            wrapped.set_reshard_after_backward(mb.last)
+            sync = contextlib.nullcontext()
         # The step's tokens over all ranks; DDP and FSDP2 average over ranks, so * world.
-        scale = world / float(plan.step_tokens()[step])
-        for k in range(count):
-            x, y = next(it)
-            last = k == count - 1
-            if wrap == "ddp":
-                sync = contextlib.nullcontext() if last else wrapped.no_sync()
-            else:
-                wrapped.set_requires_gradient_sync(last)
-                wrapped.set_reshard_after_backward(last)
-                sync = contextlib.nullcontext()
-            with sync:
-                (token_loss(wrapped, x, y) * scale).backward()
-        grads.append(full_grads(model))
-        model.zero_grad(set_to_none=True)
+        with sync:
+            (token_loss(wrapped, x, y) * (world / mb.step_tokens)).backward()
+        if mb.last:
+            grads.append(full_grads(model))
+            counts.append(mb.count)
+            model.zero_grad(set_to_none=True)
+    assert counts == [plan.micro_batches_in_step(t, rank) for t in range(STEPS)]
     return {"grads": grads}
 
 
