@@ -470,7 +470,6 @@ def main(argv=None):
     log = open(args.log_file, "a") if (args.log_file and rank == 0) else None
     elements_per_token = CONFIGS[args.config]["in_channels"] * math.prod(PATCH)
     ddp_manual = args.parallel == "ddp"
-    W = world
     on_cuda = device.type == "cuda"
     progress = None
     steps_run = 0  # optimizer steps of this invocation
@@ -574,7 +573,7 @@ def main(argv=None):
                 t_micro = time.perf_counter()
                 try:
                     with sync:
-                        scale = W if args.parallel == "fsdp" else 1  # FSDP averages over ranks
+                        scale = world if args.parallel == "fsdp" else 1  # FSDP averages over ranks
                         loss = flow_matching_loss(model, batch, device, dtype, normalizer, marks)
                         (loss * scale).backward()
                 except torch.OutOfMemoryError:

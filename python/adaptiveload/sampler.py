@@ -140,16 +140,13 @@ class Plan:
     def num_rank_micro_batches(self, rank: int) -> int:
         return int(self.rank_step_starts(rank)[-1])
 
-    def _first(self, step: int, rank: int) -> int:
-        t = step * self.num_replicas + rank
-        if self.rank_offsets is None:
-            return t * self.micro_batches_per_step
-        return int(self.rank_offsets[t])
-
     def micro_batch_id(self, step: int, rank: int, k: int = 0) -> int:
         """Index ``m`` (into ``costs``, ``tokens``, ``offsets``) of ``rank``'s ``k``-th
         micro-batch of ``step``."""
-        return self._first(step, rank) + k
+        t = step * self.num_replicas + rank
+        if self.rank_offsets is None:
+            return t * self.micro_batches_per_step + k
+        return int(self.rank_offsets[t]) + k
 
     def micro_batch(self, step: int, rank: int, k: int = 0) -> np.ndarray:
         m = self.micro_batch_id(step, rank, k)
