@@ -31,6 +31,27 @@ def slowest_over_mean(plan):
     return float(loads.max(axis=1).sum() / loads.mean(axis=1).sum())
 
 
+class IndexDataset(Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return int(i)
+
+
+def expected_stream(plan, rank, start=0):
+    """(step, index, count) of each micro-batch of ``rank`` from step ``start``."""
+    return [
+        (t, k, c)
+        for t in range(start, plan.num_steps)
+        for c in [plan.micro_batches_in_step(t, rank)]
+        for k in range(c)
+    ]
+
+
 @pytest.mark.parametrize("max_batch_size", [None, 1])
 @pytest.mark.parametrize("lookahead_steps", [1, 8, 64])
 def test_balance_at_least_as_good_as_even_counts(max_batch_size, lookahead_steps):
@@ -103,6 +124,14 @@ def test_resume_mid_epoch_replays_the_rest_exactly():
         resumed.set_epoch(1)
         assert resumed.start_step == stop
         assert [list(b) for b in resumed] == full[drawn:]
+        # Through micro_batches(loader): the same batches, from the resumed step's start.
+        again = make(lens, rank=rank, **kw)
+        again.load_state_dict(state)
+        again.set_epoch(1)
+        loader = DataLoader(IndexDataset(len(lens)), batch_sampler=again, collate_fn=list)
+        got = list(again.micro_batches(loader))
+        assert [(m.step, m.index, m.count) for m in got] == expected_stream(s.plan(), rank, stop)
+        assert [m.batch for m in got] == full[drawn:]
         # The same state continued by an even-count sampler: the rest, each sample once.
         other = make(lens, rank=rank, max_batch_size=1, lookahead_steps=4)
         other.load_state_dict(state)
@@ -130,27 +159,6 @@ def test_state_of_even_sampler_continues_under_uneven_counts():
     assert not consumed & set(rest) and len(set(rest)) == len(rest) == len(lens) - len(consumed)
 
 
-class IndexDataset(Dataset):
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return int(i)
-
-
-def expected_stream(plan, rank, start=0):
-    """(step, index, count) of each micro-batch of ``rank`` from step ``start``."""
-    return [
-        (t, k, c)
-        for t in range(start, plan.num_steps)
-        for c in [plan.micro_batches_in_step(t, rank)]
-        for k in range(c)
-    ]
-
-
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("kind", ["uneven", "even", "equal-token"])
 def test_micro_batches_tell_the_loop_where_each_step_ends(num_workers, kind):
@@ -173,29 +181,13 @@ def test_micro_batches_tell_the_loop_where_each_step_ends(num_workers, kind):
         want = expected_stream(plan, rank)
         assert [(m.step, m.index, m.count) for m in got] == want
         assert [m.last for m in got] == [k == c - 1 for _, k, c in want]
+        step_tokens, step_samples = plan.step_tokens(), plan.step_samples()
         for m in got:
             assert m.batch == plan.micro_batch(m.step, rank, m.index).tolist()
-            assert m.step_tokens == int(plan.step_tokens()[m.step])
-            assert m.step_samples == int(plan.step_samples()[m.step])
+            assert m.step_tokens == int(step_tokens[m.step])
+            assert m.step_samples == int(step_samples[m.step])
         uneven_seen |= any(c != 4 for _, _, c in want)
     assert uneven_seen == (kind == "uneven")
-
-
-def test_micro_batches_after_a_resume_start_at_the_resumed_step():
-    lens = wan_mix(600, seed=7)
-    kw = dict(uneven_counts=True, max_batch_size=1, lookahead_steps=2)
-    for rank in range(4):
-        s = make(lens, rank=rank, **kw)
-        s.set_epoch(2)
-        state = s.state_dict(steps_done=4)
-        resumed = make(lens, rank=rank, **kw)
-        resumed.load_state_dict(state)
-        resumed.set_epoch(2)
-        loader = DataLoader(IndexDataset(len(lens)), batch_sampler=resumed, collate_fn=list)
-        got = list(resumed.micro_batches(loader))
-        assert [(m.step, m.index, m.count) for m in got] == expected_stream(s.plan(), rank, 4)
-        assert [m.batch for m in got] == [b.tolist() for b in s.plan().rank_micro_batches(
-            rank, s.plan().rank_step_starts(rank)[4])]  # fmt: skip
 
 
 def test_micro_batches_refuse_a_loader_that_is_not_this_samplers_stream():
