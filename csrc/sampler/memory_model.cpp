@@ -22,11 +22,28 @@ double MemoryModel::peak(int64_t count, int64_t tokens, int64_t checkpointed) co
 }
 
 int64_t MemoryModel::checkpointed_blocks(int64_t count, int64_t tokens, double budget) const {
-  // The peak need not fall monotonically in n (mc, mr), so every n is tried, fewest first:
-  // L + 1 evaluations of a few flops.
+  // The fewest n in [0, L] with peak(n) <= limit, in a few evaluations whatever L: n = 0 keeps
+  // every block; on [1, L - 1] the peak is linear in n (kept = L - n), so its first n under the
+  // limit is the end where it is lowest when it does not fall, and a division when it does;
+  // n = L keeps one block (max(L - n, 1)). The peak need not fall in n (mc, mr).
   const double limit = budget / (1.0 + margin);
-  for (int64_t n = 0; n <= num_blocks; ++n)
+  if (peak(count, tokens, 0) <= limit) return 0;
+  const int64_t last = num_blocks - 1;  // the linear part is n in [1, last]
+  if (last >= 1) {
+    const double p1 = peak(count, tokens, 1);
+    const double slope = peak(count, tokens, last) - p1;  // over last - 1 steps of n
+    int64_t n = 1;
+    if (p1 > limit && slope < 0.0 && peak(count, tokens, last) <= limit) {
+      const double per_step = -slope / static_cast<double>(std::max<int64_t>(last - 1, 1));
+      const double steps = std::ceil((p1 - limit) / per_step);
+      n = std::clamp<int64_t>(1 + static_cast<int64_t>(std::min(steps, 1e18)), 1, last);
+      // Rounding of the division: settle on the exact first n by evaluating its neighbours.
+      while (n < last && peak(count, tokens, n) > limit) ++n;
+      while (n > 1 && peak(count, tokens, n - 1) <= limit) --n;
+    }
     if (peak(count, tokens, n) <= limit) return n;
+  }
+  if (num_blocks >= 1 && peak(count, tokens, num_blocks) <= limit) return num_blocks;
   return -1;
 }
 
@@ -36,7 +53,9 @@ double MemoryModel::time_factor(int64_t checkpointed) const {
 }
 
 void MemoryModel::validate() const {
-  if (num_blocks < 1) fail("num_blocks must be >= 1, got " + std::to_string(num_blocks));
+  if (num_blocks < 1 || num_blocks > kMaxBlocks)
+    fail("num_blocks must be in [1, " + std::to_string(kMaxBlocks) + "], got " +
+         std::to_string(num_blocks));
   const std::pair<const char*, double> fields[] = {{"m0", m0}, {"mb", mb},        {"mbk", mbk},
                                                    {"mt", mt}, {"ma", ma},        {"mc", mc},
                                                    {"mr", mr}, {"margin", margin}};

@@ -36,7 +36,11 @@ namespace adaptiveload {
 /// checkpointed, is  1 - recompute_share * (L - n) / L : `recompute_share` in [0, 1) is
 /// the part of a fully checkpointed step spent recomputing forwards.
 struct MemoryModel {
-  int64_t num_blocks = 0;  ///< L >= 1
+  /// The most blocks a model may have: far above any DiT's (tens), so a count past it is a
+  /// mistake (a wrong field), refused by validate().
+  static constexpr int64_t kMaxBlocks = 10000;
+
+  int64_t num_blocks = 0;  ///< L in [1, kMaxBlocks]
   double m0 = 0.0;
   double mb = 0.0;
   double mbk = 0.0;
@@ -50,7 +54,7 @@ struct MemoryModel {
   /// peak(B, T, n) in bytes; n in [0, L].
   double peak(int64_t count, int64_t tokens, int64_t checkpointed) const;
   /// The fewest checkpointed blocks n whose peak, with the margin, stays within
-  /// `budget` bytes; -1 when even n = L does not.
+  /// `budget` bytes; -1 when even n = L does not. A few evaluations of peak(), whatever L.
   int64_t checkpointed_blocks(int64_t count, int64_t tokens, double budget) const;
   /// Time of a micro-batch with n checkpointed blocks relative to n = L.
   double time_factor(int64_t checkpointed) const;

@@ -29,7 +29,8 @@ struct MicroBatch {
 };
 
 void validate_options(const PlanOptions& o) {
-  if (o.max_tokens <= 0) invalid("max_tokens must be > 0, got " + std::to_string(o.max_tokens));
+  if (o.max_tokens <= 0 || o.max_tokens > kMaxTokens)
+    invalid("max_tokens must be in [1, 2^62], got " + std::to_string(o.max_tokens));
   if (o.max_batch_size < 0)
     invalid("max_batch_size must be >= 0 (0: no limit), got " + std::to_string(o.max_batch_size));
   if (!(o.max_cost > 0.0) || !std::isfinite(o.max_cost))
@@ -38,10 +39,31 @@ void validate_options(const PlanOptions& o) {
     invalid("num_replicas must be >= 1, got " + std::to_string(o.num_replicas));
   if (o.micro_batches_per_step < 1)
     invalid("micro_batches_per_step must be >= 1, got " + std::to_string(o.micro_batches_per_step));
+  if (o.num_replicas > kMaxStepMicroBatches ||
+      o.micro_batches_per_step > kMaxStepMicroBatches / o.num_replicas)
+    invalid("num_replicas * micro_batches_per_step must be <= 2^20 (micro-batches per step), got " +
+            std::to_string(o.num_replicas) + " * " + std::to_string(o.micro_batches_per_step));
   if (o.lookahead_steps < 1)
     invalid("lookahead_steps must be >= 1, got " + std::to_string(o.lookahead_steps));
   if (o.uneven_counts && !o.balance)
     invalid("uneven_counts needs balance: without balancing every rank takes K per step");
+}
+
+// The stats of `fill` samples of `len` tokens and cost f each, summed one by one as packing
+// sums them, so that a micro-batch filled to the default cap costs exactly the cap. A fill
+// larger than the group's `available` samples is never packed: its sum is taken in closed
+// form, which keeps the time independent of the caps' magnitude.
+BatchStats uniform_stats(int64_t len, double f, int64_t fill, int64_t available) {
+  BatchStats s;
+  if (fill > available) {
+    s.count = fill;
+    s.tokens = fill * len;  // <= max_tokens
+    s.additive = static_cast<double>(fill) * f;
+    s.uniform_len = len;
+    return s;
+  }
+  for (int64_t b = 0; b < fill; ++b) s.add(len, f);
+  return s;
 }
 
 double largest_bin(const double* costs, int64_t n_items, int64_t num_bins,
@@ -185,10 +207,14 @@ SampleTable::SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* grou
   }
   if (n < 0) invalid("number of samples must be >= 0");
   if (n > 0 && seq_lens == nullptr) invalid("seq_lens is null");
+  int64_t total = 0;
   for (int64_t i = 0; i < n; ++i) {
-    if (seq_lens[i] < 1)
+    if (seq_lens[i] < 1 || seq_lens[i] > kMaxSeqLen)
       invalid("seq_lens[" + std::to_string(i) + "] = " + std::to_string(seq_lens[i]) +
-              ": sequence lengths must be >= 1 token");
+              ": sequence lengths must be in [1, 2^40 - 1] tokens");
+    if (seq_lens[i] > kMaxTokens - total)
+      invalid("the samples hold more than 2^62 tokens in all, more than a plan's int64 sums hold");
+    total += seq_lens[i];
   }
 
   // Dense group ids, numbered in increasing key order so plans do not depend on
@@ -215,10 +241,12 @@ SampleTable::SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* grou
   for (size_t r = 0; r < by_key.size(); ++r) renumber[by_key[r]] = static_cast<int32_t>(r);
   num_groups_ = static_cast<int64_t>(distinct.size());
   group_max_len_.assign(num_groups_, 0);
+  group_size_.assign(num_groups_, 0);
   samples_.resize(n);
   for (int64_t i = 0; i < n; ++i) {
     group_[i] = renumber[group_[i]];
     group_max_len_[group_[i]] = std::max(group_max_len_[group_[i]], seq_lens[i]);
+    ++group_size_[group_[i]];
     samples_[i] = {seq_lens[i], cost_.sample_cost(seq_lens[i])};
   }
 }
@@ -244,7 +272,8 @@ double SampleTable::single_cost(int64_t i) const {
 }
 
 double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size) const {
-  if (max_tokens <= 0) invalid("max_tokens must be > 0, got " + std::to_string(max_tokens));
+  if (max_tokens <= 0 || max_tokens > kMaxTokens)
+    invalid("max_tokens must be in [1, 2^62], got " + std::to_string(max_tokens));
   if (max_batch_size < 0)
     invalid("max_batch_size must be >= 0 (0: no limit), got " + std::to_string(max_batch_size));
   double heaviest = 0.0;
@@ -259,7 +288,6 @@ double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size)
   for (int64_t g = 0; g < num_groups_; ++g) {
     const int64_t len = group_max_len_[g];
     if (len > max_tokens) continue;
-    BatchStats full;
     const double f = cost_.sample_cost(len);
     int64_t fill = max_tokens / len;
     if (max_batch_size > 0) fill = std::min(fill, max_batch_size);
@@ -267,11 +295,20 @@ double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size)
       BatchStats probe;
       probe.add(len, f);
       if (!fits_memory(probe)) continue;
-      // What memory allows without recomputation: the largest fill that checkpoints nothing.
-      while (fill > 1 && memory_.model.checkpointed_blocks(fill, fill * len, memory_.budget) != 0)
-        --fill;
+      // What memory allows without recomputation: the largest fill that checkpoints nothing
+      // (the peak grows with the fill, so a bisection finds it).
+      int64_t lo = 1, hi = fill;
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo + 1) / 2;
+        if (memory_.model.checkpointed_blocks(mid, mid * len, memory_.budget) == 0) {
+          lo = mid;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      fill = lo;
     }
-    for (int64_t b = 0; b < fill; ++b) full.add(len, f);
+    const BatchStats full = uniform_stats(len, f, fill, group_size_[g]);
     lightest_full = std::min(lightest_full, stats_cost(full));
     heaviest_full = std::max(heaviest_full, stats_cost(full));
   }
@@ -417,12 +454,13 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
       one.add(s, table.sample_cost(i));
       if (!table.fits_memory(one)) {
         const MemoryPolicy& mp = table.memory_policy();
+        const double peak = mp.model.peak(1, s, mp.model.num_blocks);
         invalid("sample " + std::to_string(i) + " has " + std::to_string(s) + " tokens; with all " +
                 std::to_string(mp.model.num_blocks) +
-                " blocks checkpointed its predicted peak is " +
-                std::to_string(mp.model.peak(1, s, mp.model.num_blocks) / (1 << 20)) +
-                " MiB (margin " + std::to_string(mp.model.margin) +
-                " on top), over the budget of " + std::to_string(mp.budget / (1 << 20)) +
+                " blocks checkpointed its predicted peak is " + std::to_string(peak / (1 << 20)) +
+                " MiB, " + std::to_string(peak * (1.0 + mp.model.margin) / (1 << 20)) +
+                " MiB with the margin of " + std::to_string(mp.model.margin) +
+                ", over the budget of " + std::to_string(mp.budget / (1 << 20)) +
                 " MiB (raise the memory budget, or skip such samples with on_oversize='skip')");
       }
       if (s > o.max_tokens)

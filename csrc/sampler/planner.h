@@ -40,6 +40,12 @@
 
 namespace adaptiveload {
 
+/// Bounds that keep every sum of a plan within int64 (a micro-batch's, a step's, an epoch's
+/// tokens) and every loop of planning bounded by the data, not by the caps' magnitude.
+inline constexpr int64_t kMaxSeqLen = (int64_t{1} << 40) - 1;  ///< tokens of one sample
+inline constexpr int64_t kMaxTokens = int64_t{1} << 62;  ///< max_tokens; also all samples' sum
+inline constexpr int64_t kMaxStepMicroBatches = int64_t{1} << 20;  ///< W * K
+
 /// What to do with a sample that alone breaks a cap.
 enum class OversizePolicy { kError, kSkip };
 
@@ -47,7 +53,7 @@ enum class OversizePolicy { kError, kSkip };
 /// per index, plus the cost model. Built once; planning an epoch reads it only.
 class SampleTable {
  public:
-  /// \param seq_lens   n token counts, each >= 1
+  /// \param seq_lens   n token counts, each in [1, kMaxSeqLen], kMaxTokens at most in all
   /// \param group_keys n integer keys or nullptr; a micro-batch never mixes keys.
   ///                   nullptr means the key is the sequence length itself.
   /// \param memory     nullptr, or the memory policy every micro-batch must obey.
@@ -111,6 +117,7 @@ class SampleTable {
   std::vector<Sample> samples_;
   std::vector<int32_t> group_;  // dense group id per sample, ordered by key
   std::vector<int64_t> group_max_len_;
+  std::vector<int64_t> group_size_;  // samples per group
   int64_t num_groups_ = 0;
   CostModel cost_;
   bool has_memory_ = false;
@@ -118,10 +125,10 @@ class SampleTable {
 };
 
 struct PlanOptions {
-  int64_t max_tokens = 0;              ///< M_mem: tokens per micro-batch, > 0
+  int64_t max_tokens = 0;              ///< M_mem: tokens per micro-batch, in [1, kMaxTokens]
   int64_t max_batch_size = 0;          ///< samples per micro-batch at most; 0: no limit
   double max_cost = 0.0;               ///< M_comp: > 0 (callers pass default_max_cost() when unset)
-  int64_t num_replicas = 1;            ///< W: data-parallel ranks
+  int64_t num_replicas = 1;            ///< W: data-parallel ranks (W * K <= kMaxStepMicroBatches)
   int64_t micro_batches_per_step = 1;  ///< K: micro-batches per rank per optimizer step
   bool shuffle = true;
   uint64_t seed = 0;

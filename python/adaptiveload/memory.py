@@ -47,6 +47,11 @@ def _lens(seq_lens) -> np.ndarray:
     return a
 
 
+# The most blocks a model may have (MemoryModel::kMaxBlocks in the C++ core): far above any
+# DiT's, so a count past it is a mistake.
+_MAX_BLOCKS = 10000
+
+
 class MemoryModel:
     """Peak memory of a micro-batch as a function of its samples and of how many of the
     model's ``num_blocks`` blocks run with activation checkpointing (see the module doc)."""
@@ -66,6 +71,15 @@ class MemoryModel:
         recompute_share: float = 0.0,
         meta: dict | None = None,
     ):
+        if (
+            isinstance(num_blocks, bool | np.bool_)
+            or not isinstance(num_blocks, int | np.integer)
+            or not 1 <= num_blocks <= _MAX_BLOCKS
+        ):
+            raise ValueError(
+                f"MemoryModel: num_blocks must be an integer in [1, {_MAX_BLOCKS}] (the model's "
+                f"transformer blocks), got {num_blocks!r}"
+            )
         self._core = _sampler.MemoryModel(
             num_blocks=int(num_blocks),
             m0=float(m0),
@@ -95,7 +109,8 @@ class MemoryModel:
 
     def checkpointed_blocks(self, seq_lens, budget_bytes: float) -> int:
         """The fewest checkpointed blocks that keep this micro-batch within the budget
-        (with the margin); -1 when even all of them do not."""
+        (with the margin); -1 when even all of them do not (such a micro-batch is never
+        planned)."""
         lens = _lens(seq_lens)
         return self._core.checkpointed_blocks(len(lens), int(lens.sum()), float(budget_bytes))
 

@@ -3,13 +3,18 @@
 Accepted: CSV (UTF-8, with or without a byte-order mark), JSON Lines (``.jsonl``/``.ndjson``)
 and Parquet (needs ``pyarrow``), with a ``seq_len`` column, or ``num_frames``, ``height`` and
 ``width`` columns (Wan 2.1 token counts through ``wan_seq_len``), or both: then ``seq_len``
-gives the token counts and the shapes the group keys. Errors name the file, row and column.
+gives the token counts and the shapes the group keys. Every format converts its values by the
+same rules: a positive integer (an integral float such as ``1560.0`` too, or its text) of at
+most 2^40 - 1 is accepted; a fraction, a boolean, a missing value or a larger number is refused
+with an error naming the file, row and column. Blank lines are skipped in JSON Lines, and at
+the end of a CSV file.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import operator
 import os
 from dataclasses import dataclass
 
@@ -18,6 +23,8 @@ import numpy as np
 from adaptiveload.wan import wan_seq_len
 
 SHAPE_COLUMNS = ("num_frames", "height", "width")
+# The largest value of any column: the sampler's bound on one sample's tokens.
+_MAX_VALUE = 2**40 - 1
 
 
 @dataclass
@@ -49,9 +56,15 @@ def _csv_columns(path: str, wanted: list[str]):
         index = {name: header.index(name) for name in wanted if name in header}
         cols: dict[str, list] = {name: [] for name in index}
         width = len(header)
+        blank = None  # the first of the blank lines read since the last row
         for line, row in enumerate(reader, start=2):  # line 1 is the header
-            if not row:
-                raise ValueError(f"{path} row {line}: empty row")
+            if not row:  # trailing blank lines end the file; others are refused below
+                blank = blank or line
+                continue
+            if blank is not None:
+                if width == 1:
+                    raise ValueError(f"{path} row {blank}, column {header[0]!r}: missing value")
+                raise ValueError(f"{path} row {blank}: empty row")
             if len(row) != width:
                 raise ValueError(f"{path} row {line}: {len(row)} fields, the header has {width}")
             for name, j in index.items():
@@ -104,29 +117,34 @@ def _positive_int(path: str, row: int, column: str, value) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{what}: {value!r} is not a positive integer")
     try:
-        f = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what}: {value!r} is not a positive integer") from None
-    if not np.isfinite(f) or f != int(f) or f < 1:
+        v = int(value.strip()) if isinstance(value, str) else operator.index(value)
+    except (TypeError, ValueError):  # not integer text or an integer: an integral float?
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{what}: {value!r} is not a positive integer") from None
+        if not np.isfinite(f) or f != int(f):
+            raise ValueError(f"{what}: {value!r} is not a positive integer") from None
+        v = int(f)
+    if v < 1:
         raise ValueError(f"{what}: {value!r} is not a positive integer")
-    return int(f)
+    if v > _MAX_VALUE:
+        raise ValueError(f"{what}: {value!r} is larger than the largest supported (2^40 - 1)")
+    return v
 
 
 def _int_column(path: str, name: str, values: list, rows: np.ndarray | None) -> np.ndarray:
     """Positive integers, converted in one pass; on any doubt, value by value so that the
     error names the first bad row."""
     fast = None
-    if values and all(isinstance(v, str) for v in values[:1]):
-        try:
-            fast = np.array(values, dtype=np.int64)
-        except (ValueError, OverflowError):
-            fast = None
-    elif values and all(type(v) is int for v in values[:1]):
+    # Only when every value is integer text, or an int (not a bool, float or None): numpy
+    # would truncate a float and convert a bool after the first value.
+    if all(type(v) is str for v in values) or all(type(v) is int for v in values):
         try:
             fast = np.array(values, dtype=np.int64)
         except (ValueError, OverflowError, TypeError):
             fast = None
-    if fast is not None and fast.ndim == 1 and (fast >= 1).all():
+    if fast is not None and fast.ndim == 1 and (fast >= 1).all() and (fast <= _MAX_VALUE).all():
         return fast
     row_of = (lambda j: j + 2) if rows is None else (lambda j: int(rows[j]))
     return np.array(
@@ -149,7 +167,13 @@ def read_metadata(path: str | os.PathLike) -> Metadata:
     if ext not in readers:
         raise ValueError(f"{path}: unknown metadata format {ext!r} (use .csv, .jsonl or .parquet)")
     wanted = ["seq_len", *SHAPE_COLUMNS]
-    header, cols, rows = readers[ext](path, wanted)
+    try:
+        header, cols, rows = readers[ext](path, wanted)
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path}: not UTF-8 text (a byte 0x{e.object[e.start]:02x}: {e.reason}); save the "
+            "file as UTF-8"
+        ) from None
     has_seq = "seq_len" in cols
     has_shape = all(c in cols for c in SHAPE_COLUMNS)
     if not header:

@@ -47,8 +47,12 @@ from adaptiveload.memory import GIB, CheckpointPolicy, MemoryModel
 _STATE_VERSION = 2
 # A compute cap that never binds (equal-token buckets have none).
 _NO_COST_CAP = 1e300
-# Largest token count a sample may have (int64, as the C++ core stores them).
-_MAX_LEN = 2**63 - 1
+# Bounds that keep every sum of a plan within int64 (as the C++ core checks them,
+# planner.h): tokens of one sample, max_tokens and all samples' tokens together, and
+# micro-batches per step (num_replicas * micro_batches_per_step).
+_MAX_LEN = 2**40 - 1
+_MAX_TOKENS = 2**62
+_MAX_STEP_MICRO_BATCHES = 2**20
 # Online refinement: the most recent times kept per (seq_len, batch) kind, and the largest
 # kind a cost model holds (as the C++ core checks them).
 _LEARN_WINDOW = 32
@@ -256,15 +260,15 @@ def _as_seq_lens(seq_lens) -> np.ndarray:
                 raise ValueError(f"seq_lens[{i}] = {v!r} is not an integer token count")
             if int(v) > _MAX_LEN:
                 raise ValueError(
-                    f"seq_lens[{i}] = {int(v)} is larger than any supported token count (2^63 - 1)"
+                    f"seq_lens[{i}] = {int(v)} is larger than any supported token count (2^40 - 1)"
                 )
         a = np.array([int(v) for v in a], dtype=np.int64)
     if a.dtype.kind == "b" or a.dtype.kind not in "iuf":
         raise ValueError(f"seq_lens must hold integers, got dtype {a.dtype}")
-    if a.dtype.kind == "u" and a.dtype.itemsize == 8 and a.size and a.max() > _MAX_LEN:
+    if a.dtype.kind in "iu" and a.size and a.max() > _MAX_LEN:
         i = int(np.flatnonzero(a > _MAX_LEN)[0])
         raise ValueError(
-            f"seq_lens[{i}] = {int(a[i])} is larger than any supported token count (2^63 - 1)"
+            f"seq_lens[{i}] = {int(a[i])} is larger than any supported token count (2^40 - 1)"
         )
     if a.dtype.kind == "f":
         bad = ~np.isfinite(a) | (a != np.floor(np.where(np.isfinite(a), a, 0))) | (a > 2**53)
@@ -274,7 +278,18 @@ def _as_seq_lens(seq_lens) -> np.ndarray:
     if a.size and a.min() < 1:
         i = int(np.flatnonzero(a < 1)[0])
         raise ValueError(f"seq_lens[{i}] = {a[i].item()!r}: token counts must be >= 1")
-    return np.ascontiguousarray(a, dtype=np.int64)
+    if a.dtype.kind == "f" and a.size and a.max() > _MAX_LEN:
+        i = int(np.flatnonzero(a > _MAX_LEN)[0])
+        raise ValueError(
+            f"seq_lens[{i}] = {a[i].item()!r} is larger than any supported token count (2^40 - 1)"
+        )
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    if a.sum(dtype=np.float64) > _MAX_TOKENS:  # each <= 2^40, so a float sum is exact enough
+        raise ValueError(
+            f"seq_lens hold {a.sum(dtype=np.float64):.4g} tokens in all, more than the 2^62 a "
+            "plan's int64 sums hold"
+        )
+    return a
 
 
 def _as_group_ids(group_keys, seq_lens: np.ndarray) -> np.ndarray:
@@ -302,15 +317,16 @@ def _as_group_ids(group_keys, seq_lens: np.ndarray) -> np.ndarray:
     return np.fromiter((order[k] for k in keys), dtype=np.int64, count=n)
 
 
-def _int_arg(name: str, value, low: int) -> int:
+def _int_arg(name: str, value, low: int, high: int | None = None) -> int:
+    what = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
     if isinstance(value, bool | np.bool_):
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        raise ValueError(f"{name} must be {what}, got {value!r}")
     try:
         v = operator.index(value)
     except TypeError:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}") from None
-    if v < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        raise ValueError(f"{name} must be {what}, got {value!r}") from None
+    if v < low or (high is not None and v > high):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
     return int(v)
 
 
@@ -453,6 +469,35 @@ def _lower_median(times) -> float:
     return ordered[(len(ordered) - 1) // 2]
 
 
+# -- collectives ------------------------------------------------------------------------------
+
+# The sampler's collectives, named as messages name them.
+_COLLECTIVES = {
+    "verify_ranks": "started an epoch (iter(sampler), whose plan check is a collective)",
+    "update_cost_model": "called update_cost_model()",
+}
+
+
+def _all_gather(call: str, payload, owner: str, process_group=None) -> list:
+    """``all_gather_object`` of ``payload`` tagged with the sampler's ``call``: where one rank
+    is in another of the sampler's collectives (it skipped ``update_cost_model``, say), every
+    rank fails naming what each called, instead of pairing the two calls' payloads."""
+    import torch.distributed as dist
+
+    gathered: list = [None] * dist.get_world_size(process_group)
+    dist.all_gather_object(gathered, (call, payload), group=process_group)
+    calls = [g[0] if isinstance(g, tuple) and len(g) == 2 else repr(g) for g in gathered]
+    if any(c != call for c in calls):
+        who = "; ".join(f"rank {r} {_COLLECTIVES.get(c, c)}" for r, c in enumerate(calls[:8]))
+        who += " ..." if len(calls) > 8 else ""
+        raise RuntimeError(
+            f"{owner}: the ranks are not in the same collective call: {who}. "
+            "update_cost_model() is a collective: every rank must call it at the same point "
+            "(e.g. at each epoch's end), and every rank must iterate its sampler each epoch"
+        )
+    return [g[1] for g in gathered]
+
+
 # -- who draws the batches ---------------------------------------------------------------------
 
 
@@ -574,7 +619,7 @@ class _PlannedBatchSampler(Sampler[list[int]]):
                 max_tokens = max(1, memory_model.max_tokens(self.memory_budget_gib * GIB))
         elif max_tokens is None:
             raise ValueError("max_tokens is required unless a memory_model and budget are given")
-        self.max_tokens = _int_arg("max_tokens", max_tokens, 1)
+        self.max_tokens = _int_arg("max_tokens", max_tokens, 1, _MAX_TOKENS)
         self.max_batch_size = (
             None if max_batch_size is None else _int_arg("max_batch_size", max_batch_size, 1)
         )
@@ -608,6 +653,11 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         self._base_cost_model = cost_model if cost_model is not None else CostModel.default()
         self.cost_model = self._base_cost_model  # the current epoch's: base + learned kinds
         self.num_replicas, self.rank = _distributed_defaults(num_replicas, rank, process_group)
+        if self.num_replicas * self.micro_batches_per_step > _MAX_STEP_MICRO_BATCHES:
+            raise ValueError(
+                f"num_replicas * micro_batches_per_step must be <= 2^20 (micro-batches per "
+                f"optimizer step), got {self.num_replicas} * {self.micro_batches_per_step}"
+            )
         # None: the sequence length is the key (the C++ table numbers lengths in sorted order,
         # as these ids are numbered).
         self._group_ids = None if group_keys is None else _as_group_ids(group_keys, self.seq_lens)
@@ -675,9 +725,11 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             and self._table.checkpointed_blocks(np.array([i], np.int64)) < 0
         ):
             peak = self.memory_model.peak_bytes([self.seq_lens[i]], self.memory_model.num_blocks)
+            margin = self.memory_model.margin
             cap = (
                 f"the memory budget of {self.memory_budget_gib:g} GiB (predicted peak with every "
-                f"block checkpointed {peak / GIB:.2f} GiB, margin {self.memory_model.margin:g})"
+                f"block checkpointed {peak / GIB:.2f} GiB, {peak * (1 + margin) / GIB:.2f} GiB "
+                f"with the margin of {margin:g})"
             )
         elif self.seq_lens[i] <= self.max_tokens:
             cap = f"max_cost = {self._max_cost:.6g} (its predicted cost {cost:.6g})"
@@ -791,8 +843,7 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         key = tuple(sorted((k, repr(v)) for k, v in mine.items()))
         if self._verified == key:
             return
-        gathered: list = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, mine)
+        gathered = _all_gather("verify_ranks", mine, type(self).__name__)
         # Over every rank's keys: a setting only some ranks have (max_batch_size) must fail
         # on every rank, not only on those that have it.
         keys = list(mine) + sorted(set().union(*gathered) - set(mine))
@@ -820,13 +871,29 @@ class _PlannedBatchSampler(Sampler[list[int]]):
     def checkpointed_blocks(self, indices) -> int:
         """Blocks to run with activation checkpointing for this micro-batch (the plan's
         choice; needs a memory model). Depends only on the samples' count and tokens, so
-        ``memory_policy().blocks_for(seq_lens)`` gives the same where only lengths are known."""
+        ``memory_policy().blocks_for(seq_lens)`` gives the same where only lengths are known.
+        Samples that do not fit the budget even with every block checkpointed (no plan holds
+        them together) raise ``ValueError``."""
         if self.memory_model is None:
             raise ValueError("checkpointed_blocks needs a sampler made with memory_model")
         idx = _to_numpy(indices, "indices")
         if idx.ndim != 1 or idx.size == 0 or idx.dtype.kind not in "iu":
             raise ValueError(f"indices must be a non-empty 1-D list of integers, got {indices!r}")
-        return int(self._table.checkpointed_blocks(idx.astype(np.int64)))
+        n = len(self.seq_lens)
+        if idx.min() < 0 or idx.max() >= n:
+            raise ValueError(f"indices must be in [0, {n}), got {indices!r}")
+        blocks = int(self._table.checkpointed_blocks(idx.astype(np.int64)))
+        if blocks < 0:
+            lens = self.seq_lens[idx]
+            peak = self.memory_model.peak_bytes(lens, self.memory_model.num_blocks)
+            raise ValueError(
+                f"checkpointed_blocks: these {idx.size} sample(s) ({int(lens.sum())} tokens) do "
+                f"not fit the memory budget of {self.memory_budget_gib:g} GiB even with every "
+                f"block checkpointed (predicted peak {peak / GIB:.3g} GiB, "
+                f"{peak * (1 + self.memory_model.margin) / GIB:.3g} GiB with the margin): no "
+                "plan holds such a micro-batch"
+            )
+        return blocks
 
     def memory_policy(self, log=None, reserved_gib: float = 0.0) -> CheckpointPolicy:
         """A ``CheckpointPolicy`` for the training loop: the plan's choice per micro-batch, the
@@ -920,8 +987,9 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         mine = {kind: (count, list(times)) for kind, (count, times) in self._records.items()}
         gathered = [mine]
         if initialized and dist.get_world_size(process_group) > 1:
-            gathered = [None] * dist.get_world_size(process_group)
-            dist.all_gather_object(gathered, mine, group=process_group)
+            gathered = _all_gather(
+                "update_cost_model", mine, f"{type(self).__name__}.update_cost_model", process_group
+            )
         self._records = {}
         folded = 0
         for records in gathered:

@@ -71,6 +71,32 @@ TEST(MemoryModel, FewestBlocksMatchesTryingEveryCount) {
   }
 }
 
+TEST(MemoryModel, FewestBlocksMatchesTryingEveryCountForDeepModels) {
+  // The closed form on [1, L - 1] against the loop, up to the largest L accepted.
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int trial = 0; trial < 400; ++trial) {
+    MemoryModel m;
+    m.num_blocks = trial == 0 ? MemoryModel::kMaxBlocks
+                              : 2 + static_cast<int64_t>(u(gen) * (MemoryModel::kMaxBlocks - 2));
+    m.m0 = u(gen) * 1e10;
+    m.mb = u(gen) * 1e5;
+    m.mbk = u(gen) * 1e4;
+    m.mt = u(gen) * 1e4;
+    m.ma = u(gen) * 2e3;
+    m.mc = u(gen) * (trial % 5 == 0 ? 4e3 : 1e2);
+    m.mr = u(gen) * 2e5;
+    m.margin = u(gen) * 0.2;
+    m.validate();
+    const int64_t count = 1 + static_cast<int64_t>(u(gen) * 30);
+    const int64_t tokens = count * (1 + static_cast<int64_t>(u(gen) * 80000));
+    const double budget = m.m0 + u(gen) * m.peak(count, tokens, 0) * 1.2;
+    EXPECT_EQ(m.checkpointed_blocks(count, tokens, budget),
+              brute_force_blocks(m, count, tokens, budget))
+        << m.describe() << " B=" << count << " T=" << tokens << " budget=" << budget;
+  }
+}
+
 TEST(MemoryModel, TimeFactorAndValidation) {
   const MemoryModel m = wan_memory();
   EXPECT_DOUBLE_EQ(m.time_factor(30), 1.0);
@@ -84,6 +110,9 @@ TEST(MemoryModel, TimeFactorAndValidation) {
   EXPECT_THROW(bad.validate(), std::invalid_argument);
   bad = m;
   bad.num_blocks = 0;
+  EXPECT_THROW(bad.validate(), std::invalid_argument);
+  bad = m;
+  bad.num_blocks = MemoryModel::kMaxBlocks + 1;
   EXPECT_THROW(bad.validate(), std::invalid_argument);
   bad = m;
   bad.ma = bad.mt = 0.0;

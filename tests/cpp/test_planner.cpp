@@ -395,6 +395,43 @@ TEST(PlanEpochTest, GroupKeysAreNeverMixed) {
   check_plan(table, o, p, &keys);
 }
 
+TEST(SampleTable, RefusesLengthsPastWhatPlanSumsHold) {
+  const std::vector<int64_t> one = {10, kMaxSeqLen + 1};
+  EXPECT_THROW(SampleTable(one.data(), 2, nullptr, CostModel::power(1.5)), std::invalid_argument);
+  // Each length in range, their sum past 2^62.
+  const int64_t fit = int64_t{1} << 22;  // 2^22 samples of 2^40 - 1 tokens stay under 2^62
+  const std::vector<int64_t> many(fit + 1, kMaxSeqLen);
+  EXPECT_THROW(SampleTable(many.data(), fit + 1, nullptr, CostModel::power(1.5)),
+               std::invalid_argument);
+  EXPECT_NO_THROW(SampleTable(many.data(), fit, nullptr, CostModel::power(1.5)));
+}
+
+TEST(SampleTable, DefaultMaxCostAtTheLargestCapsIsImmediate) {
+  // The cap's full micro-batch of 2^62 / 1560 samples is costed in closed form (the group has
+  // 3), and the memory policy's largest fill without recomputation is bisected.
+  const std::vector<int64_t> lens = {1560, 75600, 3600, 1560};
+  SampleTable t(lens.data(), 4, nullptr, CostModel::power(1.5));
+  const double cap = t.default_max_cost(kMaxTokens);
+  EXPECT_TRUE(std::isfinite(cap));
+  EXPECT_GE(cap, t.single_cost(1));
+  PlanOptions o;
+  o.max_tokens = kMaxTokens;
+  o.max_cost = cap;
+  o.num_replicas = 2;
+  const EpochPlan p = plan_epoch(t, o);
+  EXPECT_EQ(p.samples.size(), 4u + static_cast<size_t>(p.num_padded_samples));
+
+  MemoryModel m;
+  m.num_blocks = MemoryModel::kMaxBlocks;
+  m.m0 = 1e9;
+  m.ma = 1.0;
+  m.mc = 0.01;
+  m.validate();
+  MemoryPolicy policy{m, 1e30};
+  SampleTable mt(lens.data(), 4, nullptr, CostModel::power(1.5), &policy);
+  EXPECT_TRUE(std::isfinite(mt.default_max_cost(kMaxTokens)));
+}
+
 TEST(PlanEpochTest, RejectsBadOptions) {
   const std::vector<int64_t> lens = {1, 2, 3};
   SampleTable table(lens.data(), 3, nullptr, CostModel::power(1.0));
@@ -407,6 +444,12 @@ TEST(PlanEpochTest, RejectsBadOptions) {
   EXPECT_THROW(plan_epoch(table, o), std::invalid_argument);
   o.max_cost = 100;
   o.num_replicas = 0;
+  EXPECT_THROW(plan_epoch(table, o), std::invalid_argument);
+  o.num_replicas = 1 << 10;
+  o.micro_batches_per_step = (1 << 10) + 1;  // W * K past 2^20
+  EXPECT_THROW(plan_epoch(table, o), std::invalid_argument);
+  o.micro_batches_per_step = 1;
+  o.max_tokens = kMaxTokens + 1;
   EXPECT_THROW(plan_epoch(table, o), std::invalid_argument);
 }
 

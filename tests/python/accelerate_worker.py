@@ -21,6 +21,10 @@ from adaptiveload.integrations.accelerate import prepare_data_loader
 
 NUM_SAMPLES = 457
 K = 2
+# The training scenarios: micro-batches per optimizer step (accelerate's
+# gradient_accumulation_steps too), and where train_save stops (inside step 5).
+K_TRAIN = 4
+SAVE_AT = 22
 
 
 class IndexDataset(Dataset):
@@ -46,6 +50,50 @@ def loader_of(sampler, workers):
     return DataLoader(IndexDataset(), batch_sampler=sampler, num_workers=workers)
 
 
+def features(batch):
+    """A fixed regression problem on the sample indices, in float64 so that runs compare to
+    the last bit."""
+    i = batch.to(torch.float64)
+    x = torch.stack([torch.sin(i), torch.cos(i), (i % 7) / 7, torch.ones_like(i)], dim=1)
+    return x, ((i % 5) / 5).unsqueeze(1)
+
+
+def train(scenario, out_dir, out):
+    """Epoch 0 with gradient accumulation over the plan's steps (K_TRAIN micro-batches):
+    uninterrupted (train_full), stopped by save_state after SAVE_AT micro-batches, inside a
+    step (train_save), or resumed from that checkpoint by load_state (train_resume, with any
+    number of processes). Records each batch with accelerate's sync flag, and the weights."""
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=K_TRAIN)
+    sampler = AdaptiveBatchSampler(lengths(), 151200, micro_batches_per_step=K_TRAIN, seed=7)
+    loader = prepare_data_loader(accelerator, loader_of(sampler, 1))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1, dtype=torch.float64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    ckpt = os.path.join(out_dir, "ckpt_train")
+    if scenario == "train_resume":
+        accelerator.load_state(ckpt)
+        out["step_counter"] = accelerator.step
+    loader.set_epoch(0)
+    out["start"] = sampler.start_micro_batch
+    out["plan"] = [b.tolist() for b in sampler.plan().rank_micro_batches(accelerator.process_index)]
+    batches, syncs = [], []
+    for batch in loader:
+        with accelerator.accumulate(model):
+            x, y = features(batch)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        batches.append(batch.tolist())
+        syncs.append(bool(accelerator.sync_gradients))
+        if scenario == "train_save" and len(batches) == SAVE_AT:
+            accelerator.save_state(ckpt)
+            break
+    out["batches"], out["syncs"] = batches, syncs
+    out["weights"] = [p.detach().double().reshape(-1).tolist() for p in model.parameters()]
+
+
 def main(scenario, out_dir):
     config = {
         "ordinary": DataLoaderConfiguration(),
@@ -53,11 +101,22 @@ def main(scenario, out_dir):
         "dispatch": DataLoaderConfiguration(dispatch_batches=True),
         "split": DataLoaderConfiguration(split_batches=True),
     }.get(scenario, DataLoaderConfiguration())
+    if scenario.startswith("train"):
+        out = {"rank": int(os.environ["RANK"])}
+        train(scenario, out_dir, out)
+        with open(os.path.join(out_dir, f"{scenario}_{out['rank']}.json"), "w") as f:
+            json.dump(out, f)
+        return
     accelerator = Accelerator(cpu=True, dataloader_config=config)
     sampler = make_sampler()
     out = {"rank": accelerator.process_index, "epochs": {}, "plan": {}}
 
-    if scenario in ("ordinary", "uneven", "dispatch", "split"):
+    if scenario == "uneven_counts":
+        uneven = AdaptiveBatchSampler(
+            lengths(), 151200, micro_batches_per_step=K, seed=7, uneven_counts=True
+        )
+        prepare_data_loader(accelerator, loader_of(uneven, 0))  # raises
+    elif scenario in ("ordinary", "uneven", "dispatch", "split"):
         model = torch.nn.Linear(1, 1)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader_of(sampler, 1))

@@ -82,5 +82,58 @@ def test_save_state_and_load_state_resume_exactly(tmp_path, nproc):
     for a, b in zip(first, rest, strict=True):
         assert b["resumed_epoch"] == 1
         assert len(a["epochs"]["1"]) == 5
-        assert a["epochs"]["1"] + b["epochs"]["1"] == a["plan"]["1"], "resumed epoch differs"
+        # Saved inside step 2 (5 of K = 2): the state resumes at the step's start, so its
+        # first micro-batch, whose gradients the checkpoint lacks, is trained again.
+        assert a["epochs"]["1"][:4] + b["epochs"]["1"] == a["plan"]["1"], "resumed epoch differs"
         assert b["epochs"]["2"] == b["plan"]["2"]
+
+
+def test_uneven_counts_are_refused_by_prepare_data_loader(tmp_path):
+    done = launch("uneven_counts", tmp_path, 1)
+    assert done.returncode != 0
+    out = done.stdout + done.stderr
+    assert "prepare_data_loader: an AdaptiveBatchSampler with uneven_counts=True" in out
+
+
+def _syncs_at_step_ends(run, k):
+    """accelerate synchronized at exactly the plan's step ends (every k-th micro-batch of the
+    rank's stream from a step boundary, and the epoch's last)."""
+    n = len(run["batches"])
+    return run["syncs"] == [(j + 1) % k == 0 or j == n - 1 for j in range(n)]
+
+
+def test_save_inside_a_step_resumes_to_the_uninterrupted_weights(tmp_path):
+    k, save_at = 4, 22
+    full = results("train_full", tmp_path, 2)
+    saved = results("train_save", tmp_path, 2)
+    resumed = results("train_resume", tmp_path, 2)
+    for f, s, r in zip(full, saved, resumed, strict=True):
+        assert _syncs_at_step_ends(f, k)
+        # The step inside which the state was saved is trained again, whole.
+        assert r["start"] == save_at - save_at % k
+        assert r["step_counter"] % k == 0
+        assert s["batches"][: r["start"]] + r["batches"] == f["batches"]
+        assert _syncs_at_step_ends(r, k)
+        assert r["weights"] == f["weights"], "resumed training differs from an uninterrupted run"
+
+
+def test_resume_on_another_process_count_syncs_at_the_plan_step_ends(tmp_path):
+    k, save_at = 4, 22
+    saved = results("train_save", tmp_path, 2)
+    (resumed,) = results("train_resume", tmp_path, 1)
+    # The other count re-plans the samples the state did not consume, from a step boundary.
+    assert resumed["start"] == 0
+    assert resumed["step_counter"] % k == 0
+    assert _syncs_at_step_ends(resumed, k)
+    kept = [i for s in saved for b in s["batches"][: save_at - save_at % k] for i in b]
+    again = [i for b in resumed["batches"] for i in b]
+    seen = collections.Counter(kept + again)
+    assert set(seen) == set(range(NUM_SAMPLES))
+    repeats = sum(c - 1 for c in seen.values())
+    assert repeats == resumed_padding(resumed), "a sample repeated beyond the plan's padding"
+
+
+def resumed_padding(run):
+    """Samples the resumed plan repeats to fill its last step (its reported padding)."""
+    flat = [i for b in run["plan"] for i in b]
+    return len(flat) - len(set(flat))

@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 
 from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
 from adaptiveload.fit import Point, fit_cost_model
+from gloo_ranks import run_on_ranks
 
 WAN_LENGTHS = [1560, 3600, 14040, 32760, 46800, 75600]
 MAX_TOKENS = 151200
@@ -531,3 +532,27 @@ def test_ranks_with_their_own_times_plan_alike(tmp_path, seed, world):
     assert final == fold.medians()
     assert all(r["final"] == results[0]["final"] for r in results)
     assert all(r["state"] == results[0]["state"] for r in results), "ranks' states differ"
+
+
+def skipping_update(rank, world):
+    """Rank 0 updates its cost model, the others go straight on to the next epoch."""
+    s = AdaptiveBatchSampler(lengths(5, 300), MAX_TOKENS, micro_batches_per_step=2, seed=5)
+    for mb in s:
+        s.record_time(mb, 1.0)
+    try:
+        if rank == 0:
+            s.update_cost_model()
+        s.set_epoch(1)
+        list(s)
+    except RuntimeError as e:
+        return {"raised": str(e)}
+    return {"raised": None}
+
+
+def test_a_rank_that_skips_update_cost_model_fails_every_rank_naming_the_call(tmp_path):
+    results = run_on_ranks(skipping_update, 2, tmp_path, "skip")
+    for r in results:
+        assert r["raised"] is not None, "a rank went on past the mismatched collective"
+        assert "not in the same collective call" in r["raised"]
+        assert "rank 0 called update_cost_model()" in r["raised"]
+        assert "rank 1 started an epoch" in r["raised"]

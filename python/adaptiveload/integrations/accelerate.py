@@ -15,11 +15,22 @@ padding):
   accelerate's own), registered for checkpointing, so that ``accelerator.save_state`` and
   ``load_state`` save and restore the sampler's epoch and position exactly, also with
   DataLoader workers. ``accelerator.prepare`` passes it through unchanged.
+
+Saves go by optimizer steps of the plan (``micro_batches_per_step`` micro-batches each): the
+state is taken at the last step the loop completed. A ``save_state`` inside a step leaves
+that step's micro-batches unconsumed, since the gradients they accumulated are not in the
+checkpoint: after the resume they are trained again, whole, in their step. ``load_state``
+then moves accelerate's step counter back to that step's start (it saved the count inside the
+step), so that accelerate synchronizes gradients at the plan's step ends; after a resume with
+another number of processes the re-planned epoch starts at a step boundary the same way.
+Samplers with ``uneven_counts=True`` are refused: accelerate counts synchronizations in
+batches, and their ranks take different counts per step.
 """
 
 from __future__ import annotations
 
 import warnings
+import weakref
 
 from accelerate.data_loader import DataLoaderShard
 from torch.utils.data import DataLoader
@@ -50,11 +61,13 @@ class AdaptiveDataLoader(DataLoaderShard):
     sampler's state at that count (what ``accelerator.save_state`` stores); its
     ``load_state_dict`` restores the sampler's epoch and position."""
 
-    def __init__(self, dataset, **kwargs):
+    def __init__(self, dataset, accelerator=None, **kwargs):
         super().__init__(dataset, **kwargs)
         sampler = self.base_dataloader.batch_sampler
         self._handed = 0
         self._pass_key = None
+        self._accelerator = None if accelerator is None else weakref.ref(accelerator)
+        self._warned_inside_step = False
         self.iteration = sampler.epoch
 
     @property
@@ -76,16 +89,45 @@ class AdaptiveDataLoader(DataLoaderShard):
             yield batch
 
     def state_dict(self) -> dict:
+        """The sampler's state at the last optimizer step of its plan that this loader's
+        batches completed: micro-batches of a step not yet complete stay unconsumed."""
         sampler = self.adaptive_sampler
-        if self._pass_key == (sampler.epoch, sampler.start_micro_batch):
-            return sampler.state_dict(micro_batches_done=sampler.start_micro_batch + self._handed)
-        return sampler.state_dict(micro_batches_done=sampler.start_micro_batch)
+        k = sampler.micro_batches_per_step
+        start = sampler.start_micro_batch
+        if self._pass_key != (sampler.epoch, start):
+            return sampler.state_dict(micro_batches_done=start)
+        handed = start + self._handed
+        done = handed - handed % k
+        if done != handed and not self._warned_inside_step:
+            self._warned_inside_step = True
+            warnings.warn(
+                f"save_state inside optimizer step {handed // k} of the plan ({handed % k} of its "
+                f"{k} micro-batches drawn): the state resumes at that step's start, so these "
+                "micro-batches are trained again after a resume (the gradients they accumulated "
+                "are not in the checkpoint). Save after a step's last micro-batch "
+                "(accelerator.sync_gradients) to resume without repeating them.",
+                stacklevel=2,
+            )
+        return sampler.state_dict(micro_batches_done=done)
 
     def load_state_dict(self, state: dict) -> None:
         sampler = self.adaptive_sampler
         sampler.load_state_dict(state)
         self.iteration = sampler.epoch
         self._handed, self._pass_key = 0, None
+        self._align_step_counter()
+
+    def _align_step_counter(self) -> None:
+        """accelerate restores its step counter (``accelerator.step``, which it counts in
+        batches and synchronizes gradients at its multiples of ``gradient_accumulation_steps``)
+        before the loader: moved back to the resumed step's start, it agrees with the plan."""
+        accelerator = None if self._accelerator is None else self._accelerator()
+        if accelerator is None:
+            return
+        every = accelerator.gradient_accumulation_steps
+        inside = accelerator.step % every
+        if inside:
+            accelerator.step -= inside
 
 
 def prepare_data_loader(
@@ -110,6 +152,15 @@ def prepare_data_loader(
             "prepare_data_loader: dataloader.batch_sampler must be an AdaptiveBatchSampler or "
             f"EqualTokenBatchSampler, got {type(sampler).__name__}"
         )
+    if sampler.uneven_counts:
+        raise ValueError(
+            "prepare_data_loader: an AdaptiveBatchSampler with uneven_counts=True gives ranks "
+            "different micro-batch counts per step, but accelerate synchronizes gradients every "
+            "gradient_accumulation_steps batches by its own counter, so its steps would not be "
+            "the plan's. Iterate the sampler with a plain DataLoader and sampler.micro_batches("
+            "loader), synchronizing at mb.last (docs/sampler.md, 'Uneven micro-batch counts per "
+            "rank')."
+        )
     if getattr(dataloader, "_is_accelerate_prepared", False):
         raise ValueError("prepare_data_loader: this DataLoader was already prepared by accelerate")
     steps = getattr(accelerator, "gradient_accumulation_steps", 1)
@@ -125,6 +176,7 @@ def prepare_data_loader(
     settings = {k: getattr(dataloader, k) for k in _LOADER_SETTINGS if hasattr(dataloader, k)}
     loader = AdaptiveDataLoader(
         dataloader.dataset,
+        accelerator=accelerator,
         batch_sampler=sampler,
         device=accelerator.device if device_placement else None,
         _non_blocking=accelerator.non_blocking,
