@@ -192,7 +192,8 @@ PYBIND11_MODULE(_sampler, m) {
       [](const SampleTable& table, int64_t max_tokens, double max_cost, int64_t num_replicas,
          int64_t micro_batches_per_step, bool shuffle, uint64_t seed, int64_t epoch, bool drop_last,
          bool balance, int64_t lookahead_steps, bool skip_oversize,
-         std::optional<UInt8Array> exclude, int64_t max_batch_size, bool uneven_counts) {
+         std::optional<UInt8Array> exclude, int64_t max_batch_size, bool uneven_counts,
+         double mix_tolerance) {
         PlanOptions o;
         o.max_tokens = max_tokens;
         o.max_batch_size = max_batch_size;
@@ -206,6 +207,7 @@ PYBIND11_MODULE(_sampler, m) {
         o.balance = balance;
         o.lookahead_steps = lookahead_steps;
         o.uneven_counts = uneven_counts;
+        o.mix_tolerance = mix_tolerance;
         o.oversize = skip_oversize ? adaptiveload::OversizePolicy::kSkip
                                    : adaptiveload::OversizePolicy::kError;
         const uint8_t* ex = nullptr;
@@ -234,13 +236,14 @@ PYBIND11_MODULE(_sampler, m) {
         out["skipped"] = to_numpy(std::move(plan.skipped));
         if (table.has_memory_policy()) out["checkpointed"] = to_numpy(std::move(plan.checkpointed));
         if (uneven_counts) out["rank_offsets"] = to_numpy(std::move(plan.rank_offsets));
+        if (balance) out["window_strata"] = to_numpy(std::move(plan.window_strata));
         return out;
       },
       py::arg("table"), py::arg("max_tokens"), py::arg("max_cost"), py::arg("num_replicas"),
       py::arg("micro_batches_per_step"), py::arg("shuffle"), py::arg("seed"), py::arg("epoch"),
       py::arg("drop_last"), py::arg("balance"), py::arg("lookahead_steps"),
       py::arg("skip_oversize"), py::arg("exclude") = py::none(), py::arg("max_batch_size") = 0,
-      py::arg("uneven_counts") = false);
+      py::arg("uneven_counts") = false, py::arg("mix_tolerance") = 0.0);
 
   m.def(
       "assign_to_ranks",

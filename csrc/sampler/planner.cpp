@@ -47,6 +47,8 @@ void validate_options(const PlanOptions& o) {
     invalid("lookahead_steps must be >= 1, got " + std::to_string(o.lookahead_steps));
   if (o.uneven_counts && !o.balance)
     invalid("uneven_counts needs balance: without balancing every rank takes K per step");
+  if (!(o.mix_tolerance >= 0.0 && o.mix_tolerance <= 1.0))
+    invalid("mix_tolerance must be in [0, 1], got " + std::to_string(o.mix_tolerance));
 }
 
 // The stats of `fill` samples of `len` tokens and cost f each, summed one by one as packing
@@ -190,6 +192,107 @@ void fit_to_steps(const SampleTable& table, const PlanOptions& o, std::vector<in
     mbs.push_back(make_micro_batch(table, bucketed, pos, pos + 1, true));
     ++plan.num_padded_samples;
   }
+}
+
+// A micro-batch of a window: (predicted cost, index into the epoch's micro-batches).
+using Item = std::pair<double, int64_t>;
+
+bool by_decreasing_cost(const Item& a, const Item& b) {
+  return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+
+// Steps of a window mixed from `strata` cost strata: the cost-sorted items are cut into that
+// many contiguous strata of whole steps, and each stratum's items, ordered by group and then by
+// decreasing cost, are dealt round-robin to its steps, so each step holds every group of its
+// stratum in proportion and a spread of its costs. One stratum mixes the whole window; as many
+// strata as steps leave the sorted order (steps of similar cost). Each step's items are then
+// put in decreasing cost.
+void mix_window(const std::vector<Item>& sorted, const std::vector<int32_t>& item_group,
+                int64_t steps, int64_t strata, int64_t per_step, std::vector<Item>& out) {
+  out.resize(sorted.size());
+  std::vector<Item> stratum;
+  for (int64_t i = 0; i < strata; ++i) {
+    const int64_t s0 = i * steps / strata, s1 = (i + 1) * steps / strata, n = s1 - s0;
+    stratum.assign(sorted.begin() + s0 * per_step, sorted.begin() + s1 * per_step);
+    std::stable_sort(stratum.begin(), stratum.end(), [&](const Item& a, const Item& b) {
+      return item_group[a.second] < item_group[b.second];
+    });
+    for (int64_t j = 0; j < n * per_step; ++j) out[(s0 + j % n) * per_step + j / n] = stratum[j];
+    for (int64_t c = s0; c < s1; ++c)
+      std::sort(out.begin() + c * per_step, out.begin() + (c + 1) * per_step, by_decreasing_cost);
+  }
+}
+
+// Lowers the most loaded bin by exchanges with any other bin: a swap of one of its items with
+// a cheaper one, or (`moves`: any count >= 1 per bin) a move of one of its items, taking the
+// exchange that lowers the larger of the two bins' sums most, while one does. Each exchange
+// lowers the sum of squared loads, so the loop ends; the cap only bounds its time.
+void improve_by_exchanges(const double* costs, int64_t n_items, int64_t num_bins, bool moves,
+                          std::vector<int64_t>& bin_of) {
+  std::vector<double> load(num_bins, 0.0);
+  std::vector<int64_t> count(num_bins, 0);
+  for (int64_t i = 0; i < n_items; ++i) load[bin_of[i]] += costs[i], ++count[bin_of[i]];
+  for (int64_t rounds = 0; rounds < 4 * n_items; ++rounds) {
+    const int64_t h = std::max_element(load.begin(), load.end()) - load.begin();
+    int64_t give = -1, take = -1, to = -1;
+    double best = load[h];
+    for (int64_t a = 0; a < n_items; ++a) {
+      if (bin_of[a] != h) continue;
+      for (int64_t b = 0; b < n_items; ++b) {
+        const int64_t x = bin_of[b];
+        if (x == h) continue;
+        const double d = costs[a] - costs[b];
+        const double after = std::max(load[h] - d, load[x] + d);
+        if (d > 0 && after < best) best = after, give = a, take = b, to = x;
+      }
+      if (!moves || count[h] < 2) continue;
+      for (int64_t x = 0; x < num_bins; ++x) {
+        const double after = std::max(load[h] - costs[a], load[x] + costs[a]);
+        if (x != h && after < best) best = after, give = a, take = -1, to = x;
+      }
+    }
+    if (give < 0) break;
+    const double d = costs[give] - (take >= 0 ? costs[take] : 0.0);
+    bin_of[give] = to;
+    if (take >= 0) {
+      bin_of[take] = h;
+    } else {
+      --count[h];
+      ++count[to];
+    }
+    load[h] -= d;
+    load[to] += d;
+  }
+}
+
+// Ranks of every item of a window's steps (`ranks`, by position), and the steps' mean
+// predicted imbalance 1 - mean / max of the ranks' sums. `improve`: exchanges after LPT.
+double assign_window(const std::vector<Item>& arranged, int64_t steps, int64_t W, int64_t K,
+                     bool uneven, bool improve, std::vector<int64_t>& ranks) {
+  const int64_t per_step = W * K;
+  ranks.resize(steps * per_step);
+  std::vector<double> costs(per_step), load(W);
+  std::vector<int64_t> rank_of(per_step);
+  double imbalance = 0.0;
+  for (int64_t c = 0; c < steps; ++c) {
+    for (int64_t j = 0; j < per_step; ++j) costs[j] = arranged[c * per_step + j].first;
+    if (uneven) {
+      rank_of = assign_uneven(costs.data(), per_step, W);
+      if (improve) improve_by_exchanges(costs.data(), per_step, W, true, rank_of);
+    } else if (K == 1) {
+      // One micro-batch per rank: any assignment is as good as another.
+      std::iota(rank_of.begin(), rank_of.end(), 0);
+    } else {
+      rank_of = assign_to_ranks(costs.data(), per_step, W, K);
+      if (improve) improve_by_exchanges(costs.data(), per_step, W, false, rank_of);
+    }
+    std::fill(load.begin(), load.end(), 0.0);
+    for (int64_t j = 0; j < per_step; ++j) load[rank_of[j]] += costs[j];
+    const double top = *std::max_element(load.begin(), load.end());
+    if (top > 0.0) imbalance += 1.0 - std::accumulate(load.begin(), load.end(), 0.0) / (W * top);
+    std::copy(rank_of.begin(), rank_of.end(), ranks.begin() + c * per_step);
+  }
+  return steps > 0 ? imbalance / static_cast<double>(steps) : 0.0;
 }
 
 }  // namespace
@@ -506,32 +609,42 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
   }
   if (o.balance) {
     const int64_t L = o.lookahead_steps;
-    std::vector<std::pair<double, int64_t>> items;  // (cost, micro-batch), sorted by cost
-    std::vector<int64_t> chunk_order, rank_of(per_step), fill(W);
-    std::vector<double> chunk_costs(per_step);
+    std::vector<Item> items, mixed;  // (cost, micro-batch): sorted by cost, and as mixed
+    std::vector<int32_t> item_group(m);
+    for (int64_t i = 0; i < m; ++i) item_group[i] = table.group(bucketed[mbs[i].begin]);
+    std::vector<int64_t> chunk_order, ranks, mixed_ranks, fill(W);
     for (int64_t t0 = 0; t0 < plan.num_steps; t0 += L) {
       const int64_t steps = std::min(L, plan.num_steps - t0);
       items.resize(steps * per_step);
       for (int64_t j = 0; j < steps * per_step; ++j)
         items[j] = {mbs[t0 * per_step + j].cost, t0 * per_step + j};
       // Decreasing cost; equal costs keep their order.
-      std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) {
-        return a.first > b.first || (a.first == b.first && a.second < b.second);
-      });
+      std::sort(items.begin(), items.end(), by_decreasing_cost);
       chunk_order.resize(steps);
       std::iota(chunk_order.begin(), chunk_order.end(), 0);
       if (o.shuffle) shuffle_in_place(chunk_order, order_rng);
-      for (int64_t c = 0; c < steps; ++c) {
-        const auto* chunk = items.data() + c * per_step;
-        for (int64_t j = 0; j < per_step; ++j) chunk_costs[j] = chunk[j].first;
-        if (o.uneven_counts) {
-          rank_of = assign_uneven(chunk_costs.data(), per_step, W);
-        } else if (K == 1) {
-          // One micro-batch per rank: any assignment is as good as another.
-          std::iota(rank_of.begin(), rank_of.end(), 0);
-        } else {
-          rank_of = assign_to_ranks(chunk_costs.data(), per_step, W, K);
+      // The window's steps: cost strata, one per step (steps of similar cost: the best
+      // balance), unless fewer, wider strata whose steps mix the groups keep the predicted
+      // imbalance within the tolerance; the fewest such strata are taken.
+      int64_t strata = steps;
+      const std::vector<Item>* arranged = &items;
+      if (o.mix_tolerance > 0.0) {
+        for (int64_t s = 1; s < steps; s *= 2) {
+          mix_window(items, item_group, steps, s, per_step, mixed);
+          if (assign_window(mixed, steps, W, K, o.uneven_counts, true, mixed_ranks) <=
+              o.mix_tolerance) {
+            strata = s;
+            arranged = &mixed;
+            ranks.swap(mixed_ranks);
+            break;
+          }
         }
+      }
+      if (strata == steps) assign_window(items, steps, W, K, o.uneven_counts, false, ranks);
+      plan.window_strata.push_back(strata);
+      for (int64_t c = 0; c < steps; ++c) {
+        const Item* chunk = arranged->data() + c * per_step;
+        const int64_t* rank_of = ranks.data() + c * per_step;
         const int64_t t = t0 + chunk_order[c];
         std::fill(fill.begin(), fill.end(), 0);
         if (o.uneven_counts) {

@@ -16,9 +16,20 @@
 //            micro-batch, and the micro-batch's cost is the cost model's (which describes
 //            fully checkpointed micro-batches) times MemoryModel::time_factor(n).
 // and never mixes group keys. With balancing on, each step's W*K micro-batches are
-// drawn from a window of `lookahead_steps` steps sorted by cost, so a step holds
-// micro-batches of similar cost, and are then assigned to ranks, K each, by longest
-// processing time first, which minimizes the slowest rank of the step.
+// drawn from a window of `lookahead_steps` steps, and then assigned to ranks, K each, by
+// longest processing time first (then swaps between the slowest and the fastest rank), which
+// minimizes the slowest rank of the step. How a window's micro-batches form its steps trades
+// balance against how representative each step is of the data:
+//
+//   - the window's micro-batches are sorted by cost and cut into `strata` contiguous cost
+//     strata of whole steps; each stratum's micro-batches, by group, are dealt round-robin
+//     to its steps, so that a step holds the groups of its stratum in proportion;
+//   - strata = steps gives steps of similar cost (the best balance, but same-shape
+//     micro-batches cost the same, so a step often holds one or two groups); strata = 1
+//     mixes the whole window (every step a representative draw of it);
+//   - the planner takes the fewest strata (1, 2, 4, ...) whose steps keep the window's
+//     predicted imbalance, the mean over its steps of 1 - mean/max rank cost, within
+//     mix_tolerance; none: strata = steps.
 //
 // With uneven_counts, K is the average: each step still holds W*K micro-batches, but a
 // rank may take any number >= 1 of them, so that a rank of one expensive micro-batch and
@@ -143,6 +154,11 @@ struct PlanOptions {
   /// Any count >= 1 of a step's W*K micro-batches per rank (K is then the average; see
   /// assign_uneven). Needs balance. Off: exactly K per rank.
   bool uneven_counts = false;
+  /// Predicted imbalance, in [0, 1], a window's steps may take on to mix the data's groups
+  /// (see plan_epoch). 0: steps of similar cost, as sorted (the best balance; steps often
+  /// hold one or two groups). 1: every window fully mixed. The Python sampler's default is
+  /// MIX_TOLERANCE in sampler.py.
+  double mix_tolerance = 0.0;
 };
 
 struct EpochPlan {
@@ -163,6 +179,9 @@ struct EpochPlan {
   /// uneven_counts only (empty otherwise): num_steps * W + 1 micro-batch ids; those of
   /// (step t, rank r) are [rank_offsets[t * W + r], rank_offsets[t * W + r + 1]).
   std::vector<int64_t> rank_offsets;
+  /// balance only: per window of lookahead_steps steps, the cost strata its steps were mixed
+  /// from (1: the whole window mixed; the window's step count: steps of similar cost).
+  std::vector<int64_t> window_strata;
 
   int64_t num_micro_batches() const { return static_cast<int64_t>(offsets.size()) - 1; }
   /// Micro-batches of rank r in step t: K, or any count >= 1 with uneven_counts.

@@ -53,6 +53,9 @@ _NO_COST_CAP = 1e300
 _MAX_LEN = 2**40 - 1
 _MAX_TOKENS = 2**62
 _MAX_STEP_MICRO_BATCHES = 2**20
+# The default mix_tolerance: the predicted imbalance a window's steps may take on to mix the
+# data's groups (docs/sampler.md, "Representative steps").
+MIX_TOLERANCE = 0.02
 # Online refinement: the most recent times kept per (seq_len, batch) kind, and the largest
 # kind a cost model holds (as the C++ core checks them).
 _LEARN_WINDOW = 32
@@ -110,6 +113,9 @@ class Plan:
     #: uneven counts only: ``num_steps * W + 1`` micro-batch ids, those of (step t, rank r)
     #: from ``rank_offsets[t * W + r]`` to ``rank_offsets[t * W + r + 1]``
     rank_offsets: np.ndarray | None = None
+    #: balanced plans only: per window of ``lookahead_steps`` steps, the cost strata its steps
+    #: were mixed from (1: the whole window mixed; its step count: steps of similar cost)
+    window_strata: np.ndarray | None = None
 
     @property
     def uneven_counts(self) -> bool:
@@ -589,6 +595,7 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         memory_model: MemoryModel | None = None,
         memory_budget_gib: float | None = None,
         uneven_counts: bool = False,
+        mix_tolerance: float = 0.0,
     ):
         self.seq_lens = _as_seq_lens(seq_lens)
         if (memory_model is None) != (memory_budget_gib is None):
@@ -649,6 +656,13 @@ class _PlannedBatchSampler(Sampler[list[int]]):
                 "micro-batches per step"
             )
         self.verify_ranks = _bool_arg("verify_ranks", verify_ranks)
+        if not (
+            isinstance(mix_tolerance, numbers.Real)
+            and not isinstance(mix_tolerance, bool)
+            and 0.0 <= mix_tolerance <= 1.0
+        ):
+            raise ValueError(f"mix_tolerance must be a number in [0, 1], got {mix_tolerance!r}")
+        self.mix_tolerance = float(mix_tolerance)
         self.on_oversize = on_oversize
         self._base_cost_model = cost_model if cost_model is not None else CostModel.default()
         self.cost_model = self._base_cost_model  # the current epoch's: base + learned kinds
@@ -747,7 +761,8 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         return state
 
     def __setstate__(self, state: dict) -> None:
-        state.setdefault("uneven_counts", False)  # pickled before the option
+        state.setdefault("uneven_counts", False)  # pickled before the options
+        state.setdefault("mix_tolerance", 0.0)
         self.__dict__.update(state)
         self._build_table()
 
@@ -774,6 +789,7 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             # Only when set, so that states saved before the options still match.
             **({"max_batch_size": self.max_batch_size} if self.max_batch_size else {}),
             **({"uneven_counts": True} if self.uneven_counts else {}),
+            **({"mix_tolerance": self.mix_tolerance} if self.balance else {}),
             **(
                 {
                     "memory_model": self.memory_model.to_dict() | {"meta": {}},
@@ -801,6 +817,7 @@ class _PlannedBatchSampler(Sampler[list[int]]):
             None if excluded is None else excluded.view(np.uint8),
             self.max_batch_size or 0,
             self.uneven_counts,
+            self.mix_tolerance,
         )
 
     def plan(self) -> Plan:
@@ -1455,7 +1472,13 @@ class _PlannedBatchSampler(Sampler[list[int]]):
         missing = sorted(
             set(mine)
             - set(saved)
-            - {"max_batch_size", "memory_model", "memory_budget_gib", "uneven_counts"}
+            - {
+                "max_batch_size",
+                "memory_model",
+                "memory_budget_gib",
+                "uneven_counts",
+                "mix_tolerance",
+            }
         )
         if missing:
             raise ValueError(f"sampler state: fingerprint lacks {missing}")
@@ -1536,8 +1559,9 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
     Each micro-batch obeys ``sum_i S_i <= max_tokens`` (memory, M_mem) and
     ``cost_model(batch) <= max_cost`` (compute, M_comp) and never mixes ``group_keys``.
     Each optimizer step's ``W x K`` micro-batches come from a window of
-    ``lookahead_steps`` steps sorted by cost, so one step holds micro-batches of similar
-    cost, and are assigned to ranks (K each) by longest-processing-time first.
+    ``lookahead_steps`` steps, mixed so that each step holds the window's groups in
+    proportion as far as the predicted imbalance stays within ``mix_tolerance`` (else steps of
+    similar cost), and are assigned to ranks (K each) by longest-processing-time first.
 
     Args:
         seq_lens: 1-D integer token counts, one per dataset index (list, numpy array or
@@ -1565,6 +1589,15 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
         lookahead_steps: how far the order departs from a plain shuffle: micro-batches are
             regrouped within windows of this many optimizer steps. 1 keeps the shuffled
             step order; larger windows balance better.
+        mix_tolerance: the predicted imbalance (mean over a window's steps of 1 - mean/max
+            rank cost) that steps may take on to stay representative of the data: each
+            window's steps are drawn from the fewest cost strata (1: the whole window, every
+            step a proportional draw of its groups) that keep it within this; none does:
+            steps of similar cost. 0 gives the best balance, with steps that often hold one
+            or two shapes (the planner before 2026-12); 1 mixes every window whatever the
+            balance. ``plan().window_strata`` and ``step_composition`` report where each
+            plan landed. Default ``MIX_TOLERANCE`` (0.02): docs/sampler.md, "Representative
+            steps".
         balance: False gives the paper's form: dual caps, no cross-rank balancing.
         max_batch_size: at most this many samples per micro-batch (None: no limit beyond the
             caps). ``max_batch_size=1`` is the batch-size-1 pipeline (DiffSynth-Studio's
@@ -1622,6 +1655,7 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
         memory_model: MemoryModel | None = None,
         memory_budget_gib: float | None = None,
         uneven_counts: bool = False,
+        mix_tolerance: float = MIX_TOLERANCE,
     ):
         super().__init__(
             seq_lens,
@@ -1644,6 +1678,7 @@ class AdaptiveBatchSampler(_PlannedBatchSampler):
             memory_model=memory_model,
             memory_budget_gib=memory_budget_gib,
             uneven_counts=uneven_counts,
+            mix_tolerance=mix_tolerance,
         )
 
     @property

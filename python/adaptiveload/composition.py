@@ -1,0 +1,155 @@
+"""How representative each optimizer step of a plan is of the data it trains on.
+
+A balancing planner may reorder an epoch so that a step holds micro-batches of one or two
+shapes: the epoch still holds every sample once, but each optimizer update then sees another
+mix of the data than a shuffled loader gives it. ``step_composition`` measures that against
+a uniform shuffle of the same micro-batches cut into the same steps, so that packing is held
+fixed and only the order is judged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+# A group that holds more than this share of the epoch's samples or tokens is one a step
+# should not miss (images in a joint image-video mix).
+MIN_SHARE = 0.05
+
+
+@dataclass
+class Composition:
+    """Per optimizer step t (the ``W x K`` micro-batches of all ranks) and group g (a label
+    per sample: the sampler's group keys, a shape, or image vs video):
+
+    - ``tv_tokens``: mean over steps of the total-variation distance
+      ``1/2 * sum_g |share_t(g) - share(g)|`` between the step's share of tokens in each group
+      and the epoch's: 0 when every step holds the epoch's mix, 1 when steps share no group
+      with it;
+    - ``tv_samples``: the same with sample counts;
+    - ``shuffle_tv_tokens``, ``shuffle_tv_samples``: the same for uniform shuffles of the same
+      micro-batches (the mean over ``shuffles`` draws): what a shuffled loader gives;
+    - ``tokens_ratio``, ``samples_ratio``: the plan's over the shuffle's. 1.0 is as
+      representative as a shuffle; below 1 more (steps drawn in proportion); 2.0 twice as far
+      from the epoch's mix as a shuffle;
+    - ``missing``: share of steps that hold no sample of some group holding more than
+      ``min_share`` of the epoch's samples or tokens (``shuffle_missing``: a shuffle's);
+    - ``groups_per_step``: median number of groups a step holds (``shuffle_groups_per_step``).
+    """
+
+    num_steps: int
+    num_groups: int
+    tv_tokens: float
+    tv_samples: float
+    shuffle_tv_tokens: float
+    shuffle_tv_samples: float
+    missing: float
+    shuffle_missing: float
+    groups_per_step: float
+    shuffle_groups_per_step: float
+    min_share: float
+
+    @property
+    def tokens_ratio(self) -> float:
+        return self.tv_tokens / self.shuffle_tv_tokens if self.shuffle_tv_tokens else 1.0
+
+    @property
+    def samples_ratio(self) -> float:
+        return self.tv_samples / self.shuffle_tv_samples if self.shuffle_tv_samples else 1.0
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {
+            "tokens_ratio": self.tokens_ratio,
+            "samples_ratio": self.samples_ratio,
+        }
+
+    def __str__(self) -> str:
+        return (
+            f"composition vs shuffle: {self.tokens_ratio:.2f}x (tokens) "
+            f"{self.samples_ratio:.2f}x (samples), steps missing a group over "
+            f"{self.min_share:.0%}: {self.missing:.0%} (shuffle {self.shuffle_missing:.0%}), "
+            f"groups per step {self.groups_per_step:g} (shuffle {self.shuffle_groups_per_step:g})"
+        )
+
+
+def _dense(labels) -> tuple[np.ndarray, int]:
+    a = np.asarray(labels)
+    if a.ndim == 2:  # (n, k) keys such as (frames, height, width)
+        _, ids = np.unique(a, axis=0, return_inverse=True)
+    else:
+        _, ids = np.unique(a, return_inverse=True)
+    ids = ids.reshape(-1)
+    return ids.astype(np.int64), int(ids.max()) + 1 if ids.size else 0
+
+
+def step_composition(
+    plan,
+    labels,
+    seq_lens,
+    *,
+    min_share: float = MIN_SHARE,
+    shuffles: int = 8,
+    seed: int = 0,
+) -> Composition:
+    """Composition of ``plan``'s steps (see ``Composition``), against ``shuffles`` uniform
+    shuffles of its micro-batches drawn from ``seed`` (deterministic).
+
+    Args:
+        plan: a ``Plan`` (``sampler.plan()``).
+        labels: one group label per dataset index (ints, strings, or an ``(n, k)`` array of
+            keys), e.g. the sampler's ``group_keys`` or ``num_frames > 1`` for image vs video.
+        seq_lens: tokens per dataset index.
+    """
+    seq_lens = np.asarray(seq_lens, dtype=np.int64)
+    ids, num_groups = _dense(labels)
+    if len(ids) != len(seq_lens):
+        raise ValueError(f"labels has {len(ids)} entries, seq_lens {len(seq_lens)}")
+    per_step = plan.num_replicas * plan.micro_batches_per_step
+    steps = plan.num_steps
+    m = steps * per_step
+    if steps == 0 or num_groups == 0:
+        return Composition(0, num_groups, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, min_share)
+    sizes = np.diff(plan.offsets)[:m]
+    entries = plan.samples[: plan.offsets[m]]
+    mb_of = np.repeat(np.arange(m, dtype=np.int64), sizes)
+    group = ids[entries]
+    tokens = seq_lens[entries].astype(np.float64)
+    epoch_tokens = np.bincount(group, weights=tokens, minlength=num_groups)
+    epoch_samples = np.bincount(group, minlength=num_groups).astype(np.float64)
+    share_tokens = epoch_tokens / epoch_tokens.sum()
+    share_samples = epoch_samples / epoch_samples.sum()
+    major = (share_tokens > min_share) | (share_samples > min_share)
+
+    def measure(step_of_mb: np.ndarray) -> tuple[float, float, float, float]:
+        cell = step_of_mb[mb_of] * num_groups + group
+        tok = np.bincount(cell, weights=tokens, minlength=steps * num_groups)
+        cnt = np.bincount(cell, minlength=steps * num_groups).astype(np.float64)
+        tok, cnt = tok.reshape(steps, num_groups), cnt.reshape(steps, num_groups)
+        tv_tok = 0.5 * np.abs(tok / tok.sum(1, keepdims=True) - share_tokens).sum(1)
+        tv_cnt = 0.5 * np.abs(cnt / cnt.sum(1, keepdims=True) - share_samples).sum(1)
+        missing = (cnt[:, major] == 0).any(1)
+        return (
+            float(tv_tok.mean()),
+            float(tv_cnt.mean()),
+            float(missing.mean()),
+            float(np.median((cnt > 0).sum(1))),
+        )
+
+    ours = measure(np.arange(m, dtype=np.int64) // per_step)
+    rng = np.random.default_rng(seed)
+    draws = np.array([measure(rng.permutation(m) // per_step) for _ in range(max(1, shuffles))])
+    ref = draws.mean(axis=0)
+    return Composition(
+        num_steps=steps,
+        num_groups=num_groups,
+        tv_tokens=ours[0],
+        tv_samples=ours[1],
+        shuffle_tv_tokens=float(ref[0]),
+        shuffle_tv_samples=float(ref[1]),
+        missing=ours[2],
+        shuffle_missing=float(ref[2]),
+        groups_per_step=ours[3],
+        shuffle_groups_per_step=float(np.median(draws[:, 3])),
+        min_share=min_share,
+    )
