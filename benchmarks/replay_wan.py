@@ -48,6 +48,7 @@ import numpy as np
 
 from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
 from adaptiveload.calibrate import calibrate_plan, kinds_of_plan, plan_kinds, wan_grid
+from adaptiveload.composition import step_composition
 from adaptiveload.fit import Point, fit_cost_model
 from adaptiveload.metadata import Metadata, read_metadata
 from adaptiveload.report import balance_report
@@ -264,6 +265,19 @@ def score(plan, lens, ms, model):
     return out
 
 
+def composition_columns(plan, meta, image):
+    """How representative the plan's steps are (adaptiveload.composition): by shape, against
+    shuffles of the same micro-batches, and the share of steps without an image."""
+    shape = step_composition(plan, meta.group_keys(), meta.seq_lens)
+    modality = step_composition(plan, image, meta.seq_lens)
+    return {
+        "tv_tokens_ratio": shape.tokens_ratio,
+        "tv_samples_ratio": shape.samples_ratio,
+        "no_image": modality.missing,
+        "shuffle_no_image": modality.shuffle_missing,
+    }
+
+
 def parse_ints(text):
     return [int(v) for v in text.split(",") if v]
 
@@ -386,8 +400,10 @@ def main(argv=None) -> int:
     )
 
     rows = []
+    image = (meta.shapes[:, 0] == 1).astype(np.int64)
     for (w, k, arm), (plan, model) in plans.items():
         r = {"ranks": w, "K": k, "arm": arm, **score(plan, meta.seq_lens, ms, model)}
+        r.update(composition_columns(plan, meta, image))
         rows.append(r)
     for r in rows:
         base = next(
@@ -426,7 +442,7 @@ def main(argv=None) -> int:
             f"model error median {r['err_median']:.1%} p90 {r['err_p90']:.1%}"
         )
 
-    head = f"{'W':>3} {'K':>2} {'arm':<12} {'epoch s':>8} {'speedup':>8} {'imbal':>6} {'pred':>6} {'(max-min)/max':>13} {'err med':>8} {'err p90':>8}"
+    head = f"{'W':>3} {'K':>2} {'arm':<12} {'epoch s':>8} {'speedup':>8} {'imbal':>6} {'pred':>6} {'(max-min)/max':>13} {'err med':>8} {'err p90':>8} {'mix':>6} {'no img':>6}"
     print("\n" + head)
     for r in rows:
         if "speedup_vs_even_counts" in r:
@@ -442,7 +458,8 @@ def main(argv=None) -> int:
         )
         print(
             f"{r['ranks']:>3} {r['K']:>2} {r['arm']:<12} {r['epoch_s']:>8.1f} {r['speedup']:>7.2f}x "
-            f"{r['imbalance']:>6.1%} {r['predicted_imbalance']:>6.1%} {r['spread']:>13.1%} {e}"
+            f"{r['imbalance']:>6.1%} {r['predicted_imbalance']:>6.1%} {r['spread']:>13.1%} {e} "
+            f"{r['tv_tokens_ratio']:>5.2f}x {r['no_image']:>6.0%}"
         )  # fmt: skip
 
     result = {
@@ -504,13 +521,14 @@ def write(rows, setup, noise):
 
     head = ["ranks", "K", "arm", "epoch (s)", "speedup vs equal-token", "measured imbalance",
             "predicted imbalance", "(max-min)/max", "model error median", "model error p90",
-            "speedup if balanced"]  # fmt: skip
+            "speedup if balanced", "composition vs shuffle (tokens)", "steps without an image"]  # fmt: skip
     out = []
     for r in rows:
         err = (f"{r['err_median']:.1%}", f"{r['err_p90']:.1%}") if "err_median" in r else ("-", "-")
         out.append([r["ranks"], r["K"], r["arm"], f"{r['epoch_s']:.1f}", f"{r['speedup']:.2f}x",
                     f"{r['imbalance']:.1%}", f"{r['predicted_imbalance']:.1%}", f"{r['spread']:.1%}",
-                    *err, f"{r['speedup_if_balanced']:.2f}x"])  # fmt: skip
+                    *err, f"{r['speedup_if_balanced']:.2f}x", f"{r['tv_tokens_ratio']:.2f}x",
+                    f"{r['no_image']:.0%} (shuffle {r['shuffle_no_image']:.0%})"])  # fmt: skip
     gpu = "fake" if setup.get("device") == "fake" else "h200"
     meta = {
         "date": str(date.today()),
