@@ -708,6 +708,8 @@ BASE = dict(micro_batches_per_step=2, seed=9)
         (AdaptiveBatchSampler, dict(drop_last=True)),
         (AdaptiveBatchSampler, dict(seed=10)),
         (AdaptiveBatchSampler, dict(micro_batches_per_step=3)),
+        (AdaptiveBatchSampler, dict(mix_tolerance=0.0)),
+        (AdaptiveBatchSampler, dict(mix_tolerance=1.0)),
         (EqualTokenBatchSampler, dict()),
     ],
 )
@@ -722,6 +724,45 @@ def test_resume_with_other_settings_replans_the_rest(cls_new, change):
     dropped = rest[0].plan().num_dropped_samples
     assert len(counts) == len(lens) - dropped, "samples lost"
     assert sum(c - 1 for c in counts.values()) == padded, "samples repeated"
+
+
+def test_states_of_the_segregating_planner_replan_their_unconsumed_samples():
+    # A state saved before mix_tolerance existed: its plan was today's mix_tolerance=0, its
+    # fingerprint had no such key. The mixing default re-plans what it did not consume.
+    lens = random_mix(2300, seed=14)
+    first = [make(AdaptiveBatchSampler, lens, 3, r, mix_tolerance=0.0, **BASE) for r in range(3)]
+    for s in first:
+        s.set_epoch(1)
+    done = [i for s in first for b in consume(s, 20) for i in b]
+    state = first[0].state_dict(steps_done=20)
+    del state["fingerprint"]["mix_tolerance"]
+    rest = [make(AdaptiveBatchSampler, lens, 3, r, **BASE) for r in range(3)]
+    again = []
+    for s in rest:
+        s.load_state_dict(state)
+        s.set_epoch(1)
+        assert s.start_step == 0, "a state of another planner replayed as if the same plan"
+        again += [i for b in s for i in b]
+    counts = collections.Counter(done + again)
+    assert len(counts) == len(lens), "samples lost"
+    assert sum(c - 1 for c in counts.values()) == rest[0].plan().num_padded_samples
+
+
+def test_mixed_plans_resume_exactly_on_the_same_settings():
+    lens = random_mix(2300, seed=15)
+    full = make(AdaptiveBatchSampler, lens, 2, 1, **BASE)
+    full.set_epoch(1)
+    assert full.plan().window_strata is not None
+    whole = [list(b) for b in full]
+    first = make(AdaptiveBatchSampler, lens, 2, 1, **BASE)
+    first.set_epoch(1)
+    head = consume(first, 7)
+    state = first.state_dict(steps_done=7)
+    again = make(AdaptiveBatchSampler, lens, 2, 1, **BASE)
+    again.load_state_dict(state)
+    again.set_epoch(1)
+    assert again.start_step == 7
+    assert [list(b) for b in head] + [list(b) for b in again] == whole
 
 
 def test_resume_from_equal_token_state_into_adaptive_replans():
