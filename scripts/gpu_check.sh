@@ -4,7 +4,7 @@
 #
 #   bash scripts/gpu_check.sh [build] [test] [bench] [host] [tune] [profile] [e2e] [replay]
 #                             [uneven] [calibrate] [memory] [train_memory] [diffsynth_step]
-#                             [hostprof]
+#                             [hostprof] [mix] [convergence]
 #                                                             (default: build test bench host)
 #
 # Results go to $OUT (or ./out): logs, and the benchmarks' CSVs (copy them to
@@ -146,6 +146,18 @@ PY
         --uneven --worlds 8 --ks 4 --max-batch-size 1 --out "$OUT/uneven_b1"
       run_step uneven ours timeout "${UNEVEN_TIMEOUT:-240}" $PY benchmarks/replay_wan.py \
         --uneven --worlds 8 --ks 4 --out "$OUT/uneven"
+      ;;
+    mix)
+      # Issue 25: the mix_tolerance frontier, replayed (benchmarks/replay_mix.py).
+      eval "extra=(${MIX_ARGS:-})"
+      run_step mix ours timeout "${MIX_TIMEOUT:-300}" $PY benchmarks/replay_mix.py \
+        --out "$OUT/mix" "${extra[@]}"
+      ;;
+    convergence)
+      # Issue 25: what the step order does to training (benchmarks/convergence_wan.py).
+      eval "extra=(${CONVERGENCE_ARGS:-})"
+      run_step convergence ours timeout "${CONVERGENCE_TIMEOUT:-420}" $PY \
+        benchmarks/convergence_wan.py --out-dir "$OUT/convergence" "${extra[@]}"
       ;;
     calibrate)
       # Plan-aware calibration of the full-depth model, timed (issue 15's <= 10 minutes).
