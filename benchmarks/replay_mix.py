@@ -59,6 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tolerances", default=TOLERANCES)
     ap.add_argument("--epoch", type=int, default=2, help="the scored epoch")
     ap.add_argument("--fake", action="store_true", help="a synthetic GPU (dry run, any machine)")
+    ap.add_argument("--unfused", action="store_true", help="diffusers' own adaLN (no op library)")
     ap.add_argument("--out", default="out/mix")
     ap.add_argument("--write", action="store_true", help="store the CSV under benchmarks/results")
     args = ap.parse_args(argv)
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
         from adaptiveload.calibrate import WanTimer
 
         timer = WanTimer(
-            args.config, layers=args.layers, dtype=torch.bfloat16, fused=True,
+            args.config, layers=args.layers, dtype=torch.bfloat16, fused=not args.unfused,
             warmup=1, repeat=2, activation_checkpointing=True,
         )  # fmt: skip
     setup = {"data": "held-out", "samples": len(meta.seq_lens), "max_tokens": max_tokens,
