@@ -25,9 +25,10 @@ FSDP2: parameters stay gathered through the step, reduce-scatter at its last bac
 Online refinement (--refine-cost-model, on by default with the adaptive sampler): each
 micro-batch's measured forward+backward time is recorded in the sampler, and at each
 epoch's end the ranks fold their records into the cost model the next epoch plans with
-(AdaptiveBatchSampler.update_cost_model). Per epoch, rank 0 logs the measured imbalance
-and the cost model's error on that epoch's micro-batches (a JSON line with "epoch" and
-no "step").
+(AdaptiveBatchSampler.update_cost_model). Per epoch, rank 0 logs the measured imbalance,
+how representative the plan's steps are of the data's shapes (adaptiveload.composition:
+distance from the epoch's mix against a shuffle's, steps missing a shape) and the cost model's
+error on that epoch's micro-batches (a JSON line with "epoch" and no "step").
 
 Memory budget (--memory-model FILE --memory-budget GiB, adaptive sampler): the sampler plans
 every micro-batch under the budget and chooses how many blocks it checkpoints (the fewest whose
@@ -64,6 +65,7 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader, Dataset
 
 from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler, MemoryModel
+from adaptiveload.composition import step_composition
 from adaptiveload.integrations.diffusers import set_checkpointed_blocks
 from adaptiveload.metadata import read_metadata
 from adaptiveload.models.wan import build_wan
@@ -330,10 +332,11 @@ def warm_shapes(model, plan, rank, shapes, text_len, device, seen):
     return len(todo)
 
 
-def epoch_summary(epoch, imbalances, errors, refined):
-    """The epoch's line of the log: mean measured imbalance over its steps, and the median
-    and 90th percentile of |predicted / measured - 1| over its micro-batches, the prediction
-    being the cost the sampler planned the micro-batch with."""
+def epoch_summary(epoch, imbalances, errors, refined, composition=None):
+    """The epoch's line of the log: mean measured imbalance over its steps, the composition
+    of the epoch's plan (``Composition.to_dict()``), and the median and 90th percentile of
+    |predicted / measured - 1| over its micro-batches, the prediction being the cost the
+    sampler planned the micro-batch with."""
     out = {
         "epoch": epoch,
         "steps": len(imbalances),
@@ -341,6 +344,8 @@ def epoch_summary(epoch, imbalances, errors, refined):
         "cost_error_median": float(np.median(errors)) if errors else None,
         "cost_error_p90": float(np.percentile(errors, 90)) if errors else None,
     }
+    if composition is not None:
+        out["composition"] = composition.to_dict()
     if refined is not None:
         out["refined"] = refined
     return out
@@ -699,8 +704,14 @@ def main(argv=None):
             save(*position)
             saved_at = position
         if rank == 0 and imbalances:
-            summary = epoch_summary(epoch, imbalances, errors, refined)
-            line = f"epoch {epoch}: measured imbalance {summary['measured_imbalance']:.1%}"
+            keys = sampler.group_keys if sampler.group_keys is not None else seq_lens
+            comp = step_composition(plan, keys, seq_lens)
+            summary = epoch_summary(epoch, imbalances, errors, refined, comp)
+            line = (
+                f"epoch {epoch}: measured imbalance {summary['measured_imbalance']:.1%}, "
+                f"composition vs shuffle {comp.tokens_ratio:.2f}x, steps missing a shape "
+                f"{comp.missing:.0%} (shuffle {comp.shuffle_missing:.0%})"
+            )
             if errors:
                 line += (
                     f", cost model error median {summary['cost_error_median']:.1%} "

@@ -1,8 +1,8 @@
 """The ``adaptiveload`` command line.
 
 ``adaptiveload plan``: plan an epoch from metadata (or ``--demo`` data), print the bucket
-table and the balance report against equal-token buckets and the paper's rule, and draw
-the per-rank load of each step.
+table and the balance and composition report against equal-token buckets and the paper's
+rule, and draw the per-rank load and the group mix of each step.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from adaptiveload.cost import CostModel
 from adaptiveload.demo import MIXES, demo_metadata
 from adaptiveload.metadata import Metadata, read_metadata
 from adaptiveload.report import compare_samplers
+from adaptiveload.sampler import MIX_TOLERANCE
 from adaptiveload.wan import CONFIGS, SHAPES, TEXT_LEN, wan_seq_len
 
 
@@ -94,14 +95,104 @@ def _print_bucket_table(rows: list[dict], limit: int = 30) -> None:
         )
 
 
-def _draw(reports: dict, path: str, steps: int) -> None:
+def _print_reports(reports: dict, no_image: dict) -> None:
+    """The balance and composition table, one row per sampler (``no_image``: the share of
+    steps without an image per sampler, or empty when unknown)."""
+    base = reports["equal-token buckets"][1].epoch_time
+    print(
+        f"\n{'sampler':<34} {'steps':>6} {'imbalance':>10} {'spread':>8} {'epoch time':>12} {'speedup':>8} {'token use':>10}"
+        f" {'mix vs shuffle':>15} {'missing (shuffle)':>18}"
+        + (f" {'no image':>9}" if no_image else "")
+    )
+    for name, (_, rep) in reports.items():
+        comp = rep.composition
+        print(
+            f"{name:<34} {rep.num_steps:>6} {rep.imbalance:>10.1%} {rep.spread:>8.1%} "
+            f"{rep.epoch_time:>12.5g} {base / rep.epoch_time:>7.2f}x {rep.token_utilization:>10.1%} "
+            f"{f'{comp.tokens_ratio:.2f}/{comp.samples_ratio:.2f}x':>15} "
+            f"{f'{comp.missing:.0%} ({comp.shuffle_missing:.0%})':>18}"
+            + (f" {no_image[name]:>9.0%}" if no_image else "")
+        )
+    print(
+        "mix vs shuffle: distance of each step's share of tokens/samples per group from the "
+        "epoch's, over a shuffle's of the same micro-batches (1.00x: as representative as a "
+        f"shuffle); missing: steps without a group holding over {comp.min_share:.0%} of the epoch"
+        + ("; no image: steps without an image (num_frames 1)" if no_image else "")
+    )
+
+
+def steps_without(plan, mask: np.ndarray) -> float:
+    """Share of ``plan``'s steps that hold no sample whose ``mask`` (one bool per dataset
+    index, e.g. ``num_frames == 1``) is set."""
+    if plan.num_steps == 0:
+        return 0.0
+    held = np.zeros(plan.num_steps, dtype=bool)
+    held[_step_of_entries(plan, plan.num_steps)[mask[_entries(plan, plan.num_steps)]]] = True
+    return float(1.0 - held.mean())
+
+
+def _entries(plan, steps: int) -> np.ndarray:
+    """The samples of the first ``steps`` steps, in plan order."""
+    return plan.samples[: plan.offsets[steps * plan.num_replicas * plan.micro_batches_per_step]]
+
+
+def _step_of_entries(plan, steps: int) -> np.ndarray:
+    """The step of each sample of ``_entries(plan, steps)`` (step t is micro-batches
+    ``[t * W * K, (t + 1) * W * K)`` in either layout)."""
+    per_step = plan.num_replicas * plan.micro_batches_per_step
+    m = steps * per_step
+    return np.repeat(np.arange(m, dtype=np.int64) // per_step, np.diff(plan.offsets)[:m])
+
+
+# Groups drawn by name in the figure's composition panels; the rest are drawn as "other".
+_DRAWN_GROUPS = 9
+
+
+def _figure_groups(meta: Metadata, labels: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Per dataset index, the id of its group among the ``_DRAWN_GROUPS`` with the most tokens
+    (the others share the last id), and the groups' names."""
+    _, first, ids = np.unique(labels, return_index=True, return_inverse=True)
+    ids = ids.reshape(-1)
+    tokens = np.bincount(ids, weights=meta.seq_lens.astype(np.float64))
+    top = np.argsort(-tokens, kind="stable")[:_DRAWN_GROUPS]
+    drawn = np.full(len(first), len(top), dtype=np.int64)
+    drawn[top] = np.arange(len(top))
+    if meta.shapes is not None:
+        names = ["x".join(str(v) for v in meta.shapes[first[g]]) for g in top]
+    else:
+        names = [f"S={meta.seq_lens[first[g]]}" for g in top]
+    if len(top) < len(first):
+        names.append("other")
+    return drawn[ids], names
+
+
+def _step_token_shares(plan, groups: np.ndarray, seq_lens: np.ndarray, num_groups: int):
+    """Tokens of each group in each step, shape (num_steps, num_groups)."""
+    entries = _entries(plan, plan.num_steps)
+    cell = _step_of_entries(plan, plan.num_steps) * num_groups + groups[entries]
+    tokens = np.bincount(
+        cell, weights=seq_lens[entries].astype(np.float64), minlength=plan.num_steps * num_groups
+    )
+    return tokens.reshape(plan.num_steps, num_groups)
+
+
+def _draw(reports: dict, path: str, steps: int, groups, seq_lens, mixed: tuple[str, ...]) -> None:
+    """Per-rank load of each of the first ``steps`` steps for every sampler, then, for the
+    samplers ``mixed`` names, each step's token share per group beside the epoch's (``groups``:
+    ``_figure_groups``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(reports), 1, figsize=(11, 2.6 * len(reports)), sharey=True)
-    for ax, (name, (plan, rep)) in zip(np.atleast_1d(axes), reports.items(), strict=True):
+    ids, names = groups
+    rows = len(reports) + len(mixed)
+    fig, axes = plt.subplots(rows, 1, figsize=(11, 2.6 * rows), sharex=True)
+    axes = np.atleast_1d(axes)
+    for ax in axes[1 : len(reports)]:
+        ax.sharey(axes[0])
+    shown = max(min(steps, plan.num_steps) for plan, _ in reports.values())
+    for ax, (name, (plan, rep)) in zip(axes, reports.items(), strict=False):
         loads = plan.rank_costs()[:steps]
         for r in range(loads.shape[1]):
             ax.plot(np.arange(len(loads)), loads[:, r], ".", ms=3, alpha=0.6)
@@ -113,8 +204,37 @@ def _draw(reports: dict, path: str, steps: int) -> None:
         )
         ax.set_ylabel("rank load")
         ax.legend(loc="upper right", fontsize=8)
-    np.atleast_1d(axes)[-1].set_xlabel("optimizer step")
-    fig.tight_layout()
+    colors = [plt.get_cmap("tab10")(i) for i in range(_DRAWN_GROUPS)] + ["0.6"]
+    for ax, name in zip(axes[len(reports) :], mixed, strict=True):
+        plan, rep = reports[name]
+        tokens = _step_token_shares(plan, ids, seq_lens, len(names))
+        # The first steps, then (after a gap) the epoch's mix: a representative step looks
+        # like the last bar.
+        bars = np.vstack([tokens[:steps], tokens.sum(axis=0)])
+        bars /= np.maximum(bars.sum(axis=1, keepdims=True), 1e-300)
+        x = np.r_[np.arange(len(bars) - 1), shown + 1]
+        bottom = np.zeros(len(bars))
+        for g, group in enumerate(names):
+            ax.bar(x, bars[:, g], bottom=bottom, width=0.9, color=colors[g], label=group)
+            bottom += bars[:, g]
+        ax.set_title(
+            f"{name}: token share per group, {rep.composition.tokens_ratio:.2f}x a shuffle's "
+            "distance from the epoch's mix"
+        )
+        ax.set_ylabel("token share")
+        ax.set_ylim(0, 1)
+    last = axes[-1]
+    ticks = [t for t in last.get_xticks() if 0 <= t < shown]
+    last.set_xticks([*ticks, shown + 1], [f"{t:g}" for t in ticks] + ["epoch"])
+    last.set_xlim(-1, shown + 2)
+    last.set_xlabel("optimizer step")
+    if mixed:
+        handles, labels = axes[len(reports)].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(names), 5), fontsize=8)
+        legend_inches = 0.2 + 0.22 * -(-len(names) // 5)  # a row per 5 groups
+        fig.tight_layout(rect=(0, legend_inches / fig.get_figheight(), 1, 1))
+    else:
+        fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -143,6 +263,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         max_cost=args.max_cost,
         lookahead_steps=args.lookahead_steps,
         max_batch_size=args.max_batch_size,
+        mix_tolerance=args.mix_tolerance,
     )
     ours = compared["AdaptiveLoad"].sampler
     equal = compared["equal-token buckets"].sampler
@@ -161,33 +282,45 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     rows = bucket_table(meta, ours, equal)
     _print_bucket_table(rows)
-    base = reports["equal-token buckets"][1].epoch_time
-    print(
-        f"\n{'sampler':<34} {'steps':>6} {'imbalance':>10} {'spread':>8} {'epoch time':>12} {'speedup':>8} {'token use':>10}"
+    # Steps without an image, where the shapes say which samples are images.
+    images = meta.shapes[:, 0] == 1 if meta.shapes is not None else np.zeros(0, dtype=bool)
+    no_image = (
+        {n: steps_without(p, images) for n, (p, _) in reports.items()} if images.any() else {}
     )
-    for name, (_, rep) in reports.items():
-        print(
-            f"{name:<34} {rep.num_steps:>6} {rep.imbalance:>10.1%} {rep.spread:>8.1%} "
-            f"{rep.epoch_time:>12.5g} {base / rep.epoch_time:>7.2f}x {rep.token_utilization:>10.1%}"
-        )
+    _print_reports(reports, no_image)
     rep = reports["AdaptiveLoad"][1]
+    strata = reports["AdaptiveLoad"][0].window_strata
+    strata_note = (
+        f"; {int(np.sum(strata == 1))} of {len(strata)} windows of steps fully mixed "
+        f"(--mix-tolerance {ours.mix_tolerance:g})"
+        if strata is not None and len(strata)
+        else ""
+    )
     print(
         f"\nAdaptiveLoad: perfect-balance bound {rep.ideal_time:.5g} ({rep.balance_efficiency:.1%} reached); "
         f"{rep.num_split_micro_batches} micro-batches halved and {rep.num_padded_samples} samples repeated "
         f"to fill the last step; {rep.over_token_cap + rep.over_cost_cap} micro-batches over a cap"
+        f"{strata_note}"
     )
     if args.json:
+        out = {n: r.to_dict() for n, (_, r) in reports.items()}
+        for n, share in no_image.items():
+            out[n]["steps_without_image"] = share
         with open(args.json, "w") as f:
-            json.dump(
-                {"buckets": rows, "reports": {n: r.to_dict() for n, (_, r) in reports.items()}},
-                f,
-                indent=2,
-            )
+            json.dump({"buckets": rows, "reports": out}, f, indent=2)
         print(f"report: {args.json}")
     if args.figure != "none":
         # The report is out; a figure that cannot be drawn is worth a warning, not a failure.
         try:
-            _draw(reports, args.figure, args.figure_steps)
+            labels = meta.group_keys() if meta.shapes is not None else meta.seq_lens
+            _draw(
+                reports,
+                args.figure,
+                args.figure_steps,
+                _figure_groups(meta, labels),
+                meta.seq_lens,
+                mixed=("AdaptiveLoad", "equal-token buckets"),
+            )
             print(f"figure: {args.figure}")
         except ImportError as e:
             print(
@@ -389,6 +522,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {value:g}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="adaptiveload", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -413,6 +556,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-replicas", type=int, default=8)
     p.add_argument("--micro-batches-per-step", type=int, default=1)
     p.add_argument("--lookahead-steps", type=int, default=64)
+    p.add_argument(
+        "--mix-tolerance",
+        type=_fraction,
+        default=MIX_TOLERANCE,
+        help="predicted imbalance AdaptiveLoad's steps may take on to mix the data's groups "
+        "(0: steps of similar cost, the best balance)",
+    )
     p.add_argument(
         "--max-batch-size",
         type=_positive_int,

@@ -122,18 +122,28 @@ def step_composition(
     major = (share_tokens > min_share) | (share_samples > min_share)
 
     def measure(step_of_mb: np.ndarray) -> tuple[float, float, float, float]:
-        cell = step_of_mb[mb_of] * num_groups + group
-        tok = np.bincount(cell, weights=tokens, minlength=steps * num_groups)
-        cnt = np.bincount(cell, minlength=steps * num_groups).astype(np.float64)
-        tok, cnt = tok.reshape(steps, num_groups), cnt.reshape(steps, num_groups)
-        tv_tok = 0.5 * np.abs(tok / tok.sum(1, keepdims=True) - share_tokens).sum(1)
-        tv_cnt = 0.5 * np.abs(cnt / cnt.sum(1, keepdims=True) - share_samples).sum(1)
-        missing = (cnt[:, major] == 0).any(1)
+        # Sparse in (step, group): only the cells a step holds, so that thousands of groups
+        # (sequence lengths as labels) cost O(samples), not O(steps * groups). A group a step
+        # lacks adds its epoch share to the step's distance: TV_t = 1/2 * (sum over held g of
+        # |share_t(g) - share(g)| + 1 - sum over held g of share(g)).
+        cells, cell = np.unique(step_of_mb[mb_of] * num_groups + group, return_inverse=True)
+        cell_step, cell_group = cells // num_groups, cells % num_groups
+        tok = np.bincount(cell, weights=tokens)
+        cnt = np.bincount(cell).astype(np.float64)
+
+        def tv(values: np.ndarray, share: np.ndarray) -> np.ndarray:
+            total = np.bincount(cell_step, weights=values, minlength=steps)
+            own = values / total[cell_step]
+            off = np.bincount(cell_step, weights=np.abs(own - share[cell_group]), minlength=steps)
+            held = np.bincount(cell_step, weights=share[cell_group], minlength=steps)
+            return 0.5 * (off + 1.0 - held)
+
+        held_major = np.bincount(cell_step, weights=major[cell_group], minlength=steps)
         return (
-            float(tv_tok.mean()),
-            float(tv_cnt.mean()),
-            float(missing.mean()),
-            float(np.median((cnt > 0).sum(1))),
+            float(tv(tok, share_tokens).mean()),
+            float(tv(cnt, share_samples).mean()),
+            float((held_major < major.sum()).mean()),
+            float(np.median(np.bincount(cell_step, minlength=steps))),
         )
 
     ours = measure(np.arange(m, dtype=np.int64) // per_step)

@@ -1,5 +1,6 @@
-"""How well a plan balances the ranks, from its predicted costs, and the comparison of
-AdaptiveLoad with the baselines that the CLI and the benchmarks report."""
+"""How well a plan balances the ranks, from its predicted costs, how representative its steps
+are of the data, and the comparison of AdaptiveLoad with the baselines that the CLI and the
+benchmarks report."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from adaptiveload.composition import Composition, step_composition
 from adaptiveload.cost import CostModel
-from adaptiveload.sampler import AdaptiveBatchSampler, EqualTokenBatchSampler, Plan
+from adaptiveload.sampler import MIX_TOLERANCE, AdaptiveBatchSampler, EqualTokenBatchSampler, Plan
 
 # The samplers compare_samplers builds, in its order: name -> short label for tables.
 COMPARED_SAMPLERS = {
@@ -30,7 +32,10 @@ class BalanceReport:
     - ``epoch_time``: sum over steps of max_r(L), the predicted epoch time (cost units);
     - ``ideal_time``: sum over steps of mean_r(L), the same work perfectly balanced
       within each step (the plan's own perfect-balance bound);
-    - ``token_utilization``: mean over micro-batches of tokens / max_tokens.
+    - ``token_utilization``: mean over micro-batches of tokens / max_tokens;
+    - ``composition``: how representative the steps are of the epoch's groups, against
+      shuffles of the same micro-batches (``adaptiveload.composition.Composition``); None
+      unless ``balance_report`` was given the labels and sequence lengths.
     """
 
     num_steps: int
@@ -50,6 +55,7 @@ class BalanceReport:
     num_dropped_samples: int
     num_split_micro_batches: int
     num_skipped_samples: int
+    composition: Composition | None = None
 
     @property
     def balance_efficiency(self) -> float:
@@ -59,19 +65,32 @@ class BalanceReport:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["balance_efficiency"] = self.balance_efficiency
+        if self.composition is not None:
+            d["composition"] = self.composition.to_dict()
         return d
 
     def __str__(self) -> str:
-        return (
+        text = (
             f"steps={self.num_steps} W={self.num_replicas} K={self.micro_batches_per_step} "
             f"imbalance={self.imbalance:.1%} spread={self.spread:.1%} "
             f"epoch_time={self.epoch_time:.4g} (ideal {self.ideal_time:.4g}) "
             f"token_util={self.token_utilization:.1%}"
         )
+        return text if self.composition is None else f"{text}; {self.composition}"
 
 
-def balance_report(plan: Plan) -> BalanceReport:
-    """Summarize ``plan`` (see ``BalanceReport`` for the definitions)."""
+def balance_report(plan: Plan, labels=None, seq_lens=None) -> BalanceReport:
+    """Summarize ``plan`` (see ``BalanceReport`` for the definitions).
+
+    With ``labels`` (one group label per dataset index: the sampler's ``group_keys``, shapes,
+    or image vs video) and ``seq_lens`` (tokens per dataset index), the report also holds the
+    steps' composition (``step_composition(plan, labels, seq_lens)``).
+    """
+    if (labels is None) != (seq_lens is None):
+        raise ValueError(
+            "labels and seq_lens go together: give both (the report then holds the steps' "
+            "composition) or neither"
+        )
     if plan.num_steps == 0:
         loads = np.zeros((0, plan.num_replicas))
     else:
@@ -101,6 +120,7 @@ def balance_report(plan: Plan) -> BalanceReport:
         num_dropped_samples=plan.num_dropped_samples,
         num_split_micro_batches=plan.num_split_micro_batches,
         num_skipped_samples=len(plan.skipped),
+        composition=None if labels is None else step_composition(plan, labels, seq_lens),
     )
 
 
@@ -112,7 +132,8 @@ def rescore(plan: Plan, seq_lens, cost_model, max_cost: float | None = None) -> 
 
 
 class Compared(NamedTuple):
-    """One sampler of ``compare_samplers``, its plan and the plan's balance report."""
+    """One sampler of ``compare_samplers``, its plan and the plan's balance report (with the
+    plan's composition)."""
 
     sampler: AdaptiveBatchSampler | EqualTokenBatchSampler
     plan: Plan
@@ -132,12 +153,13 @@ def compare_samplers(
     max_cost: float | None = None,
     lookahead_steps: int = 64,
     max_batch_size: int | None = None,
+    mix_tolerance: float = MIX_TOLERANCE,
 ) -> dict[str, Compared]:
     """Plan one epoch (rank 0's view; plans are the same on every rank) with three samplers
     at the same ``max_tokens``, all costed with ``cost_model``:
 
-    - "AdaptiveLoad": ``AdaptiveBatchSampler`` with ``cost_model``, ``max_cost`` and
-      ``lookahead_steps``;
+    - "AdaptiveLoad": ``AdaptiveBatchSampler`` with ``cost_model``, ``max_cost``,
+      ``lookahead_steps`` and ``mix_tolerance``;
     - "equal-token buckets": ``EqualTokenBatchSampler`` (``floor(max_tokens / S)`` samples
       per micro-batch, ranks draw independently);
     - "paper rule (S^1.5, no balancing)": ``AdaptiveBatchSampler`` with
@@ -146,6 +168,9 @@ def compare_samplers(
 
     ``max_batch_size`` caps the samples per micro-batch of all three (1: the batch-size-1
     pipelines, whose default the equal-token sampler then is: shuffled samples, one each).
+
+    Each report holds its plan's composition, with ``group_keys`` as the groups (the sequence
+    lengths without keys).
 
     Returns ``{name: Compared(sampler, plan, report)}`` in that order (``COMPARED_SAMPLERS``
     gives each name a short label).
@@ -164,17 +189,20 @@ def compare_samplers(
         max_cost=max_cost,
         cost_model=cost_model,
         lookahead_steps=lookahead_steps,
+        mix_tolerance=mix_tolerance,
         **common,
     )
     equal = EqualTokenBatchSampler(seq_lens, max_tokens, cost_model=cost_model, **common)
     paper = AdaptiveBatchSampler(
         seq_lens, max_tokens, cost_model=CostModel.power(1.5), balance=False, **common
     )
+    # The samplers' own keys: dense ids, or None when the sequence length is the key.
+    labels = ours.group_keys if ours.group_keys is not None else ours.seq_lens
     out = {}
     for name, sampler in zip(COMPARED_SAMPLERS, (ours, equal, paper), strict=True):
         sampler.set_epoch(epoch)
         plan = sampler.plan()
         if sampler is paper:
             plan = rescore(plan, sampler.seq_lens, cost_model)
-        out[name] = Compared(sampler, plan, balance_report(plan))
+        out[name] = Compared(sampler, plan, balance_report(plan, labels, sampler.seq_lens))
     return out

@@ -305,6 +305,57 @@ def test_compare_samplers_is_the_three_samplers_built_by_hand():
         np.testing.assert_array_equal(plan.samples, want.samples)
         np.testing.assert_array_equal(plan.offsets, want.offsets)
         np.testing.assert_allclose(plan.costs, want.costs)
-        assert report == balance_report(want)
+        assert report == balance_report(want, meta.group_keys(), meta.seq_lens)
     assert compared["AdaptiveLoad"].sampler.max_cost == 30000.0
     assert compared["paper rule (S^1.5, no balancing)"].plan.max_cost is None
+
+
+# -- composition of the steps beside balance ----------------------------------------------------
+
+
+def plan_json(tmp_path, *extra):
+    rep = tmp_path / "plan.json"
+    args = ["plan", "--demo", "--demo-samples", "3000", "--figure", "none", "--json", str(rep)]
+    assert main([*args, *extra]) == 0
+    return json.loads(rep.read_text())["reports"]
+
+
+def test_plan_reports_composition_beside_balance(tmp_path, capsys):
+    reports = plan_json(tmp_path)
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("sampler"))
+    for column in ("imbalance", "speedup", "mix vs shuffle", "missing (shuffle)", "no image"):
+        assert column in header
+    assert "windows of steps fully mixed (--mix-tolerance 0.02)" in out
+    for name, rep in reports.items():
+        comp = rep["composition"]
+        row = next(line for line in out.splitlines() if line.startswith(name))
+        assert f"{comp['tokens_ratio']:.2f}/{comp['samples_ratio']:.2f}x" in row
+        assert f"{comp['missing']:.0%} ({comp['shuffle_missing']:.0%})" in row
+        assert row.endswith(f"{rep['steps_without_image']:.0%}")
+        assert comp["num_steps"] == rep["num_steps"] and comp["num_groups"] == 5
+
+
+def test_mix_tolerance_reaches_the_adaptive_sampler(tmp_path, capsys):
+    segregated = plan_json(tmp_path, "--mix-tolerance", "0")
+    mixed = plan_json(tmp_path, "--mix-tolerance", "1")
+    ours = "AdaptiveLoad"
+    assert segregated[ours]["composition"]["tokens_ratio"] > 1.5
+    assert mixed[ours]["composition"]["tokens_ratio"] < 1.0
+    assert mixed[ours]["steps_without_image"] < segregated[ours]["steps_without_image"]
+    # The baselines do not mix: their plans are the same.
+    for name in ("equal-token buckets", "paper rule (S^1.5, no balancing)"):
+        assert mixed[name] == segregated[name]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--demo", "--mix-tolerance", "1.5", "--figure", "none"])
+    assert e.value.code == 2 and "--mix-tolerance" in capsys.readouterr().err
+
+
+def test_no_image_column_needs_shapes(tmp_path, capsys):
+    write_csv(tmp_path / "s.csv", ["seq_len"], [[1560 + 8 * (i % 7)] for i in range(300)])
+    assert main(["plan", "--metadata", str(tmp_path / "s.csv"), "--figure", "none"]) == 0
+    header = next(
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("sampler")
+    )
+    assert "mix vs shuffle" in header and "no image" not in header

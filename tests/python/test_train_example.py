@@ -256,6 +256,9 @@ def test_refinement_plans_each_epoch_with_the_times_measured_before(dataset, tmp
             sum(r["imbalance"] for r in mine) / len(mine)
         )
         assert 0 <= e["cost_error_median"] <= e["cost_error_p90"]
+        # The composition of the epoch's plan (all of its steps ran here).
+        assert e["composition"]["num_steps"] == len(mine)
+        assert 0 <= e["composition"]["missing"] <= 1 and e["composition"]["tokens_ratio"] >= 0
         assert e["refined"]["records"] == len(mine) * W * K  # one length per micro-batch
     # The learned times are those of the log, folded in rank order, epoch after epoch.
     after_first = fold({}, [r for r in steps if r["epoch"] == 0], seq_lens)

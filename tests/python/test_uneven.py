@@ -56,7 +56,9 @@ def expected_stream(plan, rank, start=0):
 @pytest.mark.parametrize("lookahead_steps", [1, 8, 64])
 def test_balance_at_least_as_good_as_even_counts(max_batch_size, lookahead_steps):
     lens = wan_mix(3000)
-    kw = dict(max_batch_size=max_batch_size, lookahead_steps=lookahead_steps)
+    # Steps of similar cost (mix_tolerance=0) are formed alike with or without uneven counts;
+    # mixed steps are chosen per window by each assignment's own imbalance, so may differ.
+    kw = dict(max_batch_size=max_batch_size, lookahead_steps=lookahead_steps, mix_tolerance=0.0)
     even, uneven = make(lens, **kw).plan(), make(lens, uneven_counts=True, **kw).plan()
     assert uneven.num_steps == even.num_steps
     # Same steps, same micro-batches: no step's slowest rank is slower.
