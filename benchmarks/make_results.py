@@ -214,6 +214,107 @@ def tuning_sweep() -> list[str]:
     )
 
 
+def _mean_sd(values) -> str:
+    n = len(values)
+    mean = sum(values) / n
+    sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5 if n > 1 else 0.0
+    return f"{mean:.3f} ± {sd:.3f}"
+
+
+def convergence() -> list[str]:
+    """benchmarks/convergence_wan.py: its summary JSON (per normalization and arm, one value
+    per seed) as a table, and its figure."""
+    path = os.path.join(RESULTS, "h200", "convergence_wan.json")
+    if not os.path.exists(path):
+        return []
+    import json
+
+    with open(path) as f:
+        d = json.load(f)
+    body = []
+    for name, e in d["arms"].items():
+        norm, arm = name.split("/")
+        body.append(
+            [norm, arm, f"{d['samplers'][arm]}", f"{sum(e['steps_per_epoch']) / len(e['steps_per_epoch']):.0f}",
+             f"{sum(e['mixed_steps']) / len(e['mixed_steps']):.0%}",
+             f"{sum(e['epoch_gpu_s']) / len(e['epoch_gpu_s']):.2f}",
+             _mean_sd(e["val_image_end"]), _mean_sd(e["val_clip_end"]),
+             _mean_sd(e["val_image_at_gpu"]), _mean_sd(e["val_clip_at_gpu"])]
+        )  # fmt: skip
+    setup = d["setup"]
+    return (
+        [
+            "## What the step order does to training",
+            "",
+            f"benchmarks/convergence_wan.py: {d['machine']}; torch {d['torch']}, diffusers "
+            f"{d['diffusers']}; {d['date']}; `{d['command']}`. The real WanTransformer3DModel "
+            f"(2 blocks, 4 heads of 64) trained on a synthetic task whose images and clips need "
+            f"different parameters (pattern ids in the text embedding; clips' waves move), "
+            f"{setup['samples']} samples (61% images, 11% of the tokens), {d['ranks']} ranks x "
+            f"{setup['micro_batches']} micro-batches per step accumulated as DDP does, AdamW, "
+            f"one epoch, seeds {d['seeds']}. Validation loss per modality (fixed set, fixed "
+            "timesteps): at the end (equal samples seen) and at the GPU time of the fastest arm "
+            "(equal GPU time). Mean ± standard deviation over seeds; mixed: steps holding images "
+            "and clips.",
+            "",
+            "Micro-batches this small are bound by the host's launches, so GPU time here mostly "
+            "counts micro-batches (and the measured imbalance, about 10% for every arm, is "
+            "timing noise). The order is judged between arms of one step structure: "
+            "`segregated` against `default` (packed, 16 steps), `b1_segregated` against "
+            "`shuffled_b1` (one sample per micro-batch, 48 steps). Packed arms take a third as "
+            "many optimizer steps as batch-size-1 arms at the same learning rate, so at equal "
+            "samples they trail for that reason, not for their order.",
+            "",
+        ]
+        + table(
+            [
+                "normalization",
+                "arm",
+                "sampler",
+                "steps",
+                "mixed",
+                "epoch GPU s",
+                "val image, end",
+                "val clip, end",
+                "val image, eq. GPU",
+                "val clip, eq. GPU",
+            ],
+            body,
+        )  # fmt: skip
+        + ["", "![convergence](results/h200/convergence_wan.png)", ""]
+    )
+
+
+def rms_bandwidth() -> list[str]:
+    rows = read("h200/rms_norm_modulate.csv")
+    if not rows:
+        return []
+    body = [
+        [r["shape"], r["impl"], f"{float(r['fwd_ms']) * 1000:.0f}", f"{float(r['fwd_pct']):.1f}",
+         f"{float(r['bwd_ms']) * 1000:.0f}", f"{float(r['bwd_pct']):.1f}",
+         f"{float(r['fwd_bwd_ms']) * 1000:.0f}"]
+        for r in rows
+    ]  # fmt: skip
+    return (
+        [
+            "## rms_norm_modulate at LTX-Video's shapes",
+            "",
+            f"benchmarks/bench_rms_norm_modulate.py --no-autotune: {provenance(rows)}. Hidden "
+            "size 2048, per-token modulation read in place from `ada_values` (B, S, 6, D) views, "
+            "per-sample modulation; % of the copy bandwidth measured in the same run "
+            f"({float(rows[0]['ceiling_gbs']):.0f} GB/s) for the bytes each implementation must "
+            "move at least (above 100%: it moved fewer than that model assumes). compile: "
+            "torch.compile's default mode of the eager formula; liger: Liger-Kernel's "
+            "LigerModulatedRMSNorm.",
+            "",
+        ]
+        + table(
+            ["shape", "impl", "fwd us", "fwd % copy", "bwd us", "bwd % copy", "fwd+bwd us"], body
+        )
+        + [""]
+    )
+
+
 def copied(rel: str, title: str, question: str, note: str = "") -> list[str]:
     rows = read(rel)
     if not rows:
@@ -407,6 +508,29 @@ SECTIONS = [
             )
         ),
     ),
+    (
+        "What does mixing every step's shapes cost in speed (the mix_tolerance frontier)?",
+        lambda: (
+            copied(
+                "h200/replay_mix.csv",
+                "mix_tolerance frontier",
+                "benchmarks/replay_mix.py: the held-out mix for 8 ranks at K = 1 and 4, packed "
+                "and one sample per micro-batch; per setting one plan-aware cost model, then "
+                "plans at each mix_tolerance (0: steps of similar cost, the planner before "
+                "2026-12) beside equal-token buckets, every micro-batch kind timed fresh twice "
+                "on Wan-2.1-1.3B with 3 of its 30 blocks (bf16, diffusers' adaLN, activation "
+                "checkpointing).",
+                "Composition vs shuffle: the mean total-variation distance of the steps' "
+                "token (sample) shares by shape from the epoch's, over a uniform shuffle's of "
+                "the same micro-batches (1.0: as representative as a shuffle; below: more).",
+            )
+            + ["![frontier](results/h200/replay_mix.png)", ""]
+            if read("h200/replay_mix.csv")
+            else []
+        ),
+    ),
+    ("What does the step order do to training?", convergence),
+    ("How fast is rms_norm_modulate (LTX-Video's adaLN)?", rms_bandwidth),
     (
         "How do the samplers compare under the cost model calibrated on the GPU?",
         lambda: copied(
