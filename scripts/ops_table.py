@@ -56,6 +56,7 @@ def table_rows(name: str) -> list[list[str]]:
 
 
 OP = {"kEither": "any", "0": "plain", "1": "gated"}
+NORM = {"Norm::kLayer": "layer", "Norm::kRms": "rms"}
 
 
 def d_range(vector: str, dmin: str, dmax: str) -> str:
@@ -65,15 +66,15 @@ def d_range(vector: str, dmin: str, dmax: str) -> str:
 def forward_rows(dtype: str) -> list[str]:
     rows = []
     for f in table_rows(f"tuned_fwd_{dtype}"):
-        rid, arch, op, mod, vector, dmin, dmax, rmin, rmax, kernel, settings = f
+        rid, arch, norm, op, mod, vector, dmin, dmax, rmin, rmax, kernel, settings = f
         op = OP[op]
         mod = mod.replace("Mod::k", "").lower()
         d = d_range(vector, dmin, dmax)
         rows_ = "any" if rmax == "kNoLimit" else f"{rmin}-{rmax}"
         arch = f">= sm_{arch}" if arch != "0" else "any"
         rows.append(
-            f"| {dtype} | {op} | {mod} | {d} | {rows_} | {arch} | `{kernel_name(kernel)}` "
-            f"{settings.strip('{}')} | `{rid}` |"
+            f"| {dtype} | {NORM[norm]} | {op} | {mod} | {d} | {rows_} | {arch} | "
+            f"`{kernel_name(kernel)}` {settings.strip('{}')} | `{rid}` |"
         )
     return rows
 
@@ -81,14 +82,15 @@ def forward_rows(dtype: str) -> list[str]:
 def backward_rows(dtype: str) -> list[str]:
     rows = []
     for f in table_rows(f"tuned_bwd_{dtype}"):
-        rid, arch, dy, op, affine, lean, vector, dmin, dmax, kernel, settings = f
+        rid, arch, norm, dy, op, affine, lean, vector, dmin, dmax, kernel, settings = f
         dy = {"-1": "any", "kF32": "f32", "kBF16": "bf16", "kF16": "f16"}[dy]
         op = OP[op]
         affine = {"kEither": "any", "0": "no", "1": "yes"}[affine]
         case = "lean case" if lean == "true" else ""
         d = d_range(vector, dmin, dmax)
         rows.append(
-            f"| {dtype} | {dy} | {op} | {affine} {case} | {d} | `{kernel_name(kernel)}` | `{rid}` |"
+            f"| {dtype} | {NORM[norm]} | {dy} | {op} | {affine} {case} | {d} | "
+            f"`{kernel_name(kernel)}` | `{rid}` |"
         )
     return rows
 
@@ -98,8 +100,8 @@ def render() -> str:
         "Forward (first matching row wins; settings: warps per block, ring slots, y as 4-byte "
         "words, interleaved rows):",
         "",
-        "| x | op | modulation | D | rows | GPU | kernel, settings | row |",
-        "|---|---|---|---|---|---|---|---|",
+        "| x | norm | op | modulation | D | rows | GPU | kernel, settings | row |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for dtype in ("bf16", "f16", "f32"):
         out += forward_rows(dtype)
@@ -107,8 +109,8 @@ def render() -> str:
         "",
         "Backward (teams and ring depth 0: the launcher's rule, launch.cuh):",
         "",
-        "| x | dy | op | affine | D | kernel | row |",
-        "|---|---|---|---|---|---|---|",
+        "| x | norm | dy | op | affine | D | kernel | row |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for dtype in ("bf16", "f16", "f32"):
         out += backward_rows(dtype)

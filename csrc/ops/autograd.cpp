@@ -1,8 +1,9 @@
-// Autograd of both ops, in C++ (the Autograd dispatch key), written as ATen writes its own:
-// each forward creates a graph node (a torch::autograd::Node) when an input requires grad,
-// saves its input (or r, for the gated op), the small operands and the per-row mean and rstd,
-// and the node's backward calls the op's registered backward (_layer_norm_modulate_backward,
-// ...) with the mask of gradients the graph wants. A plain Node costs the host less than a
+// Autograd of the ops (LayerNorm and RMSNorm, plain and gated), in C++ (the Autograd dispatch
+// key), written as ATen writes its own: each forward creates a graph node (a
+// torch::autograd::Node) when an input requires grad, saves its input (or r, for the gated ops),
+// the small operands and the per-row statistics (mean and rstd; rstd alone for RMSNorm), and the
+// node's backward calls the op's registered backward (_layer_norm_modulate_backward, ...) with
+// the mask of gradients the graph wants. A plain Node costs the host less than a
 // torch::autograd::Function (no context object, no saved-data dictionary, no output wrapping),
 // and a Python autograd formula cost more than the four eager ops the fused op replaces.
 //
@@ -35,14 +36,15 @@ at::ScalarType acc_type(const at::Tensor& x) {
 }
 
 // (dx, dshift, dscale, dweight, dbias) of y = ((x - mean) * rstd * w + b) * (1 + scale) + shift
-// in differentiable ATen ops; undefined where mask is false (or weight / bias absent).
+// in differentiable ATen ops; undefined where mask is false (or weight / bias absent). rms:
+// RMSNorm (mean = 0, so dx has no mean(g) term).
 std::array<at::Tensor, 5> backward_graph(const at::Tensor& x, const at::Tensor& shift,
                                          const at::Tensor& scale, const at::Tensor& weight,
                                          const at::Tensor& bias, const at::Tensor& dy, double eps,
-                                         const std::array<bool, 5>& mask) {
+                                         const std::array<bool, 5>& mask, bool rms) {
   const auto acc = acc_type(x);
   const at::Tensor xf = x.to(acc), g_out = dy.to(acc);
-  const at::Tensor xc = xf - xf.mean(-1, true);
+  const at::Tensor xc = rms ? xf : xf - xf.mean(-1, true);
   const at::Tensor rstd = at::rsqrt(xc.square().mean(-1, true) + eps);
   const at::Tensor xhat = xc * rstd;
   const at::Tensor w = weight.defined() ? weight.to(acc) : at::Tensor();
@@ -52,8 +54,8 @@ std::array<at::Tensor, 5> backward_graph(const at::Tensor& x, const at::Tensor& 
   const at::Tensor g_xhat = w.defined() ? g_z * w : g_z;
   std::array<at::Tensor, 5> out;
   if (mask[0]) {
-    out[0] = (rstd * (g_xhat - g_xhat.mean(-1, true) - xhat * (g_xhat * xhat).mean(-1, true)))
-                 .to(x.scalar_type());
+    const at::Tensor centred = rms ? g_xhat : g_xhat - g_xhat.mean(-1, true);
+    out[0] = (rstd * (centred - xhat * (g_xhat * xhat).mean(-1, true))).to(x.scalar_type());
   }
   if (mask[1]) out[1] = g_out.sum_to_size(shift.sizes()).to(shift.scalar_type());
   if (mask[2]) out[2] = (g_out * z).sum_to_size(scale.sizes()).to(scale.scalar_type());
@@ -82,6 +84,16 @@ inline std::optional<at::Tensor> as_optional(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
 }
 
+// The gated ops' (dresidual, dh, dgate) in ATen ops (double backward), into out[0..2] where
+// mask asks: r = residual + gate * h, dr_total = dr + the norm's dx (in terms of the saved output
+// r, whose own dependence on residual, h and gate autograd follows through the op's node).
+void gated_graph(variable_list& out, const bool* mask, const at::Tensor& dr_total,
+                 const at::Tensor& h, const at::Tensor& gate) {
+  if (mask[0]) out[0] = dr_total;
+  if (mask[1]) out[1] = (dr_total * gate).to(h.scalar_type());
+  if (mask[2]) out[2] = (dr_total * h).sum_to_size(gate.sizes()).to(gate.scalar_type());
+}
+
 // ---- layer_norm_modulate ----
 
 // Next edges: x, shift, scale, weight, bias (an empty edge where weight or bias is absent).
@@ -106,7 +118,7 @@ struct LayerNormModulateBackward final : public Node {
     const at::Tensor x_ = x.unpack(), shift_ = shift.unpack(), scale_ = scale.unpack();
     const at::Tensor weight_ = weight.unpack(), bias_ = bias.unpack();
     if (at::GradMode::is_enabled()) {  // create_graph=True
-      auto g = backward_graph(x_, shift_, scale_, weight_, bias_, grads[0], eps, mask);
+      auto g = backward_graph(x_, shift_, scale_, weight_, bias_, grads[0], eps, mask, false);
       for (int i = 0; i < 5; ++i) out[i] = std::move(g[i]);
       return out;
     }
@@ -183,15 +195,10 @@ struct GatedResidualLayerNormModulateBackward final : public Node {
     const at::Tensor& dr_in = grads[0];
     if (at::GradMode::is_enabled()) {  // create_graph=True
       const at::Tensor dr = dr_in.defined() ? dr_in : at::zeros_like(r_);
-      // In terms of the saved output r, whose own dependence on residual, h and gate autograd
-      // follows through this op's node.
       const std::array<bool, 5> ln_mask{mask[0] || mask[1] || mask[2], mask[3], mask[4], mask[5],
                                         mask[6]};
-      auto g = backward_graph(r_, shift_, scale_, weight_, bias_, dy, eps, ln_mask);
-      const at::Tensor dr_total = g[0].defined() ? dr + g[0] : dr;  // r = residual + gate * h
-      if (mask[0]) out[0] = dr_total;
-      if (mask[1]) out[1] = (dr_total * gate_).to(h_.scalar_type());
-      if (mask[2]) out[2] = (dr_total * h_).sum_to_size(gate_.sizes()).to(gate_.scalar_type());
+      auto g = backward_graph(r_, shift_, scale_, weight_, bias_, dy, eps, ln_mask, false);
+      gated_graph(out, mask.data(), g[0].defined() ? dr + g[0] : dr, h_, gate_);
       for (int i = 0; i < 4; ++i) out[3 + i] = std::move(g[1 + i]);
       return out;
     }
@@ -245,11 +252,159 @@ Fwd4 gated_residual_layer_norm_modulate_autograd(const at::Tensor& residual, con
   return out;
 }
 
+// ---- rms_norm_modulate ----
+
+// Next edges: x, shift, scale, weight (an empty edge where weight is absent).
+struct RmsNormModulateBackward final : public Node {
+  SavedVariable x, shift, scale, weight, rstd;
+  double eps = 0.0;
+
+  std::string name() const override { return "RmsNormModulateBackward"; }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (SavedVariable* v : {&x, &shift, &scale, &weight, &rstd}) v->reset_data();
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    variable_list out(4);
+    std::array<bool, 4> mask{};
+    bool any = false;
+    for (int i = 0; i < 4; ++i) any = (mask[i] = task_should_compute_output(i)) || any;
+    if (!any || !grads[0].defined()) return out;  // nothing wanted, or y unused: zero
+    const at::Tensor x_ = x.unpack(), shift_ = shift.unpack(), scale_ = scale.unpack();
+    const at::Tensor weight_ = weight.unpack();
+    if (at::GradMode::is_enabled()) {  // create_graph=True
+      auto g = backward_graph(x_, shift_, scale_, weight_, at::Tensor(), grads[0], eps,
+                              {mask[0], mask[1], mask[2], mask[3], false}, true);
+      for (int i = 0; i < 4; ++i) out[i] = std::move(g[i]);
+      return out;
+    }
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [dx, dshift, dscale, dweight] = rms_norm_modulate_backward_handle().call(
+        grads[0], x_, shift_, scale_, as_optional(weight_), rstd.unpack(), mask);
+    at::Tensor g[4] = {std::move(dx), std::move(dshift), std::move(dscale), std::move(dweight)};
+    for (int i = 0; i < 4; ++i)
+      if (mask[i]) out[i] = std::move(g[i]);
+    return out;
+  }
+};
+
+Fwd2 rms_norm_modulate_autograd(const at::Tensor& x, const at::Tensor& shift,
+                                const at::Tensor& scale, const std::optional<at::Tensor>& weight,
+                                double eps, std::optional<at::ScalarType> out_dtype) {
+  const at::Tensor& w = or_undefined(weight);
+  refuse_forward_ad("rms_norm_modulate", x, shift, scale, w);
+  std::shared_ptr<RmsNormModulateBackward> node;
+  if (torch::autograd::compute_requires_grad(x, shift, scale, weight)) {
+    node.reset(new RmsNormModulateBackward(), torch::autograd::deleteNode);
+    node->set_next_edges(torch::autograd::collect_next_edges(x, shift, scale, weight));
+  }
+  Fwd2 out = [&] {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return rms_norm_modulate_handle().call(x, shift, scale, weight, eps, out_dtype);
+  }();
+  if (node) {
+    torch::autograd::set_history(std::get<0>(out), node);  // y; rstd gets no history
+    node->x = SavedVariable(x, false);
+    node->shift = SavedVariable(shift, false);
+    node->scale = SavedVariable(scale, false);
+    node->weight = SavedVariable(w, false);
+    node->rstd = SavedVariable(std::get<1>(out), false);
+    node->eps = eps;
+  }
+  return out;
+}
+
+// ---- gated_residual_rms_norm_modulate ----
+
+// Next edges: residual, h, gate, shift, scale, weight. Inputs: dr, dy (either may be undefined
+// when its output is unused). r, an output, is saved in place of residual.
+struct GatedResidualRmsNormModulateBackward final : public Node {
+  SavedVariable r, h, gate, shift, scale, weight, rstd;
+  double eps = 0.0;
+
+  std::string name() const override { return "GatedResidualRmsNormModulateBackward"; }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (SavedVariable* v : {&r, &h, &gate, &shift, &scale, &weight, &rstd}) v->reset_data();
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    variable_list out(6);
+    std::array<bool, 6> mask{};
+    bool any = false;
+    for (int i = 0; i < 6; ++i) any = (mask[i] = task_should_compute_output(i)) || any;
+    if (!any || (!grads[0].defined() && !grads[1].defined())) return out;
+    const at::Tensor r_ = r.unpack(shared_from_this()), h_ = h.unpack(), gate_ = gate.unpack();
+    const at::Tensor shift_ = shift.unpack(), scale_ = scale.unpack(), weight_ = weight.unpack();
+    const at::Tensor dy = grads[1].defined() ? grads[1] : at::zeros_like(r_);
+    const at::Tensor& dr_in = grads[0];
+    if (at::GradMode::is_enabled()) {  // create_graph=True
+      const at::Tensor dr = dr_in.defined() ? dr_in : at::zeros_like(r_);
+      const std::array<bool, 5> norm_mask{mask[0] || mask[1] || mask[2], mask[3], mask[4], mask[5],
+                                          false};
+      auto g = backward_graph(r_, shift_, scale_, weight_, at::Tensor(), dy, eps, norm_mask, true);
+      gated_graph(out, mask.data(), g[0].defined() ? dr + g[0] : dr, h_, gate_);
+      for (int i = 0; i < 3; ++i) out[3 + i] = std::move(g[1 + i]);
+      return out;
+    }
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto res = gated_residual_rms_norm_modulate_backward_handle().call(
+        as_optional(dr_in), dy, r_, h_, gate_, shift_, scale_, as_optional(weight_), rstd.unpack(),
+        mask);
+    at::Tensor g[6] = {std::move(std::get<0>(res)), std::move(std::get<1>(res)),
+                       std::move(std::get<2>(res)), std::move(std::get<3>(res)),
+                       std::move(std::get<4>(res)), std::move(std::get<5>(res))};
+    for (int i = 0; i < 6; ++i)
+      if (mask[i]) out[i] = std::move(g[i]);
+    return out;
+  }
+};
+
+Fwd3 gated_residual_rms_norm_modulate_autograd(const at::Tensor& residual, const at::Tensor& h,
+                                               const at::Tensor& gate, const at::Tensor& shift,
+                                               const at::Tensor& scale,
+                                               const std::optional<at::Tensor>& weight, double eps,
+                                               std::optional<at::ScalarType> out_dtype) {
+  const at::Tensor& w = or_undefined(weight);
+  refuse_forward_ad("gated_residual_rms_norm_modulate", residual, h, gate, shift, scale, w);
+  std::shared_ptr<GatedResidualRmsNormModulateBackward> node;
+  if (torch::autograd::compute_requires_grad(residual, h, gate, shift, scale, weight)) {
+    node.reset(new GatedResidualRmsNormModulateBackward(), torch::autograd::deleteNode);
+    node->set_next_edges(
+        torch::autograd::collect_next_edges(residual, h, gate, shift, scale, weight));
+  }
+  Fwd3 out = [&] {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return gated_residual_rms_norm_modulate_handle().call(residual, h, gate, shift, scale, weight,
+                                                          eps, out_dtype);
+  }();
+  if (node) {
+    torch::autograd::set_history(std::get<0>(out), node);  // r: the node's input 0
+    torch::autograd::set_history(std::get<1>(out), node);  // y: input 1
+    node->r = SavedVariable(std::get<0>(out), true);
+    node->h = SavedVariable(h, false);
+    node->gate = SavedVariable(gate, false);
+    node->shift = SavedVariable(shift, false);
+    node->scale = SavedVariable(scale, false);
+    node->weight = SavedVariable(w, false);
+    node->rstd = SavedVariable(std::get<2>(out), false);
+    node->eps = eps;
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(adaptiveload, Autograd, m) {
   m.impl("layer_norm_modulate", &layer_norm_modulate_autograd);
   m.impl("gated_residual_layer_norm_modulate", &gated_residual_layer_norm_modulate_autograd);
+  m.impl("rms_norm_modulate", &rms_norm_modulate_autograd);
+  m.impl("gated_residual_rms_norm_modulate", &gated_residual_rms_norm_modulate_autograd);
 }
 
 }  // namespace adaptiveload

@@ -1,5 +1,6 @@
-// adaptiveload::layer_norm_modulate: schema and CPU kernels, which the gated-residual op
-// (gated_residual_layer_norm_modulate.cpp) shares. The host prologue is entry_points.h.
+// adaptiveload::layer_norm_modulate: schema and CPU kernels, which the gated-residual op and
+// the RMSNorm ops (gated_residual_layer_norm_modulate.cpp, *rms_norm_modulate.cpp) share: the
+// problem's `rms` drops the mean. The host prologue is entry_points.h.
 #include "layer_norm_modulate.h"
 
 #include <ATen/Parallel.h>
@@ -44,12 +45,13 @@ void fwd_cpu(const ForwardProblem& p) {
   at::Tensor &y = *p.y, &mean = *p.mean, &rstd = *p.rstd;
   const double eps = p.eps;
   const bool gated = p.h != nullptr;
+  const bool rms = p.rms;
   const int64_t D = x.size(-1);
   const int64_t rows = x.numel() / D;
   std::vector<acc_t> w, b;
   load_affine(weight, D, acc_t(1), w);
   load_affine(bias, D, acc_t(0), b);
-  acc_t* mean_p = mean.mutable_data_ptr<acc_t>();
+  acc_t* mean_p = rms ? nullptr : mean.mutable_data_ptr<acc_t>();
   acc_t* rstd_p = rstd.mutable_data_ptr<acc_t>();
   const int64_t grain = std::max<int64_t>(1, 32768 / D);
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
@@ -67,8 +69,10 @@ void fwd_cpu(const ForwardProblem& p) {
         load_row(x, r * D, D, v.data());
       }
       acc_t sum = 0;
-      for (int64_t i = 0; i < D; ++i) sum += v[i];
-      const acc_t mu = sum / D;
+      if (!rms) {
+        for (int64_t i = 0; i < D; ++i) sum += v[i];
+      }
+      const acc_t mu = sum / D;  // RMSNorm: 0
       acc_t sq = 0;
       for (int64_t i = 0; i < D; ++i) sq += (v[i] - mu) * (v[i] - mu);
       const acc_t rs = acc_t(1) / std::sqrt(sq / D + static_cast<acc_t>(eps));
@@ -78,7 +82,7 @@ void fwd_cpu(const ForwardProblem& p) {
         v[i] = (((v[i] - mu) * rs) * w[i] + b[i]) * (acc_t(1) + c[i]) + a[i];
       }
       store_row(y, r * D, D, v.data());
-      mean_p[r] = mu;
+      if (!rms) mean_p[r] = mu;
       rstd_p[r] = rs;
     }
   });
@@ -111,7 +115,8 @@ void bwd_cpu(const BackwardProblem& p) {
   std::vector<acc_t> w, b;
   load_affine(weight, D, acc_t(1), w);
   load_affine(bias, D, acc_t(0), b);
-  const acc_t* mean_p = mean.const_data_ptr<acc_t>();
+  const bool rms = p.rms;
+  const acc_t* mean_p = rms ? nullptr : mean.const_data_ptr<acc_t>();
   const acc_t* rstd_p = rstd.const_data_ptr<acc_t>();
   const bool want_dx = dx.numel() > 0;
   const bool want_dh = gated && p.dh->numel() > 0;
@@ -126,7 +131,7 @@ void bwd_cpu(const BackwardProblem& p) {
         load_row(x, r * D, D, xv.data());
         load_row(dy, r * D, D, dyv.data());
         load_row(scale.tensor, row_offset(scale.map, r), D, s1.data());
-        const acc_t mu = mean_p[r], rs = rstd_p[r];
+        const acc_t mu = rms ? acc_t(0) : mean_p[r], rs = rstd_p[r];
         acc_t sg = 0, sgx = 0;
         for (int64_t i = 0; i < D; ++i) {
           s1[i] += acc_t(1);
@@ -135,7 +140,7 @@ void bwd_cpu(const BackwardProblem& p) {
           sg += g[i];
           sgx += g[i] * xv[i];
         }
-        sg /= D;
+        sg = rms ? acc_t(0) : sg / D;  // RMSNorm: no mean(g) term
         sgx /= D;
         for (int64_t i = 0; i < D; ++i) g[i] = rs * (g[i] - sg - xv[i] * sgx);  // dx
         if (gated) {

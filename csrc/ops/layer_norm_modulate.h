@@ -1,12 +1,14 @@
-// Shared host-side pieces of the LayerNorm-modulate ops: input validation, the mapping from a
-// row of x to the matching row of a broadcast operand, and the plan for reducing the gradients
-// of broadcast operands. Used by the CPU kernels (*.cpp) and the CUDA kernels (cuda/*.cu).
+// Shared host-side pieces of the norm-modulate ops (LayerNorm and RMSNorm, plain and gated):
+// input validation, the mapping from a row of x to the matching row of a broadcast operand, and
+// the plan for reducing the gradients of broadcast operands. Used by the CPU kernels (*.cpp) and
+// the CUDA kernels (cuda/*.cu).
 //
 // Math (per row of D elements, statistics in fp32, fp64 for fp64 input):
-//   mean = sum(x) / D,  rstd = 1 / sqrt(sum((x - mean)^2) / D + eps)
-//   xhat = (x - mean) * rstd,  xn = xhat * weight + bias
+//   LayerNorm: mean = sum(x) / D,  rstd = 1 / sqrt(sum((x - mean)^2) / D + eps)
+//   RMSNorm:   mean = 0 (not computed or saved),  rstd = 1 / sqrt(sum(x^2) / D + eps)
+//   xhat = (x - mean) * rstd,  xn = xhat * weight + bias   (RMSNorm: no bias)
 //   y    = xn * (1 + scale) + shift
-// The fused op first forms r = residual + gate * h (rounded to residual's dtype) and normalizes r.
+// The gated ops first form r = residual + gate * h (rounded to residual's dtype) and normalize r.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -148,17 +150,17 @@ inline void check_grad_input(const char* op, const char* name, const at::Tensor&
 }
 
 // A forward op's outputs, CPU and CUDA alike: y in the resolved output dtype, and the per-row
-// mean and rstd in stats_dtype(x).
+// mean (LayerNorm only; undefined for RMSNorm) and rstd in stats_dtype(x).
 struct ForwardOutputs {
   at::Tensor y, mean, rstd;
 };
 
 inline ForwardOutputs make_forward_outputs(const char* op, const at::Tensor& x,
-                                           std::optional<at::ScalarType> out_dtype) {
+                                           std::optional<at::ScalarType> out_dtype, bool rms) {
   ForwardOutputs o;
   o.y = at::empty(x.sizes(), x.options().dtype(resolve_out_dtype(op, x, out_dtype)));
-  o.mean = at::empty(leading(x), x.options().dtype(stats_dtype(x)));
-  o.rstd = at::empty_like(o.mean);
+  o.rstd = at::empty(leading(x), x.options().dtype(stats_dtype(x)));
+  if (!rms) o.mean = at::empty_like(o.rstd);
   return o;
 }
 
@@ -242,24 +244,28 @@ inline int64_t min_group(std::initializer_list<const GradTarget*> targets, int64
   return g;
 }
 
-// Per-row statistics saved by a forward op, as a backward op receives them.
+// Per-row statistics saved by a forward op, as a backward op receives them: rstd, and mean
+// unless it is undefined (the RMSNorm ops save none).
 inline void check_stats(const char* op, const at::Tensor& mean, const at::Tensor& rstd,
                         const at::Tensor& x) {
   const int64_t rows = x.numel() / x.size(-1);
-  TORCH_CHECK(mean.scalar_type() == stats_dtype(x) && rstd.scalar_type() == stats_dtype(x) &&
-                  mean.numel() == rows && rstd.numel() == rows,
-              op, ": mean and rstd must be ", stats_dtype(x), " with ", rows,
-              " elements (one per row)");
-  TORCH_CHECK(mean.device() == x.device() && rstd.device() == x.device(), op,
-              ": mean and rstd must be on ", x.device());
+  for (const at::Tensor* t : {&mean, &rstd}) {
+    if (t == &mean && !mean.defined()) continue;
+    const char* name = t == &mean ? "mean" : "rstd";
+    TORCH_CHECK(t->scalar_type() == stats_dtype(x) && t->numel() == rows, op, ": ", name,
+                " must be ", stats_dtype(x), " with ", rows, " elements (one per row), got ",
+                t->scalar_type(), " with ", t->numel());
+    TORCH_CHECK(t->device() == x.device(), op, ": ", name, " must be on ", x.device());
+  }
 }
 
 // ---- what a backend's kernels get (entry_points.h builds these) ----
 
 // A validated forward problem with its outputs allocated. For the gated op, x is residual,
 // and h, gate and the output r are set: the kernels form r = residual + gate * h (rounded to
-// x's dtype) and normalize r.
+// x's dtype) and normalize r. rms: RMSNorm (no mean: `mean` is undefined, bias absent).
 struct ForwardProblem {
+  bool rms = false;
   const at::Tensor* x;
   const at::Tensor* h = nullptr;  // gated op: contiguous
   const Operand* gate = nullptr;
@@ -279,8 +285,10 @@ enum TargetSlot : int { kTargetShift = 0, kTargetScale, kTargetGate, kTargetWeig
 
 // A validated backward problem with its outputs allocated. x is the normalized tensor (r for
 // the gated op, with dr, h and gate set). dx is x's gradient (dresidual for the gated op: dr
-// plus the LayerNorm backward), empty when not needed and no gated gradient depends on it.
+// plus the norm's backward), empty when not needed and no gated gradient depends on it.
+// rms: RMSNorm (mean undefined, bias absent).
 struct BackwardProblem {
+  bool rms = false;
   const at::Tensor* dy;
   const at::Tensor* x;
   const at::Tensor* dr = nullptr;  // gated op; may be undefined
@@ -296,7 +304,8 @@ struct BackwardProblem {
   GradTarget* targets[5];    // by TargetSlot; mode kNone when not needed
 };
 
-// ---- the CPU kernels of both ops (layer_norm_modulate.cpp); `config` is unused on CPU ----
+// ---- the CPU kernels of every op, both norms (layer_norm_modulate.cpp); `config` is unused
+// on CPU ----
 
 void layer_norm_modulate_fwd_cpu(const ForwardProblem& p, const std::string* config);
 void layer_norm_modulate_bwd_cpu(const BackwardProblem& p, const std::string* config);

@@ -1,6 +1,6 @@
 // adaptiveload._C: importing it loads this shared library, whose static TORCH_LIBRARY
 // registrations make the ops available under torch.ops.adaptiveload. It also holds direct
-// callers of the two forward ops, which adaptiveload.ops uses outside torch.compile: they call
+// callers of the four forward ops, which adaptiveload.ops uses outside torch.compile: they call
 // the same dispatcher ops (autograd, CUDA graphs and dispatch modes included), but skip the
 // boxed argument conversion of torch.ops, a large part of a small call's host time.
 #include <torch/extension.h>
@@ -31,9 +31,27 @@ std::tuple<at::Tensor, at::Tensor> gated_residual_layer_norm_modulate(
   return {r, y};
 }
 
+at::Tensor rms_norm_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
+                             const OptTensor& weight, double eps,
+                             std::optional<at::ScalarType> out_dtype) {
+  const auto& op = adaptiveload::rms_norm_modulate_handle();
+  return std::get<0>(op.call(x, shift, scale, weight, eps, out_dtype));
+}
+
+std::tuple<at::Tensor, at::Tensor> gated_residual_rms_norm_modulate(
+    const at::Tensor& residual, const at::Tensor& h, const at::Tensor& gate,
+    const at::Tensor& shift, const at::Tensor& scale, const OptTensor& weight, double eps,
+    std::optional<at::ScalarType> out_dtype) {
+  const auto& op = adaptiveload::gated_residual_rms_norm_modulate_handle();
+  auto [r, y, rstd] = op.call(residual, h, gate, shift, scale, weight, eps, out_dtype);
+  return {r, y};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.def("layer_norm_modulate", &layer_norm_modulate);
   m.def("gated_residual_layer_norm_modulate", &gated_residual_layer_norm_modulate);
+  m.def("rms_norm_modulate", &rms_norm_modulate);
+  m.def("gated_residual_rms_norm_modulate", &gated_residual_rms_norm_modulate);
 }

@@ -2,8 +2,9 @@
 
 Importing the package never touches a GPU, and loads only the sampler: the op library
 (``adaptiveload._C``) loads on first access to the ops (``layer_norm_modulate``,
-``gated_residual_layer_norm_modulate``, ``adaptiveload.ops``, ``adaptiveload.nn``), so the
-sampler works even where the op build does not.
+``gated_residual_layer_norm_modulate``, ``rms_norm_modulate``,
+``gated_residual_rms_norm_modulate``, ``adaptiveload.ops``, ``adaptiveload.nn``), so the sampler
+works even where the op build does not.
 """
 
 from importlib import import_module
@@ -19,6 +20,8 @@ from adaptiveload.seqlen import wan_seq_len
 _LAZY = {
     "layer_norm_modulate": "adaptiveload.ops",
     "gated_residual_layer_norm_modulate": "adaptiveload.ops",
+    "rms_norm_modulate": "adaptiveload.ops",
+    "gated_residual_rms_norm_modulate": "adaptiveload.ops",
     "nn": "adaptiveload.nn",
     "ops": "adaptiveload.ops",
 }
@@ -49,7 +52,9 @@ __all__ = [
     "Plan",
     "balance_report",
     "gated_residual_layer_norm_modulate",
+    "gated_residual_rms_norm_modulate",
     "layer_norm_modulate",
     "nn",
+    "rms_norm_modulate",
     "wan_seq_len",
 ]

@@ -1,4 +1,5 @@
-"""Fused adaLN ops: LayerNorm followed by the (1 + scale), shift modulation of DiT blocks.
+"""Fused adaLN ops: LayerNorm or RMSNorm followed by the (1 + scale), shift modulation of DiT
+blocks (Wan 2.1's LayerNorm, LTX-Video's RMSNorm), plain or fused with the gated residual update.
 
 The kernels and their autograd (C++, double backward included) live in ``adaptiveload._C``
 (``csrc/ops``), which importing this module loads; ``import adaptiveload`` alone does not (the
@@ -15,12 +16,19 @@ import torch
 
 from adaptiveload import _C  # loads the TORCH_LIBRARY registrations
 
-__all__ = ["layer_norm_modulate", "gated_residual_layer_norm_modulate"]
+__all__ = [
+    "layer_norm_modulate",
+    "gated_residual_layer_norm_modulate",
+    "rms_norm_modulate",
+    "gated_residual_rms_norm_modulate",
+]
 
 # Outside torch.compile the public functions call _C's direct callers of the same ops (see
 # csrc/ops/module.cpp: no boxed argument conversion); torch.compile traces the torch.ops.
 _LAYER_NORM_MODULATE = torch.ops.adaptiveload.layer_norm_modulate.default
 _GATED = torch.ops.adaptiveload.gated_residual_layer_norm_modulate.default
+_RMS_NORM_MODULATE = torch.ops.adaptiveload.rms_norm_modulate.default
+_GATED_RMS = torch.ops.adaptiveload.gated_residual_rms_norm_modulate.default
 _is_compiling = torch.compiler.is_compiling
 _function_mode = torch._C._is_torch_function_mode_enabled
 
@@ -105,6 +113,73 @@ def gated_residual_layer_norm_modulate(
     return r, y
 
 
+def rms_norm_modulate(
+    x: torch.Tensor,
+    shift: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``y = x * rstd * weight * (1 + scale) + shift``, ``rstd = 1 / sqrt(mean(x^2) + eps)``.
+
+    RMSNorm (``torch.nn.RMSNorm``; without ``weight``, the norm of LTX-Video's blocks in
+    diffusers) followed by the adaLN modulation. The mean of squares is over the last dim ``D``,
+    in fp32 (fp64 for fp64 CPU input).
+
+    Args:
+        x: ``(..., D)``, contiguous; bfloat16, float16 or float32 (float64 on CPU).
+        shift, scale: float32 or ``x.dtype``, last dim ``D``, broadcastable to ``x``: shared
+            ``(D,)``, per sample ``(B, 1, D)``, per token ``x.shape``, or strided views such as
+            LTX-Video's ``ada_values.unbind(dim=2)[k]`` of a ``(B, S, 6, D)`` tensor (read in
+            place, no copy).
+        weight: optional ``(D,)`` elementwise-affine weight (float32 or ``x.dtype``); no bias.
+        eps: added to the mean of squares.
+        out_dtype: dtype of ``y``; defaults to ``x.dtype``.
+
+    Returns:
+        ``y`` with ``x``'s shape. Backward saves only ``x`` plus 4 bytes per row (rstd).
+    """
+    if _plain(x, shift, scale):
+        return _C.rms_norm_modulate(x, shift, scale, weight, eps, out_dtype)
+    return _RMS_NORM_MODULATE(x, shift, scale, weight, eps, out_dtype)[0]
+
+
+def gated_residual_rms_norm_modulate(
+    residual: torch.Tensor,
+    h: torch.Tensor,
+    gate: torch.Tensor,
+    shift: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``r = residual + gate * h``; ``y = rms_norm_modulate(r, shift, scale, ...)``.
+
+    A block's gated residual update fused with the next modulated RMSNorm (in LTX-Video, the
+    FFN's ``hidden_states + ff_output * gate_mlp`` and the next block's ``norm1``): one pass
+    reads ``residual`` and ``h`` and writes ``r`` and ``y``.
+
+    Args:
+        residual, h: ``(..., D)`` of one dtype; ``residual`` contiguous.
+        gate, shift, scale: broadcast to ``residual`` like ``shift`` of :func:`rms_norm_modulate`.
+        weight, eps, out_dtype: as in :func:`rms_norm_modulate`.
+
+    Returns:
+        ``(r, y)``: ``r`` in ``residual``'s dtype (the next residual stream), ``y`` in
+        ``out_dtype``. ``r`` is rounded to its dtype before it is normalized.
+    """
+    if _plain(residual, h, gate, shift, scale):
+        return _C.gated_residual_rms_norm_modulate(
+            residual, h, gate, shift, scale, weight, eps, out_dtype
+        )
+    r, y, _ = _GATED_RMS(residual, h, gate, shift, scale, weight, eps, out_dtype)
+    return r, y
+
+
 # ---- fake (meta) implementations: shapes and dtypes only ----
 
 
@@ -181,6 +256,47 @@ def _gated_backward_fake(dr, dy, r, h, gate, shift, scale, weight, bias, mean, r
         _grad_like(scale, mask[4], scale),
         _grad_like(weight, mask[5], r),
         _grad_like(bias, mask[6], r),
+    )
+
+
+@torch.library.register_fake("adaptiveload::rms_norm_modulate")
+def _rms_norm_modulate_fake(x, shift, scale, weight, eps, out_dtype):
+    _check_common("rms_norm_modulate", x, {"shift": shift, "scale": scale}, weight, None)
+    y = x.new_empty(x.shape, dtype=out_dtype or x.dtype)
+    return y, x.new_empty(x.shape[:-1], dtype=_stats_dtype(x))
+
+
+@torch.library.register_fake("adaptiveload::_rms_norm_modulate_backward")
+def _rms_norm_modulate_backward_fake(dy, x, shift, scale, weight, rstd, mask):
+    torch._check(dy.shape == x.shape, lambda: "_rms_norm_modulate_backward: dy must match x")
+    return (
+        _grad_like(x, mask[0], x),
+        _grad_like(shift, mask[1], shift),
+        _grad_like(scale, mask[2], scale),
+        _grad_like(weight, mask[3], x),
+    )
+
+
+@torch.library.register_fake("adaptiveload::gated_residual_rms_norm_modulate")
+def _gated_rms_fake(residual, h, gate, shift, scale, weight, eps, out_dtype):
+    op = "gated_residual_rms_norm_modulate"
+    _check_common(op, residual, {"gate": gate, "shift": shift, "scale": scale}, weight, None)
+    torch._check(h.shape == residual.shape, lambda: f"{op}: h must have residual's shape")
+    torch._check(h.dtype == residual.dtype, lambda: f"{op}: h must have residual's dtype")
+    r = residual.new_empty(residual.shape)
+    y = residual.new_empty(residual.shape, dtype=out_dtype or residual.dtype)
+    return r, y, residual.new_empty(residual.shape[:-1], dtype=_stats_dtype(residual))
+
+
+@torch.library.register_fake("adaptiveload::_gated_residual_rms_norm_modulate_backward")
+def _gated_rms_backward_fake(dr, dy, r, h, gate, shift, scale, weight, rstd, mask):
+    return (
+        _grad_like(r, mask[0], r),
+        _grad_like(h, mask[1], h),
+        _grad_like(gate, mask[2], gate),
+        _grad_like(shift, mask[3], shift),
+        _grad_like(scale, mask[4], scale),
+        _grad_like(weight, mask[5], r),
     )
 
 

@@ -1,4 +1,6 @@
-"""Tests of adaptiveload.ops: layer_norm_modulate and gated_residual_layer_norm_modulate.
+"""Tests of adaptiveload.ops: layer_norm_modulate and gated_residual_layer_norm_modulate, and
+the CUDA tuning tables of every op (the RMSNorm ops' other tests: test_ops_rms.py, which shares
+the references and helpers here).
 
 Accuracy rule (flash-attention style): the op's error against a float64 reference must be at
 most ~2x the error of the same formula run by PyTorch eager in the op's low precision, with a
@@ -44,6 +46,22 @@ def reference_gated(
 ):
     r = residual + gate.to(residual.dtype) * h
     return r, reference(r, shift, scale, weight, bias, eps, out_dtype)
+
+
+def reference_rms(x, shift, scale, weight=None, eps=EPS, out_dtype=None):
+    """Plain PyTorch modulated RMSNorm in x's dtype: the mean of squares in fp32 (fp64 for fp64
+    x), as diffusers' RMSNorm computes it, times torch.nn.RMSNorm's optional weight."""
+    xf = x if x.dtype == torch.float64 else x.float()
+    xn = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        xn = xn * weight.to(xf.dtype)
+    y = xn.to(x.dtype) * (1 + scale.to(x.dtype)) + shift.to(x.dtype)
+    return y.to(out_dtype or x.dtype)
+
+
+def reference_gated_rms(residual, h, gate, shift, scale, weight=None, eps=EPS, out_dtype=None):
+    r = residual + gate.to(residual.dtype) * h
+    return r, reference_rms(r, shift, scale, weight, eps, out_dtype)
 
 
 def f64(*ts):
@@ -534,10 +552,10 @@ DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
 def row_problems(row):
-    """Problems in the row's key, (x shape, x dtype, modulation kind, out dtype, affine, gated),
-    smallest first: D at the top of the row's range (capped) and at its bottom with 111 rows,
-    then, for rows without a row-count limit, 40,000 rows (where an earlier row with a limit,
-    such as the ring's, shadows it below)."""
+    """Problems in the row's key, (x shape, x dtype, modulation kind, out dtype, affine, gated,
+    norm), smallest first: D at the top of the row's range (capped) and at its bottom with 111
+    rows, then, for rows without a row-count limit, 40,000 rows (where an earlier row with a
+    limit, such as the ring's, shadows it below)."""
     dtype = DTYPES[row["x"]]
     vec = 16 // torch.tensor([], dtype=dtype).element_size()
     if not row["vector"]:
@@ -562,31 +580,79 @@ def row_problems(row):
         mod = "per_sample" if row["lean"] or gated or affine else "per_token"
         wide = dtype if dtype != torch.float32 else torch.bfloat16
         out = {"any": None, "f32": torch.float32}.get(row["dy"], wide)
-    return [(shape, dtype, mod, out, affine, gated) for shape in shapes]
+    norm = row["norm"]
+    return [(shape, dtype, mod, out, affine, gated, norm) for shape in shapes]
 
 
 def row_problem(row):
     return row_problems(row)[0]
 
 
+def run_ops(norm, x, h, gate, shift, scale, w, b, out_dtype):
+    """The public op of the norm kind ("layer" or "rms"; RMSNorm has no bias): (r, y), r None
+    for the plain op."""
+    kw = {"weight": w, "out_dtype": out_dtype}
+    if norm == "layer":
+        kw["bias"] = b
+    if h is None:
+        op = ops.layer_norm_modulate if norm == "layer" else ops.rms_norm_modulate
+        return None, op(x, shift, scale, **kw)
+    op = (
+        ops.gated_residual_layer_norm_modulate
+        if norm == "layer"
+        else ops.gated_residual_rms_norm_modulate
+    )
+    return op(x, h, gate, shift, scale, **kw)
+
+
+def run_ops_with_config(norm, config, x, h, gate, shift, scale, w, b, out_dtype):
+    """An explicit forward row (the private *_with_config ops): (r, y, saved statistics), the
+    statistics (mean, rstd) for LayerNorm, (rstd,) for RMSNorm."""
+    x, h, gate, shift, scale, w, b = (None if t is None else t.detach() for t in (x, h, gate, shift, scale, w, b))  # fmt: skip
+    if norm == "layer":
+        r, y, mean, rstd = torch.ops.adaptiveload._layer_norm_modulate_with_config(
+            x, h, gate, shift, scale, w, b, EPS, out_dtype, config
+        )
+        return r, y, (mean, rstd)
+    r, y, rstd = torch.ops.adaptiveload._rms_norm_modulate_with_config(
+        x, h, gate, shift, scale, w, EPS, out_dtype, config
+    )
+    return r, y, (rstd,)
+
+
+def run_backward_with_config(norm, config, dr, dy, saved, h, gate, shift, scale, w, b, stats):
+    """An explicit backward row: the gradients of (x, h, gate, shift, scale, w, b) that exist,
+    in that order."""
+    gated, affine = h is not None, w is not None
+    saved, h, gate, shift, scale, w, b = (None if t is None else t.detach() for t in (saved, h, gate, shift, scale, w, b))  # fmt: skip
+    if norm == "layer":
+        mask = [True, gated, gated, True, True, affine, affine]
+        g = torch.ops.adaptiveload._layer_norm_modulate_backward_with_config(
+            dr, dy, saved, h, gate, shift, scale, w, b, *stats, mask, config
+        )
+    else:
+        mask = [True, gated, gated, True, True, affine]
+        g = torch.ops.adaptiveload._rms_norm_modulate_backward_with_config(
+            dr, dy, saved, h, gate, shift, scale, w, *stats, mask, config
+        )
+    dx, dh, dgate, dshift, dscale, *dwb = g
+    got = [dx] + ([dh, dgate] if gated else []) + [dshift, dscale]
+    return got + (dwb if affine else [])
+
+
 def selected_rows(problem):
     """The rows the table picks for a problem (forward, backward), from one cheap run."""
-    shape, dtype, mod, out, affine, gated = problem
-    _, x, h, gate, shift, scale, w, b = make_problem(shape, dtype, mod, affine, gated, 0)
+    shape, dtype, mod, out, affine, gated, norm = problem
+    _, x, h, gate, shift, scale, w, b = make_problem(shape, dtype, mod, affine, gated, 0, norm)
     leaves = [t for t in (x, h, gate, shift, scale, w, b) if t is not None]
-    if gated:
-        r, y = ops.gated_residual_layer_norm_modulate(
-            x, h, gate, shift, scale, weight=w, bias=b, out_dtype=out
-        )
-        torch.autograd.grad([r, y], leaves, [torch.ones_like(r), torch.ones_like(y)])
-    else:
-        y = ops.layer_norm_modulate(x, shift, scale, weight=w, bias=b, out_dtype=out)
-        torch.autograd.grad(y, leaves, torch.ones_like(y))
+    r, y = run_ops(norm, x, h, gate, shift, scale, w, b, out)
+    outs = [y] if r is None else [r, y]
+    torch.autograd.grad(outs, leaves, [torch.ones_like(t) for t in outs])
     torch.cuda.synchronize()
     return ops._last_configs()
 
 
-def make_problem(shape, dtype, mod_kind, affine, gated, seed):
+def make_problem(shape, dtype, mod_kind, affine, gated, seed, norm="layer"):
     gen = torch.Generator().manual_seed(seed)
     d = shape[-1]
     x = rand(shape, dtype, "cuda", gen, 2.0, 0.3).requires_grad_()
@@ -597,28 +663,24 @@ def make_problem(shape, dtype, mod_kind, affine, gated, seed):
     w = b = None
     if affine:
         w = rand((d,), torch.float32, "cuda", gen, 0.2, 1.0).requires_grad_()
-        b = rand((d,), torch.float32, "cuda", gen, 0.2).requires_grad_()
+        if norm == "layer":  # RMSNorm has no bias
+            b = rand((d,), torch.float32, "cuda", gen, 0.2).requires_grad_()
     return gen, x, h, gate, shift, scale, w, b
 
 
-def check_problem(shape, dtype, mod_kind, out_dtype, affine, gated, fwd=None, bwd=None, seed=0):
-    """Runs the ops (or the explicit rows fwd / bwd) on fresh inputs and checks every output
-    and gradient against the float64 reference; returns the rows that ran."""
-    gen, x, h, gate, shift, scale, w, b = make_problem(shape, dtype, mod_kind, affine, gated, seed)
+def check_problem(
+    shape, dtype, mod_kind, out_dtype, affine, gated, norm="layer", fwd=None, bwd=None, seed=0
+):
+    """Runs the ops of the norm kind (or the explicit rows fwd / bwd) on fresh inputs and checks
+    every output and gradient against the float64 reference; returns the rows that ran."""
+    gen, x, h, gate, shift, scale, w, b = make_problem(
+        shape, dtype, mod_kind, affine, gated, seed, norm
+    )
     leaves = [t for t in (x, h, gate, shift, scale, w, b) if t is not None]
     if fwd is None:
-        if gated:
-            r, y = ops.gated_residual_layer_norm_modulate(
-                x, h, gate, shift, scale, weight=w, bias=b, out_dtype=out_dtype
-            )
-        else:
-            y = ops.layer_norm_modulate(x, shift, scale, weight=w, bias=b, out_dtype=out_dtype)
+        r, y = run_ops(norm, x, h, gate, shift, scale, w, b, out_dtype)
     else:
-        r, y, mean, rstd = torch.ops.adaptiveload._layer_norm_modulate_with_config(
-            x.detach(), None if h is None else h.detach(), None if gate is None else gate.detach(),
-            shift.detach(), scale.detach(), None if w is None else w.detach(),
-            None if b is None else b.detach(), EPS, out_dtype, fwd,
-        )  # fmt: skip
+        r, y, stats = run_ops_with_config(norm, fwd, x, h, gate, shift, scale, w, b, out_dtype)
     dy = rand(shape, y.dtype, "cuda", gen)
     dr = rand(shape, dtype, "cuda", gen) if gated else None
     outs, grads_out = ([r, y], [dr, dy]) if gated else ([y], [dy])
@@ -626,42 +688,30 @@ def check_problem(shape, dtype, mod_kind, out_dtype, affine, gated, fwd=None, bw
         got = torch.autograd.grad(outs, leaves, grads_out)
     else:
         if fwd is None:  # the table's forward, an explicit backward
-            xs = (x, h, gate, shift, scale, w, b)
-            fwd_out = torch.ops.adaptiveload._layer_norm_modulate_with_config(
-                *[None if t is None else t.detach() for t in xs], EPS, out_dtype,
-                ops._last_configs()[0],
-            )  # fmt: skip
-            r, y, mean, rstd = fwd_out
-        mask = [True, gated, gated, True, True, affine, affine]
+            config = ops._last_configs()[0]
+            r, y, stats = run_ops_with_config(
+                norm, config, x, h, gate, shift, scale, w, b, out_dtype
+            )
         saved = r if gated else x
-        g = torch.ops.adaptiveload._layer_norm_modulate_backward_with_config(
-            dr, dy, saved.detach(), None if h is None else h.detach(),
-            None if gate is None else gate.detach(), shift.detach(), scale.detach(),
-            None if w is None else w.detach(), None if b is None else b.detach(), mean, rstd,
-            mask, bwd or "",
-        )  # fmt: skip
-        dx, dh, dgate, dshift, dscale, dw, db = g
-        got = [dx] + ([dh, dgate] if gated else []) + [dshift, dscale]
-        got += [dw, db] if affine else []
+        got = run_backward_with_config(
+            norm, bwd or "", dr, dy, saved, h, gate, shift, scale, w, b, stats
+        )
     ran = ops._last_configs()
     lowp_in = [t.detach().clone().requires_grad_() for t in leaves]
     ref_in = f64(*leaves)
-    if gated:
+    plain_ref, gated_ref = (
+        (reference, reference_gated) if norm == "layer" else (reference_rms, reference_gated_rms)
+    )
+    n_affine = 2 if norm == "layer" else 1
 
-        def ref_fn(ins):
-            res, hh, gg, sh, sc, *wb = ins
-            wb = wb + [None] * (2 - len(wb))
-            return list(reference_gated(res, hh, gg, sh, sc, *wb, out_dtype=out_dtype))
+    def ref_fn(ins):
+        lead, wb = (ins[:5], ins[5:]) if gated else (ins[:3], ins[3:])
+        wb = wb + [None] * (n_affine - len(wb))
+        if gated:
+            return list(gated_ref(*lead, *wb, out_dtype=out_dtype))
+        return [plain_ref(*lead, *wb, out_dtype=out_dtype)]
 
-        lowp_out, ref_out = ref_fn(lowp_in), ref_fn(ref_in)
-    else:
-
-        def ref_fn(ins):
-            xx, sh, sc, *wb = ins
-            wb = wb + [None] * (2 - len(wb))
-            return [reference(xx, sh, sc, *wb, out_dtype=out_dtype)]
-
-        lowp_out, ref_out = ref_fn(lowp_in), ref_fn(ref_in)
+    lowp_out, ref_out = ref_fn(lowp_in), ref_fn(ref_in)
     lowp = torch.autograd.grad(lowp_out, lowp_in, grads_out)
     ref = torch.autograd.grad(ref_out, ref_in, [t.double() for t in grads_out])
     acc = max([dtype, out_dtype or dtype], key=lambda t: FLOOR[t])
@@ -722,13 +772,13 @@ SETTINGS = settings_cases()
 def test_table_row_with_other_settings_is_right(row, settings):
     if row["arch_min"] > _arch():
         pytest.skip(f"row for sm_{row['arch_min']} and newer")
-    shape, dtype, mod, out, affine, gated = row_problem(row)
+    problem = row_problem(row)
     config = row["id"] + settings
     if row["direction"] == "forward":
-        fwd_ran, _ = check_problem(shape, dtype, mod, out, affine, gated, fwd=config, seed=3)
+        fwd_ran, _ = check_problem(*problem, fwd=config, seed=3)
         assert fwd_ran == row["id"]
     else:
-        _, bwd_ran = check_problem(shape, dtype, mod, out, affine, gated, bwd=config, seed=4)
+        _, bwd_ran = check_problem(*problem, bwd=config, seed=4)
         assert bwd_ran == row["id"]
 
 
@@ -763,10 +813,12 @@ BWD_ROWS = [r for r in TABLE if r["direction"] == "backward"]
 def test_backward_rows_on_small_groups(row, lead, mod):
     if row["arch_min"] > _arch():
         pytest.skip(f"row for sm_{row['arch_min']} and newer")
-    shape, dtype, _, out, affine, gated = row_problem(row)
+    shape, dtype, _, out, affine, gated, norm = row_problem(row)
     if row["lean"] and affine:
         pytest.skip("the lean kernel has no affine case")
-    _, bwd_ran = check_problem((*lead, shape[-1]), dtype, mod, out, affine, gated, bwd=row["id"])
+    _, bwd_ran = check_problem(
+        (*lead, shape[-1]), dtype, mod, out, affine, gated, norm, bwd=row["id"]
+    )
     assert bwd_ran == row["id"]
 
 

@@ -1,8 +1,9 @@
 // The backward kernels: the general vector kernel, the lean one for the common case and the
 // scalar loop kernel. Each block writes fp32 partial sums of the broadcast operands' gradients;
 // reduce_partials.cuh sums them in a fixed order (no float atomics: results are bitwise
-// reproducible). Which kernel runs is the tuning table's (tuned_bwd_*.cu); docs/ops.md
-// describes them.
+// reproducible). Each is compiled for a norm kind N (params.cuh): RMSNorm reads no mean and
+// drops the mean(g) term of dx, so a row needs one reduction instead of two. Which kernel runs
+// is the tuning table's (tuned_bwd_*.cu); docs/ops.md describes them.
 #pragma once
 
 #include "params.cuh"
@@ -70,7 +71,7 @@ constexpr int bwd_max_registers() {
   return WIDE ? 128 : VPT == 1 ? 80 : 96;
 }
 
-template <typename T, int VPT, int DYK, bool FUSED, bool AFFINE>
+template <typename T, int VPT, int DYK, bool FUSED, bool AFFINE, Norm N>
 __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
     layer_norm_modulate_bwd_kernel(const BwdParams p) {
   constexpr int VEC = 16 / sizeof(T);
@@ -162,9 +163,10 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
     copy_commit();  // possibly empty, so that group counts stay in step
   };
   for (int k = 0; k + 1 < stages; ++k) issue(k);
+  constexpr bool kMean = N == Norm::kLayer;
   float row_mean = 0.f, row_rstd = 0.f;
   if (rr.start < rr.end) {
-    row_mean = p.mean[rr.start];
+    if constexpr (kMean) row_mean = p.mean[rr.start];
     row_rstd = p.rstd[rr.start];
   }
 
@@ -179,15 +181,15 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
     const int64_t base = row * p.D;
     // This row's statistics were loaded one row ahead; load the next row's now, so that their
     // global-memory latency is not paid here, between the ring wait and the first use.
-    const float mean = active ? row_mean : 0.f;
+    const float mean = kMean && active ? row_mean : 0.f;
     const float rstd = active ? row_rstd : 0.f;
     if (row + rr.step < rr.end) {
-      row_mean = p.mean[row + rr.step];
+      if constexpr (kMean) row_mean = p.mean[row + rr.step];
       row_rstd = p.rstd[row + rr.step];
     }
     const int64_t scale_row = active && !staged ? p.scale.map(row) : 0;
     const int64_t gate_row = FUSED && active && p.dh != nullptr ? p.gate.map(row) : 0;
-    const float neg_mean_rstd = -mean * rstd;
+    const float neg_mean_rstd = kMean ? -mean * rstd : 0.f;
 
     // g = dy * (1 + scale) * weight is the gradient with respect to xhat.
     auto load_g = [&](int64_t c, float(&xh)[VEC], float(&dy)[VEC], float(&s1)[VEC],
@@ -228,16 +230,17 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
             const float g = dy[k] * s1[k] * w[k];
-            sg += g;
+            if constexpr (kMean) sg += g;
             sgx = fmaf(g, xh[k], sgx);
           }
         }
       }
     }
-    team_sum2(sg, sgx, tt, red, red_buf);
+    team_sum2<kMean>(sg, sgx, tt, red, red_buf);
     if (!active) continue;
-    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), as two FMAs per element.
-    const float c0 = -sg * inv_d * rstd;
+    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), as two FMAs per element (RMSNorm: c0
+    // is zero).
+    const float c0 = kMean ? -sg * inv_d * rstd : 0.f;
     const float c1 = -sgx * inv_d * rstd;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -323,7 +326,7 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
 // Note: at 96 registers a block holds up to 640 threads (two teams of 320 at D = 5120, the
 // default there); uncapped it took 122, which allows one team of 320 per block and one block
 // per SM, so every team_sum2 barrier left the SM idle.
-template <typename T, int VPT, int DYK>
+template <typename T, int VPT, int DYK, Norm N>
 __global__ void __maxnreg__(VPT * 16 / sizeof(T) <= 8 ? 64 : 96)
     layer_norm_modulate_bwd_lean_kernel(const BwdParams p) {
   constexpr int VEC = 16 / sizeof(T);
@@ -398,9 +401,10 @@ __global__ void __maxnreg__(VPT * 16 / sizeof(T) <= 8 ? 64 : 96)
     copy_commit();  // possibly empty, so that group counts stay in step
   };
   for (int k = 0; k + 1 < stages; ++k) issue(k);
+  constexpr bool kMean = N == Norm::kLayer;
   float row_mean = 0.f, row_rstd = 0.f;
   if (rr.start < rr.end) {
-    row_mean = p.mean[rr.start];
+    if constexpr (kMean) row_mean = p.mean[rr.start];
     row_rstd = p.rstd[rr.start];
   }
 
@@ -420,10 +424,10 @@ __global__ void __maxnreg__(VPT * 16 / sizeof(T) <= 8 ? 64 : 96)
     const char* sdy = sx + x_row_bytes;
     const float mean = row_mean, rstd = row_rstd;
     if (row + rr.step < rr.end) {
-      row_mean = p.mean[row + rr.step];
+      if constexpr (kMean) row_mean = p.mean[row + rr.step];
       row_rstd = p.rstd[row + rr.step];
     }
-    const float neg_mean_rstd = -mean * rstd;
+    const float neg_mean_rstd = kMean ? -mean * rstd : 0.f;
     float xh[VPT][VEC], g[VPT][VEC];
     float sg = 0.f, sgx = 0.f;
 #pragma unroll
@@ -451,17 +455,18 @@ __global__ void __maxnreg__(VPT * 16 / sizeof(T) <= 8 ? 64 : 96)
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           xh[i][k] = fmaf(xv[k], rstd, neg_mean_rstd);
-          sg += g[i][k];
+          if constexpr (kMean) sg += g[i][k];
           sgx = fmaf(g[i][k], xh[i][k], sgx);
           acc_shift[i][k] += dy[k];
           acc_scale[i][k] = fmaf(dy[k], xh[i][k], acc_scale[i][k]);
         }
       }
     }
-    team_sum2(sg, sgx, tt, red, red_buf);
+    team_sum2<kMean>(sg, sgx, tt, red, red_buf);
     if (!active || p.dx == nullptr) continue;
-    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), as two FMAs per element.
-    const float c0 = -sg * inv_d * rstd;
+    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), as two FMAs per element (RMSNorm: c0
+    // is zero).
+    const float c0 = kMean ? -sg * inv_d * rstd : 0.f;
     const float c1 = -sgx * inv_d * rstd;
     char* gdx = static_cast<char*>(p.dx) + row * x_row_bytes;
 #pragma unroll
@@ -483,7 +488,7 @@ __global__ void __maxnreg__(VPT * 16 / sizeof(T) <= 8 ? 64 : 96)
 
 // Any D, any alignment. Partials are accumulated in place in this block's rows of the partial
 // buffer; each column belongs to one thread, so no atomics are needed.
-template <typename T>
+template <typename T, Norm N>
 __global__ void __launch_bounds__(256) layer_norm_modulate_bwd_loop_kernel(const BwdParams p) {
   constexpr int XK = KindOf<T>::value;
   const float inv_d = 1.f / static_cast<float>(p.D);
@@ -501,18 +506,18 @@ __global__ void __launch_bounds__(256) layer_norm_modulate_bwd_loop_kernel(const
   };
   for (int64_t row = first; row < last; ++row) {
     const int64_t base = row * p.D;
-    const float mean = p.mean[row], rstd = p.rstd[row];
+    const float mean = N == Norm::kLayer ? p.mean[row] : 0.f, rstd = p.rstd[row];
     const int64_t srow = p.scale.map(row);
     float sg = 0.f, sgx = 0.f;
     for (int64_t d = threadIdx.x; d < p.D; d += blockDim.x) {
       const float xh = (load1(p.x, XK, base + d) - mean) * rstd;
       const float g = load1(p.dy, p.dy_kind, base + d) *
                       (1.f + load1(p.scale.ptr, p.scale.kind, srow + d)) * weight(d);
-      sg += g;
+      if constexpr (N == Norm::kLayer) sg += g;
       sgx = fmaf(g, xh, sgx);
     }
     block_sum2(sg, sgx);
-    sg *= inv_d;
+    sg *= inv_d;  // RMSNorm: 0
     sgx *= inv_d;
     for (int64_t d = threadIdx.x; d < p.D; d += blockDim.x) {
       const int64_t idx = base + d;

@@ -1,8 +1,10 @@
 // Kernel configurations and the rows of the tuning tables (host side).
 //
 // A row maps a problem to the configuration that runs it:
-//   (compute capability, dtypes, D range, modulation kind, plain or gated op, row count range)
-//     -> (kernel instantiation, its run-time settings)
+//   (compute capability, dtypes, norm kind, D range, modulation kind, plain or gated op,
+//    row count range) -> (kernel instantiation, its run-time settings)
+// LayerNorm and RMSNorm problems share the tables and the kernel templates: an RMSNorm row names
+// a kernel compiled for Norm::kRms (params.cuh).
 // The tables are tuned_fwd_<dtype>.cu and tuned_bwd_<dtype>.cu, one line per row; each row's
 // kernel is instantiated there and nowhere else, so a kernel is compiled only if a row selects
 // it. Dispatch (dispatch.cu) takes the first row that matches, cached per problem key; no
@@ -56,11 +58,13 @@ struct FwdKernel {
   bool needs_group;    // needs modulation constant over runs of rows
   int op;              // kEither, or the one op it is compiled for
   int warps_per_row;   // warp kernels: warps per block must be a multiple (1 otherwise)
+  Norm norm;           // the norm it is compiled for
 };
 
 struct FwdRow {
   const char* id;
   int arch_min;  // compute capability x 10 (90: sm_90 and newer), 0: any
+  Norm norm;     // must be the kernel's
   int op;        // kEither, 0 plain, 1 gated
   Mod mod;
   bool vector;  // the problem takes the vector path (see dispatch.cu: fwd_problem)
@@ -102,11 +106,13 @@ struct BwdKernel {
   bool lean;   // needs the lean kernel's case (see dispatch.cu: bwd_problem)
   int fused;   // kEither, 0, 1
   int affine;  // kEither, 0, 1
+  Norm norm;
 };
 
 struct BwdRow {
   const char* id;
   int arch_min;
+  Norm norm;   // must be the kernel's
   int dy;      // dy's kind as the kernel reads it: x's own 16-bit kind (bf16 under fp32
                // x), or kF32; -1 either
   int op;      // kEither, 0 plain, 1 gated
@@ -123,6 +129,14 @@ struct Table {
   const Row* rows;
   int size;
 };
+
+// Whether every row's norm column is its kernel's (each table asserts it at compile time).
+template <typename Row, int N>
+constexpr bool norms_agree(const Row (&rows)[N]) {
+  for (int i = 0; i < N; ++i)
+    if (rows[i].norm != rows[i].kernel.norm) return false;
+  return true;
+}
 
 // The tables, by x dtype (tuned_*.cu).
 extern const Table<FwdRow> kFwdTableF32, kFwdTableBF16, kFwdTableF16;

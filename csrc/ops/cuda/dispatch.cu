@@ -1,8 +1,8 @@
-// CUDA dispatch of the LayerNorm-modulate ops: fills the kernel parameters from a validated
-// problem (entry_points.h), describes the problem by its tuning-table key, takes the first
-// matching row of the table (tuned_*.cu; cached per key) and runs it; registers the CUDA
-// kernels and the private ops that run an explicit row (tests, the tuning sweep) and describe
-// the tables.
+// CUDA dispatch of the norm-modulate ops (LayerNorm and RMSNorm, plain and gated): fills the
+// kernel parameters from a validated problem (entry_points.h), describes the problem by its
+// tuning-table key, takes the first matching row of the table (tuned_*.cu; cached per key) and
+// runs it; registers the CUDA kernels and the private ops that run an explicit row (tests, the
+// tuning sweep) and describe the tables.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -90,34 +90,38 @@ int64_t staging_group(std::initializer_list<const Operand*> operands, int64_t ro
 }
 
 struct FwdKey {
+  Norm norm;
   int arch, x, op;
   Mod mod;
   bool vector;
   int64_t D;
   bool operator==(const FwdKey& o) const {
-    return arch == o.arch && x == o.x && op == o.op && mod == o.mod && vector == o.vector &&
-           D == o.D;
+    return norm == o.norm && arch == o.arch && x == o.x && op == o.op && mod == o.mod &&
+           vector == o.vector && D == o.D;
   }
   uint64_t hash() const {
-    return (static_cast<uint64_t>(D) << 16) ^ (static_cast<uint64_t>(arch) << 6) ^
-           (static_cast<uint64_t>(x) << 4) ^ (static_cast<uint64_t>(op) << 3) ^
-           (static_cast<uint64_t>(mod) << 1) ^ static_cast<uint64_t>(vector);
+    return (static_cast<uint64_t>(D) << 16) ^ (static_cast<uint64_t>(norm) << 15) ^
+           (static_cast<uint64_t>(arch) << 6) ^ (static_cast<uint64_t>(x) << 4) ^
+           (static_cast<uint64_t>(op) << 3) ^ (static_cast<uint64_t>(mod) << 1) ^
+           static_cast<uint64_t>(vector);
   }
 };
 
 struct BwdKey {
+  Norm norm;
   int arch, x, dy, op, affine;
   bool lean, vector;
   int64_t D;
   bool operator==(const BwdKey& o) const {
-    return arch == o.arch && x == o.x && dy == o.dy && op == o.op && affine == o.affine &&
-           lean == o.lean && vector == o.vector && D == o.D;
+    return norm == o.norm && arch == o.arch && x == o.x && dy == o.dy && op == o.op &&
+           affine == o.affine && lean == o.lean && vector == o.vector && D == o.D;
   }
   uint64_t hash() const {
-    return (static_cast<uint64_t>(D) << 16) ^ (static_cast<uint64_t>(arch) << 8) ^
-           (static_cast<uint64_t>(x) << 6) ^ (static_cast<uint64_t>(dy) << 4) ^
-           (static_cast<uint64_t>(op) << 3) ^ (static_cast<uint64_t>(affine) << 2) ^
-           (static_cast<uint64_t>(lean) << 1) ^ static_cast<uint64_t>(vector);
+    return (static_cast<uint64_t>(D) << 16) ^ (static_cast<uint64_t>(norm) << 15) ^
+           (static_cast<uint64_t>(arch) << 8) ^ (static_cast<uint64_t>(x) << 6) ^
+           (static_cast<uint64_t>(dy) << 4) ^ (static_cast<uint64_t>(op) << 3) ^
+           (static_cast<uint64_t>(affine) << 2) ^ (static_cast<uint64_t>(lean) << 1) ^
+           static_cast<uint64_t>(vector);
   }
 };
 
@@ -130,13 +134,13 @@ const Table<BwdRow>& bwd_table(int x) {
 }
 
 bool matches(const FwdRow& r, const FwdKey& k) {
-  return k.arch >= r.arch_min && (r.op == kEither || r.op == k.op) &&
+  return r.norm == k.norm && k.arch >= r.arch_min && (r.op == kEither || r.op == k.op) &&
          (r.mod == Mod::kAny || r.mod == k.mod) && r.vector == k.vector && k.D >= r.d_min &&
          k.D <= r.d_max;
 }
 
 bool matches(const BwdRow& r, const BwdKey& k) {
-  return k.arch >= r.arch_min && (r.dy == -1 || r.dy == k.dy) &&
+  return r.norm == k.norm && k.arch >= r.arch_min && (r.dy == -1 || r.dy == k.dy) &&
          (r.op == kEither || r.op == k.op) && (r.affine == kEither || r.affine == k.affine) &&
          (!r.lean || k.lean) && r.vector == k.vector && k.D >= r.d_min && k.D <= r.d_max;
 }
@@ -164,6 +168,8 @@ std::atomic<const char*> last_fwd_row{""};
 std::atomic<const char*> last_bwd_row{""};
 
 // ---- explicit configurations: "<row id>[;name=value...]" ----
+
+const char* norm_name(Norm n) { return n == Norm::kRms ? "rms" : "layer"; }
 
 template <typename Row>
 const Row& find_row(const Table<Row>& table, const std::string& id) {
@@ -240,7 +246,7 @@ void fwd_cuda(const ForwardProblem& prob, const std::string* config) {
   p.bias = b.defined() ? b.data_ptr() : nullptr;
   p.weight_kind = w.defined() ? kind_of(w.scalar_type()) : kF32;
   p.bias_kind = b.defined() ? kind_of(b.scalar_type()) : kF32;
-  p.mean = prob.mean->data_ptr<float>();
+  p.mean = prob.rms ? nullptr : prob.mean->data_ptr<float>();
   p.rstd = prob.rstd->data_ptr<float>();
   p.rows = x.numel() / D;
   p.D = D;
@@ -253,6 +259,7 @@ void fwd_cuda(const ForwardProblem& prob, const std::string* config) {
   const int64_t vec = 16 / x.element_size();
   const int64_t nvec = D / vec;
   FwdKey key{};
+  key.norm = prob.rms ? Norm::kRms : Norm::kLayer;
   key.arch = arch_of_current_device();
   key.x = kind_of(x.scalar_type());
   key.op = gated ? 1 : 0;
@@ -268,6 +275,8 @@ void fwd_cuda(const ForwardProblem& prob, const std::string* config) {
     std::vector<std::pair<std::string, int>> kv;
     const FwdRow& row = find_row(fwd_table(key.x), parse_config(*config, kv));
     const FwdKernel& k = row.kernel;
+    TORCH_CHECK(k.norm == key.norm, "layer_norm_modulate: row '", row.id, "' (", k.name,
+                ") is compiled for ", norm_name(k.norm), ", not ", norm_name(key.norm));
     TORCH_CHECK((!k.vector || key.vector) && nvec <= k.max_nvec &&
                     (k.exact_nvec == 0 || nvec == k.exact_nvec) && (!k.needs_group || group > 0) &&
                     (k.op == kEither || k.op == key.op),
@@ -379,7 +388,7 @@ void bwd_cuda(const BackwardProblem& prob, const std::string* config) {
   p.bias = b.defined() ? b.data_ptr() : nullptr;
   p.weight_kind = w.defined() ? kind_of(w.scalar_type()) : kF32;
   p.bias_kind = b.defined() ? kind_of(b.scalar_type()) : kF32;
-  p.mean = prob.mean->data_ptr<float>();
+  p.mean = prob.rms ? nullptr : prob.mean->data_ptr<float>();
   p.rstd = prob.rstd->data_ptr<float>();
   p.rows = x.numel() / D;
   p.D = D;
@@ -404,6 +413,7 @@ void bwd_cuda(const BackwardProblem& prob, const std::string* config) {
   const int64_t vec = 16 / x.element_size();
   const int64_t nvec = D / vec;
   BwdKey key{};
+  key.norm = prob.rms ? Norm::kRms : Norm::kLayer;
   key.arch = arch_of_current_device();
   key.x = kind_of(xst);
   key.dy = p.dy_kind;
@@ -446,6 +456,8 @@ void bwd_cuda(const BackwardProblem& prob, const std::string* config) {
     std::vector<std::pair<std::string, int>> kv;
     const BwdRow& row = find_row(bwd_table(key.x), parse_config(*config, kv));
     const BwdKernel& k = row.kernel;
+    TORCH_CHECK(k.norm == key.norm, "layer_norm_modulate backward: row '", row.id, "' (", k.name,
+                ") is compiled for ", norm_name(k.norm), ", not ", norm_name(key.norm));
     TORCH_CHECK((!k.vector || key.vector) && nvec <= k.max_nvec && (!k.lean || key.lean) &&
                     (k.fused == kEither || k.fused == key.op) &&
                     (k.affine == kEither || k.affine == key.affine) &&
@@ -514,8 +526,8 @@ Fwd4 forward_with_config(const at::Tensor& x, const std::optional<at::Tensor>& h
                          const std::optional<at::Tensor>& bias, double eps,
                          std::optional<at::ScalarType> out_dtype, c10::string_view config) {
   const std::string c(config);
-  auto out = forward_entry(&fwd_cuda, "_layer_norm_modulate_with_config", x, h, gate, shift, scale,
-                           weight, bias, eps, out_dtype, &c);
+  auto out = forward_entry(&fwd_cuda, "_layer_norm_modulate_with_config", false, x, h, gate, shift,
+                           scale, weight, bias, eps, out_dtype, &c);
   if (!std::get<0>(out).defined()) std::get<0>(out) = at::empty({0}, x.options());  // plain op
   return out;
 }
@@ -528,11 +540,40 @@ Bwd7 backward_with_config(const std::optional<at::Tensor>& dr, const at::Tensor&
                           const at::Tensor& rstd, std::array<bool, 7> mask,
                           c10::string_view config) {
   const std::string c(config);
-  auto g = backward_entry(&bwd_cuda, "_layer_norm_modulate_backward_with_config", dr, dy, x, h,
-                          gate, shift, scale, weight, bias, mean, rstd, mask, &c);
+  auto g = backward_entry(&bwd_cuda, "_layer_norm_modulate_backward_with_config", false, dr, dy, x,
+                          h, gate, shift, scale, weight, bias, mean, rstd, mask, &c);
   for (at::Tensor* t : {&std::get<1>(g), &std::get<2>(g)})  // the plain op's dh and dgate
     if (!t->defined()) *t = at::empty({0}, x.options());
   return g;
+}
+
+Fwd3 rms_forward_with_config(const at::Tensor& x, const std::optional<at::Tensor>& h,
+                             const std::optional<at::Tensor>& gate, const at::Tensor& shift,
+                             const at::Tensor& scale, const std::optional<at::Tensor>& weight,
+                             double eps, std::optional<at::ScalarType> out_dtype,
+                             c10::string_view config) {
+  const std::string c(config);
+  auto [r, y, mean, rstd] =
+      forward_entry(&fwd_cuda, "_rms_norm_modulate_with_config", true, x, h, gate, shift, scale,
+                    weight, std::nullopt, eps, out_dtype, &c);
+  if (!r.defined()) r = at::empty({0}, x.options());  // plain op
+  return {r, y, rstd};
+}
+
+Bwd6 rms_backward_with_config(const std::optional<at::Tensor>& dr, const at::Tensor& dy,
+                              const at::Tensor& x, const std::optional<at::Tensor>& h,
+                              const std::optional<at::Tensor>& gate, const at::Tensor& shift,
+                              const at::Tensor& scale, const std::optional<at::Tensor>& weight,
+                              const at::Tensor& rstd, std::array<bool, 6> mask,
+                              c10::string_view config) {
+  const std::string c(config);
+  const std::array<bool, 7> m7{mask[0], mask[1], mask[2], mask[3], mask[4], mask[5], false};
+  auto g = backward_entry(&bwd_cuda, "_rms_norm_modulate_backward_with_config", true, dr, dy, x, h,
+                          gate, shift, scale, weight, std::nullopt, at::Tensor(), rstd, m7, &c);
+  for (at::Tensor* t : {&std::get<1>(g), &std::get<2>(g)})  // the plain op's dh and dgate
+    if (!t->defined()) *t = at::empty({0}, x.options());
+  return {std::get<0>(g), std::get<1>(g), std::get<2>(g),
+          std::get<3>(g), std::get<4>(g), std::get<5>(g)};
 }
 
 const char* op_name(int op) { return op == kEither ? "any" : op == 1 ? "gated" : "plain"; }
@@ -550,11 +591,11 @@ std::string tuning_table() {
     for (int i = 0; i < ft.size; ++i) {
       const FwdRow& r = ft.rows[i];
       os << "{\"id\": \"" << r.id << "\", \"direction\": \"forward\", \"x\": \"" << dtypes[x]
-         << "\", \"arch_min\": " << r.arch_min << ", \"op\": \"" << op_name(r.op)
-         << "\", \"mod\": \"" << mod_name(r.mod) << "\", \"vector\": " << (r.vector ? 1 : 0)
-         << ", \"d_min\": " << r.d_min << ", \"d_max\": " << json_limit(r.d_max)
-         << ", \"rows_min\": " << r.rows_min << ", \"rows_max\": " << json_limit(r.rows_max)
-         << ", \"kernel\": \"" << r.kernel.name
+         << "\", \"norm\": \"" << norm_name(r.norm) << "\", \"arch_min\": " << r.arch_min
+         << ", \"op\": \"" << op_name(r.op) << "\", \"mod\": \"" << mod_name(r.mod)
+         << "\", \"vector\": " << (r.vector ? 1 : 0) << ", \"d_min\": " << r.d_min
+         << ", \"d_max\": " << json_limit(r.d_max) << ", \"rows_min\": " << r.rows_min
+         << ", \"rows_max\": " << json_limit(r.rows_max) << ", \"kernel\": \"" << r.kernel.name
          << "\", \"max_nvec\": " << json_limit(r.kernel.max_nvec)
          << ", \"exact_nvec\": " << r.kernel.exact_nvec << ", \"warps\": " << r.settings.warps
          << ", \"stages\": " << r.settings.stages
@@ -565,9 +606,9 @@ std::string tuning_table() {
     for (int i = 0; i < bt.size; ++i) {
       const BwdRow& r = bt.rows[i];
       os << "{\"id\": \"" << r.id << "\", \"direction\": \"backward\", \"x\": \"" << dtypes[x]
-         << "\", \"arch_min\": " << r.arch_min << ", \"dy\": \""
-         << (r.dy == -1 ? "any" : dtypes[r.dy]) << "\", \"op\": \"" << op_name(r.op)
-         << "\", \"affine\": " << r.affine << ", \"lean\": " << (r.lean ? 1 : 0)
+         << "\", \"norm\": \"" << norm_name(r.norm) << "\", \"arch_min\": " << r.arch_min
+         << ", \"dy\": \"" << (r.dy == -1 ? "any" : dtypes[r.dy]) << "\", \"op\": \""
+         << op_name(r.op) << "\", \"affine\": " << r.affine << ", \"lean\": " << (r.lean ? 1 : 0)
          << ", \"vector\": " << (r.vector ? 1 : 0) << ", \"d_min\": " << r.d_min
          << ", \"d_max\": " << json_limit(r.d_max) << ", \"kernel\": \"" << r.kernel.name
          << "\", \"max_nvec\": " << json_limit(r.kernel.max_nvec)
@@ -594,6 +635,16 @@ TORCH_LIBRARY_FRAGMENT(adaptiveload, m) {
       "Tensor? gate, Tensor shift, Tensor scale, Tensor? weight, Tensor? bias, Tensor mean, "
       "Tensor rstd, bool[7] output_mask, str config) -> (Tensor dx, Tensor dh, Tensor dgate, "
       "Tensor dshift, Tensor dscale, Tensor dweight, Tensor dbias)");
+  // The same for the RMSNorm ops (an RMSNorm row, "<dtype>.rms." ids).
+  m.def(
+      "_rms_norm_modulate_with_config(Tensor x, Tensor? h, Tensor? gate, Tensor shift, "
+      "Tensor scale, Tensor? weight, float eps, ScalarType? out_dtype, str config) "
+      "-> (Tensor r, Tensor y, Tensor rstd)");
+  m.def(
+      "_rms_norm_modulate_backward_with_config(Tensor? dr, Tensor dy, Tensor x, Tensor? h, "
+      "Tensor? gate, Tensor shift, Tensor scale, Tensor? weight, Tensor rstd, "
+      "bool[6] output_mask, str config) -> (Tensor dx, Tensor dh, Tensor dgate, "
+      "Tensor dshift, Tensor dscale, Tensor dweight)");
   // The tuning tables, one JSON object per row and line; the rows this thread ran last.
   m.def("_tuning_table() -> str", &tuning_table);
   m.def("_last_configs() -> str", &last_configs);
@@ -607,6 +658,13 @@ TORCH_LIBRARY_IMPL(adaptiveload, CUDA, m) {
          &gated_residual_layer_norm_modulate_backward_op<bwd_cuda>);
   m.impl("_layer_norm_modulate_with_config", &forward_with_config);
   m.impl("_layer_norm_modulate_backward_with_config", &backward_with_config);
+  m.impl("rms_norm_modulate", &rms_norm_modulate_op<fwd_cuda>);
+  m.impl("_rms_norm_modulate_backward", &rms_norm_modulate_backward_op<bwd_cuda>);
+  m.impl("gated_residual_rms_norm_modulate", &gated_residual_rms_norm_modulate_op<fwd_cuda>);
+  m.impl("_gated_residual_rms_norm_modulate_backward",
+         &gated_residual_rms_norm_modulate_backward_op<bwd_cuda>);
+  m.impl("_rms_norm_modulate_with_config", &rms_forward_with_config);
+  m.impl("_rms_norm_modulate_backward_with_config", &rms_backward_with_config);
 }
 
 }  // namespace adaptiveload

@@ -1,7 +1,8 @@
 // The forward kernels: block per row (any modulation), warp teams with rows in registers and
 // the ring of shared-memory row slots (modulation constant over a block's rows), and the scalar
-// loop kernel (any D, any alignment). Which one runs for which shape is the tuning table's
-// (tuned_fwd_*.cu); docs/ops.md describes them.
+// loop kernel (any D, any alignment). Each is compiled for a norm kind N (params.cuh): RMSNorm
+// skips the mean's reduction and writes no mean. Which one runs for which shape is the tuning
+// table's (tuned_fwd_*.cu); docs/ops.md describes them.
 #pragma once
 
 #include "params.cuh"
@@ -13,7 +14,7 @@ namespace {
 // registers of fp32 for 16-bit x): thread t owns vectors t, t + blockDim.x, ..., at most VPT.
 // Note: the register cap (64 for VPT <= 2, 85 for VPT 4) keeps 4+ blocks, i.e. rows in flight, per
 // SM; left alone the compiler spends registers on hoisting every modulation load.
-template <typename T, int VPT, bool FUSED>
+template <typename T, int VPT, bool FUSED, Norm N>
 __global__ void __launch_bounds__(VPT <= 4 ? 256 : 512, VPT <= 2   ? 4
                                                         : VPT == 4 ? 3
                                                                    : 1)
@@ -50,15 +51,18 @@ __global__ void __launch_bounds__(VPT <= 4 ? 256 : 512, VPT <= 2   ? 4
         }
       }
     }
-    float sum = 0.f;
+    float mean = 0.f;  // RMSNorm: nothing to subtract
+    if constexpr (N == Norm::kLayer) {
+      float sum = 0.f;
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      float v[VEC];
-      unpack(xr[i], XK, v);  // padding vectors are zero
+      for (int i = 0; i < VPT; ++i) {
+        float v[VEC];
+        unpack(xr[i], XK, v);  // padding vectors are zero
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) sum += v[k];
+        for (int k = 0; k < VEC; ++k) sum += v[k];
+      }
+      mean = block_sum(sum) * inv_d;
     }
-    const float mean = block_sum(sum) * inv_d;
     float sq = 0.f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -102,7 +106,7 @@ __global__ void __launch_bounds__(VPT <= 4 ? 256 : 512, VPT <= 2   ? 4
       }
     }
     if (threadIdx.x == 0) {
-      p.mean[row] = mean;
+      if constexpr (N == Norm::kLayer) p.mean[row] = mean;
       p.rstd[row] = rstd;
     }
   }
@@ -187,10 +191,11 @@ struct ModVec {
 // per lane.
 // The rest of the forward for R rows a team of WPR warps holds packed in registers (xr, zero
 // where a lane has no vector; live[r]: row r exists, at row index rows[r]), given each lane's
-// sum of its elements of each row in `mean`: the mean, then the sum of squared deviations (a
-// second pass over the registers; both reduced with team_sum), and y = xhat * a + b with a and
-// b as staged by stage_modulation (order QUADS). `writer`: the one lane of the team that stores
-// mean and rstd. Shared by the warp and ring kernels; with R = 1 the callers' row exists.
+// sum of its elements of each row in `mean` (LayerNorm; RMSNorm ignores it): the mean, then the
+// sum of squared deviations (a second pass over the registers; both reduced with team_sum), and
+// y = xhat * a + b with a and b as staged by stage_modulation (order QUADS). `writer`: the one
+// lane of the team that stores mean and rstd. `parity`: the caller's row-iteration count mod 2
+// (see below). Shared by the warp and ring kernels; with R = 1 the callers' row exists.
 // FULL: every lane has all VPW vectors
 // (nvec = 32 x VPW x WPR), so no vector needs a bounds test. CHAINS: independent partial sums
 // per lane for the squared deviations (1, or 4 to cut the 4-cycle dependency between
@@ -198,21 +203,22 @@ struct ModVec {
 // Note: the lane sums are the callers' so that the ring kernel can add each vector as it reads
 // it from shared memory; a separate pass here took its default (bf16 D = 1536) from 72 to 78
 // registers, 21 warps per SM instead of 28.
-template <typename T, int VPW, int R, int WPR, bool QUADS, bool FULL, int CHAINS>
+template <typename T, int VPW, int R, int WPR, bool QUADS, bool FULL, int CHAINS, Norm N>
 __device__ __forceinline__ void normalize_rows(const FwdParams& p,
                                                const Raw<16 / sizeof(T), sizeof(T)> (&xr)[R][VPW],
                                                const bool (&live)[R], const int64_t (&rows)[R],
                                                float (&mean)[R], int col0, int nvec,
                                                const float4* sa, const float4* sb, float* red,
-                                               bool writer) {
+                                               bool writer, int parity) {
   constexpr int VEC = 16 / sizeof(T);
   constexpr int XK = KindOf<T>::value;
   const float inv_d = 1.f / static_cast<float>(p.D);
   float rstd[R];
-  team_sum<R, WPR>(mean, red, 0);
+  if constexpr (N == Norm::kLayer) team_sum<R, WPR>(mean, red, 0);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    mean[r] *= inv_d;
+    // RMSNorm: a constant zero, which the compiler folds out of every subtraction below.
+    mean[r] = N == Norm::kLayer ? mean[r] * inv_d : 0.f;
     float part[CHAINS];
 #pragma unroll
     for (int j = 0; j < CHAINS; ++j) part[j] = 0.f;
@@ -232,7 +238,9 @@ __device__ __forceinline__ void normalize_rows(const FwdParams& p,
 #pragma unroll
     for (int j = 1; j < CHAINS; ++j) rstd[r] += part[j];
   }
-  team_sum<R, WPR>(rstd, red, 1);
+  // LayerNorm's two sums of a row use the two halves of `red`; RMSNorm's one sum alternates
+  // between them from row to row, for the same reason (see team_sum).
+  team_sum<R, WPR>(rstd, red, N == Norm::kLayer ? 1 : parity);
 #pragma unroll
   for (int r = 0; r < R; ++r) rstd[r] = rsqrtf(rstd[r] * inv_d + p.eps);
   // y's dtype is decided once per row, outside the vector loop: a run-time kind inside it
@@ -274,7 +282,7 @@ __device__ __forceinline__ void normalize_rows(const FwdParams& p,
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (live[r]) {
-        p.mean[rows[r]] = mean[r];
+        if constexpr (N == Norm::kLayer) p.mean[rows[r]] = mean[r];
         p.rstd[rows[r]] = rstd[r];
       }
     }
@@ -288,7 +296,7 @@ constexpr int fwd_warp_min_blocks() {
   return R * VPW * 4 <= 24 ? 3 : 2;  // registers per thread: <= 85 or <= 128 at 256 threads
 }
 
-template <typename T, int VPW, int R, int WPR, bool FUSED>
+template <typename T, int VPW, int R, int WPR, bool FUSED, Norm N>
 __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
     layer_norm_modulate_fwd_warp_kernel(const FwdParams p, const RowChunks chunks) {
   static_assert(R == 1 || WPR == 1, "several rows per team only for one-warp teams");
@@ -330,7 +338,8 @@ __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
 
   // Note: issuing the first rows' loads before the staging (so that memory is busy during it)
   // measured 1-6 points slower on the H200 (bf16, 32,760 rows).
-  for (int64_t row0 = rr.start; row0 < rr.end; row0 += R * rr.step) {
+  int parity = 0;
+  for (int64_t row0 = rr.start; row0 < rr.end; row0 += R * rr.step, parity ^= 1) {
     load_rows(row0);
     if constexpr (FUSED) {
       // r = residual + gate * h, rounded to T: the rounded r is what gets normalized, returned
@@ -353,20 +362,22 @@ __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
         }
       }
     }
-    float mean[R];  // this lane's row sums
+    float mean[R];  // this lane's row sums (LayerNorm)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       mean[r] = 0.f;
+      if constexpr (N == Norm::kLayer) {
 #pragma unroll
-      for (int i = 0; i < VPW; ++i) {
-        float v[VEC];
-        unpack(xr[r][i], XK, v);  // padding vectors are zero
+        for (int i = 0; i < VPW; ++i) {
+          float v[VEC];
+          unpack(xr[r][i], XK, v);  // padding vectors are zero
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) mean[r] += v[k];
+          for (int k = 0; k < VEC; ++k) mean[r] += v[k];
+        }
       }
     }
-    normalize_rows<T, VPW, R, WPR, false, false, 1>(p, xr, live, rows, mean, col0, nvec, sa, sb,
-                                                    red, lane == 0 && warp % WPR == 0);
+    normalize_rows<T, VPW, R, WPR, false, false, 1, N>(p, xr, live, rows, mean, col0, nvec, sa, sb,
+                                                       red, lane == 0 && warp % WPR == 0, parity);
   }
 }
 
@@ -386,7 +397,7 @@ constexpr int fwd_ring_max_registers() {
   return R * VPW <= 6 ? 72 : 128;
 }
 
-template <typename T, int VPW, int R, bool FULL>
+template <typename T, int VPW, int R, bool FULL, Norm N>
 __global__ void __maxnreg__((fwd_ring_max_registers<VPW, R>()))
     layer_norm_modulate_fwd_ring_kernel(const FwdParams p, const RowChunks chunks, int stages) {
   constexpr int VEC = 16 / sizeof(T);
@@ -437,7 +448,7 @@ __global__ void __maxnreg__((fwd_ring_max_registers<VPW, R>()))
     XRaw xr[R][VPW];
     bool live[R];
     int64_t rows[R];
-    float mean[R];  // this lane's row sums, added as the vectors are read
+    float mean[R];  // this lane's row sums, added as the vectors are read (LayerNorm)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       live[r] = it * R + r < my_rows;
@@ -451,7 +462,9 @@ __global__ void __maxnreg__((fwd_ring_max_registers<VPW, R>()))
         if ((R == 1 || live[r]) && (FULL || c < nvec)) {
           load_raw(xr[r][i], s + r * row_bytes + c * 16, XK, 0);
         }
-        if constexpr (sizeof(T) == 2) {
+        if constexpr (N == Norm::kRms) {
+          // no row sum
+        } else if constexpr (sizeof(T) == 2) {
           mma_sum16<XK>(part, xr[r][i]);  // padding vectors are zero
         } else {
           float v[VEC];
@@ -465,14 +478,15 @@ __global__ void __maxnreg__((fwd_ring_max_registers<VPW, R>()))
       mean[r] =
           sizeof(T) == 2 ? (part[0] + part[2]) * 0.25f : (part[0] + part[1]) + (part[2] + part[3]);
     }
-    normalize_rows<T, VPW, R, 1, true, FULL, 4>(p, xr, live, rows, mean, lane, nvec, sa, sb,
-                                                nullptr, lane == 0);
+    normalize_rows<T, VPW, R, 1, true, FULL, 4, N>(p, xr, live, rows, mean, lane, nvec, sa, sb,
+                                                   nullptr, lane == 0, 0);
   }
   copy_wait(0);
 }
 
-// Any D, any alignment: scalar loads, the row re-read from L1/L2 for each pass.
-template <typename T>
+// Any D, any alignment: scalar loads, the row re-read from L1/L2 for each pass. RMSNorm sums
+// the squares in the first pass and needs no second.
+template <typename T, Norm N>
 __global__ void __launch_bounds__(256) layer_norm_modulate_fwd_loop_kernel(const FwdParams p) {
   constexpr int XK = KindOf<T>::value;
   const bool fused = p.h != nullptr;
@@ -480,7 +494,7 @@ __global__ void __launch_bounds__(256) layer_norm_modulate_fwd_loop_kernel(const
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const int64_t base = row * p.D;
     const void* src = fused ? p.r : p.x;
-    float sum = 0.f;
+    float sum = 0.f, sq = 0.f;
     for (int64_t d = threadIdx.x; d < p.D; d += blockDim.x) {
       float v = load1(p.x, XK, base + d);
       if (fused) {
@@ -489,13 +503,19 @@ __global__ void __launch_bounds__(256) layer_norm_modulate_fwd_loop_kernel(const
             XK);
         store1(p.r, XK, base + d, v);  // re-read below by this same thread
       }
-      sum += v;
+      if constexpr (N == Norm::kLayer) {
+        sum += v;
+      } else {
+        sq = fmaf(v, v, sq);
+      }
     }
-    const float mean = block_sum(sum) * inv_d;
-    float sq = 0.f;
-    for (int64_t d = threadIdx.x; d < p.D; d += blockDim.x) {
-      const float dv = load1(src, XK, base + d) - mean;
-      sq = fmaf(dv, dv, sq);
+    float mean = 0.f;
+    if constexpr (N == Norm::kLayer) {
+      mean = block_sum(sum) * inv_d;
+      for (int64_t d = threadIdx.x; d < p.D; d += blockDim.x) {
+        const float dv = load1(src, XK, base + d) - mean;
+        sq = fmaf(dv, dv, sq);
+      }
     }
     const float rstd = rsqrtf(block_sum(sq) * inv_d + p.eps);
     for (int64_t d = threadIdx.x; d < p.D; d += blockDim.x) {
@@ -507,7 +527,7 @@ __global__ void __launch_bounds__(256) layer_norm_modulate_fwd_loop_kernel(const
       store1(p.y, p.y_kind, base + d, fmaf(xn, 1.f + sc, sh));
     }
     if (threadIdx.x == 0) {
-      p.mean[row] = mean;
+      if constexpr (N == Norm::kLayer) p.mean[row] = mean;
       p.rstd[row] = rstd;
     }
   }

@@ -113,16 +113,16 @@ RowChunks fwd_row_chunks(int64_t rows, int64_t group, int64_t target, int64_t te
 }
 
 // Block per row (grid-stride), any modulation; VPT vectors per thread.
-template <typename T, int VPT, bool FUSED>
+template <typename T, int VPT, bool FUSED, Norm N>
 bool launch_fwd_block(const FwdParams& p, int64_t, const FwdSettings&, cudaStream_t stream) {
   const int64_t nvec = p.D / (16 / sizeof(T));
-  layer_norm_modulate_fwd_kernel<T, VPT, FUSED>
+  layer_norm_modulate_fwd_kernel<T, VPT, FUSED, N>
       <<<grid_for_rows(p.rows), threads_for(nvec, VPT), 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
 }
 
-template <typename T, int VPW, int R, int WPR, bool FUSED>
+template <typename T, int VPW, int R, int WPR, bool FUSED, Norm N>
 bool launch_fwd_warp(const FwdParams& params, int64_t group, const FwdSettings& s,
                      cudaStream_t stream) {
   TORCH_CHECK(s.warps >= 1 && s.warps <= 8 && s.warps % WPR == 0,
@@ -130,7 +130,7 @@ bool launch_fwd_warp(const FwdParams& params, int64_t group, const FwdSettings& 
               " (warps per row) for this kernel, got ", s.warps);
   FwdParams p = params;
   p.y_words = s.y_words;
-  auto kernel = layer_norm_modulate_fwd_warp_kernel<T, VPW, R, WPR, FUSED>;
+  auto kernel = layer_norm_modulate_fwd_warp_kernel<T, VPW, R, WPR, FUSED, N>;
   const int smem = static_cast<int>((FUSED ? 3 : 2) * p.D * static_cast<int64_t>(sizeof(float)));
   const int64_t target = resident_grid(as_ptr(kernel), 32 * s.warps, smem);
   int64_t blocks = 0;
@@ -140,7 +140,7 @@ bool launch_fwd_warp(const FwdParams& params, int64_t group, const FwdSettings& 
   return true;
 }
 
-template <typename T, int VPW, int R, bool FULL>
+template <typename T, int VPW, int R, bool FULL, Norm N>
 bool launch_fwd_ring(const FwdParams& params, int64_t group, const FwdSettings& s,
                      cudaStream_t stream) {
   TORCH_CHECK(s.warps >= 1 && s.warps <= 8, "layer_norm_modulate: warps must be in [1, 8], got ",
@@ -149,7 +149,7 @@ bool launch_fwd_ring(const FwdParams& params, int64_t group, const FwdSettings& 
               s.stages);
   FwdParams p = params;
   p.y_words = s.y_words;
-  auto kernel = layer_norm_modulate_fwd_ring_kernel<T, VPW, R, FULL>;
+  auto kernel = layer_norm_modulate_fwd_ring_kernel<T, VPW, R, FULL, N>;
   const int64_t smem = 2 * p.D * static_cast<int64_t>(sizeof(float)) +
                        int64_t{s.warps} * s.stages * R * p.D * static_cast<int64_t>(sizeof(T));
   const auto& attr = attributes_of(as_ptr(kernel));
@@ -165,9 +165,9 @@ bool launch_fwd_ring(const FwdParams& params, int64_t group, const FwdSettings& 
   return true;
 }
 
-template <typename T>
+template <typename T, Norm N>
 bool launch_fwd_loop(const FwdParams& p, int64_t, const FwdSettings&, cudaStream_t stream) {
-  layer_norm_modulate_fwd_loop_kernel<T><<<grid_for_rows(p.rows), 256, 0, stream>>>(p);
+  layer_norm_modulate_fwd_loop_kernel<T, N><<<grid_for_rows(p.rows), 256, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
 }
@@ -178,46 +178,49 @@ constexpr int64_t vec_of() {
   return 16 / sizeof(T);
 }
 
-template <typename T, int VPT, bool FUSED>
+template <typename T, int VPT, bool FUSED, Norm N>
 constexpr FwdKernel fwd_block(const char* name) {
   // At most 256 threads for VPT <= 4 (the kernel's launch bounds), 512 for VPT 8.
   return {name,
-          &launch_fwd_block<T, VPT, FUSED>,
+          &launch_fwd_block<T, VPT, FUSED, N>,
           int64_t{VPT} * (VPT <= 4 ? 256 : 512),
           0,
           true,
           false,
           FUSED ? 1 : 0,
-          1};
+          1,
+          N};
 }
 
-template <typename T, int VPW, int R, int WPR, bool FUSED>
+template <typename T, int VPW, int R, int WPR, bool FUSED, Norm N>
 constexpr FwdKernel fwd_warp(const char* name) {
   return {name,
-          &launch_fwd_warp<T, VPW, R, WPR, FUSED>,
+          &launch_fwd_warp<T, VPW, R, WPR, FUSED, N>,
           int64_t{32} * VPW * WPR,
           0,
           true,
           true,
           FUSED ? 1 : 0,
-          WPR};
+          WPR,
+          N};
 }
 
-template <typename T, int VPW, int R, bool FULL>
+template <typename T, int VPW, int R, bool FULL, Norm N>
 constexpr FwdKernel fwd_ring(const char* name) {
   return {name,
-          &launch_fwd_ring<T, VPW, R, FULL>,
+          &launch_fwd_ring<T, VPW, R, FULL, N>,
           int64_t{32} * VPW,
           FULL ? int64_t{32} * VPW : 0,
           true,
           true,
           0,
-          1};
+          1,
+          N};
 }
 
-template <typename T>
+template <typename T, Norm N>
 constexpr FwdKernel fwd_loop(const char* name) {
-  return {name, &launch_fwd_loop<T>, kNoLimit, 0, false, false, kEither, 1};
+  return {name, &launch_fwd_loop<T, N>, kNoLimit, 0, false, false, kEither, 1, N};
 }
 
 // ---- backward ----
@@ -225,13 +228,13 @@ constexpr FwdKernel fwd_loop(const char* name) {
 // Chooses teams and ring depth and launches a vector backward kernel; false (nothing launched)
 // when even one team with one ring slot needs more shared memory than a block gets, so that
 // the caller takes another kernel.
-template <typename T, int VPT, int DYK, bool LEAN, bool FUSED, bool AFFINE>
+template <typename T, int VPT, int DYK, bool LEAN, bool FUSED, bool AFFINE, Norm N>
 bool launch_bwd_vector(BwdParams& p, const BwdSettings& s, BwdGrid& grid, cudaStream_t stream) {
   auto kernel = [] {
     if constexpr (LEAN) {
-      return layer_norm_modulate_bwd_lean_kernel<T, VPT, DYK>;
+      return layer_norm_modulate_bwd_lean_kernel<T, VPT, DYK, N>;
     } else {
-      return layer_norm_modulate_bwd_kernel<T, VPT, DYK, FUSED, AFFINE>;
+      return layer_norm_modulate_bwd_kernel<T, VPT, DYK, FUSED, AFFINE, N>;
     }
   }();
   const int64_t nvec = p.D / (16 / sizeof(T));
@@ -291,36 +294,42 @@ bool launch_bwd_vector(BwdParams& p, const BwdSettings& s, BwdGrid& grid, cudaSt
   return true;
 }
 
-template <typename T>
+template <typename T, Norm N>
 bool launch_bwd_loop(BwdParams& p, const BwdSettings&, BwdGrid& grid, cudaStream_t stream) {
   const int sms = device_props().multiProcessorCount;
   grid.plan(grid, p, static_cast<int64_t>(sms) * 4, 1);
-  layer_norm_modulate_bwd_loop_kernel<T><<<grid.blocks, 256, 0, stream>>>(p);
+  layer_norm_modulate_bwd_loop_kernel<T, N><<<grid.blocks, 256, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
 }
 
-template <typename T, int VPT, int DYK, bool FUSED, bool AFFINE>
+template <typename T, int VPT, int DYK, bool FUSED, bool AFFINE, Norm N>
 constexpr BwdKernel bwd_general(const char* name) {
   return {name,
-          &launch_bwd_vector<T, VPT, DYK, false, FUSED, AFFINE>,
+          &launch_bwd_vector<T, VPT, DYK, false, FUSED, AFFINE, N>,
           int64_t{VPT} * 512,
           true,
           false,
           FUSED ? 1 : 0,
-          AFFINE ? 1 : 0};
+          AFFINE ? 1 : 0,
+          N};
 }
 
-template <typename T, int VPT, int DYK>
+template <typename T, int VPT, int DYK, Norm N>
 constexpr BwdKernel bwd_lean(const char* name) {
-  return {
-      name, &launch_bwd_vector<T, VPT, DYK, true, false, false>, int64_t{VPT} * 512, true, true, 0,
-      0};
+  return {name,
+          &launch_bwd_vector<T, VPT, DYK, true, false, false, N>,
+          int64_t{VPT} * 512,
+          true,
+          true,
+          0,
+          0,
+          N};
 }
 
-template <typename T>
+template <typename T, Norm N>
 constexpr BwdKernel bwd_loop(const char* name) {
-  return {name, &launch_bwd_loop<T>, kNoLimit, false, false, kEither, kEither};
+  return {name, &launch_bwd_loop<T, N>, kNoLimit, false, false, kEither, kEither, N};
 }
 
 }  // namespace

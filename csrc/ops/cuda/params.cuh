@@ -6,6 +6,10 @@
 
 namespace adaptiveload {
 
+// The normalization a kernel is compiled for. RMSNorm divides by the root mean square: it
+// computes no mean (nor reads or writes one) and its backward has no mean(g) term.
+enum class Norm : int { kLayer = 0, kRms = 1 };
+
 struct FwdParams {
   const void* x;  // T: x, or residual for the fused op
   const void* h;  // T, fused only
@@ -19,7 +23,7 @@ struct FwdParams {
   const void* weight;  // may be null
   const void* bias;    // may be null
   int weight_kind, bias_kind;
-  float* mean;
+  float* mean;  // null for RMSNorm
   float* rstd;
   int64_t rows, D;
   float eps;
@@ -84,7 +88,7 @@ struct BwdParams {
   const void* weight;
   const void* bias;
   int weight_kind, bias_kind;
-  const float* mean;
+  const float* mean;  // null for RMSNorm
   const float* rstd;
   GradArg grad[kNumSlots];
   // kGrouped gradient q: block b's D partial sums at part[q] + b * part_stride. Either rows of

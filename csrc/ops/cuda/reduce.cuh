@@ -105,13 +105,15 @@ __device__ __forceinline__ void team_sum(float (&v)[R], float* buf, int half) {
 // Sums (a, b) over each team of `team_threads` consecutive threads (a multiple of 32), in a
 // fixed order. Every thread of the block calls it. `red` holds two buffers of 32 float2 used in
 // turn (`buf` flips), so a call needs one barrier: the buffer written now was last read before
-// the previous call's barrier.
+// the previous call's barrier. kWithA false: b alone is summed and a is left alone (the RMSNorm
+// backward, which has no mean(g)).
+template <bool kWithA = true>
 __device__ __forceinline__ void team_sum2(float& a, float& b, int team_threads, float2* red,
                                           int& buf) {
   using WarpReduce = cub::WarpReduce<float>;
   __shared__ typename WarpReduce::TempStorage temp[32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const float wa = WarpReduce(temp[warp]).Sum(a);
+  const float wa = kWithA ? WarpReduce(temp[warp]).Sum(a) : 0.f;
   const float wb = WarpReduce(temp[warp]).Sum(b);
   float2* r = red + 32 * buf;
   if (lane == 0) r[warp] = make_float2(wa, wb);
@@ -124,7 +126,7 @@ __device__ __forceinline__ void team_sum2(float& a, float& b, int team_threads, 
     sa += v.x;
     sb += v.y;
   }
-  a = sa;
+  if constexpr (kWithA) a = sa;
   b = sb;
   buf ^= 1;
 }
