@@ -3,7 +3,7 @@ PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 JOBS ?= 2
 
-.PHONY: install develop demo test test-cpp test-python lint format gpu-check bench-sampler clean
+.PHONY: install develop demo test test-fast test-cpp test-python lint format gpu-check bench-sampler clean
 
 install:  ## build and install the package (CPU and CUDA ops when torch has CUDA)
 	$(PIP) install -r requirements/build.txt
@@ -21,7 +21,10 @@ test-cpp:  ## GoogleTest suite of the C++ sampler core
 	ctest --test-dir build/cmake --output-on-failure
 
 test-python:  ## pytest against the installed package
-	$(PYTHON) -m pytest tests/python
+	$(PYTHON) -m pytest tests/python --durations=20
+
+test-fast:  ## day-to-day lane: the Python tests that start no other process and are not slow
+	$(PYTHON) -m pytest tests/python -m "not distributed and not slow" -q --durations=20
 
 test:  ## install what the tests need, then run C++ and Python tests
 	$(PIP) install -r requirements/test.txt

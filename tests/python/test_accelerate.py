@@ -12,6 +12,8 @@ import pytest
 
 pytest.importorskip("accelerate")
 
+pytestmark = pytest.mark.distributed  # every test starts processes
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 NUM_SAMPLES = 457
 

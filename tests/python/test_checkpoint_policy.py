@@ -244,6 +244,7 @@ def parallel_worker(rank, world, wrap):
     return {"steps": steps}
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
 def test_ranks_with_different_n_match_one_process_without_checkpointing(tmp_path, wrap):
     results = run_on_ranks(parallel_worker, WORLD, tmp_path, wrap, wrap)

@@ -105,6 +105,7 @@ def test_plan_demo_prints_tables_and_draws_figure(tmp_path, capsys):
     assert ours["over_token_cap"] == 0 and ours["over_cost_cap"] == 0
 
 
+@pytest.mark.distributed
 def test_plan_from_metadata_file_via_console_entry(tmp_path):
     rows = [SHAPES[i % 4] for i in range(200)]
     write_csv(tmp_path / "m.csv", ["num_frames", "height", "width"], rows)
@@ -136,6 +137,7 @@ def test_plan_reports_bad_input_without_traceback(tmp_path, capsys):
 # -- no failure after the report, clear errors, large inputs ------------------------------------
 
 
+@pytest.mark.distributed
 def test_plan_without_matplotlib_still_writes_the_report(tmp_path):
     # A fresh machine may lack matplotlib (it is a dependency, but a broken or removed one
     # must not cost the user the report): the JSON is written and the exit code is 0.

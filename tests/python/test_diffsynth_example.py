@@ -16,6 +16,8 @@ import torch
 pytest.importorskip("diffsynth.models.wan_video_dit")
 pytest.importorskip("accelerate")
 
+pytestmark = pytest.mark.distributed  # every test starts processes
+
 from safetensors.torch import load_file  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -13,6 +13,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from adaptiveload import AdaptiveBatchSampler
 
+pytestmark = pytest.mark.distributed  # every test starts gloo ranks
+
 NUM_SAMPLES = 1500
 STEPS_BEFORE_STOP = 6
 K = 2

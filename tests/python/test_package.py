@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import adaptiveload
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -16,6 +18,7 @@ def test_version_matches_pyproject():
     assert adaptiveload.__version__ == version
 
 
+@pytest.mark.distributed
 def test_import_does_not_initialize_cuda():
     code = (
         "import adaptiveload, torch; print(adaptiveload.__version__, torch.cuda.is_initialized())"
@@ -52,6 +55,7 @@ def test_wan_geometry_has_one_source():
     assert wan.latent_shape(81, 480, 832, 16) == (16, 21, 60, 104)
 
 
+@pytest.mark.distributed
 def test_wan_module_needs_neither_torch_nor_diffusers():
     # Loaded on its own, with torch and diffusers made unimportable.
     code = (
@@ -64,6 +68,7 @@ def test_wan_module_needs_neither_torch_nor_diffusers():
     assert out.stdout.split() == ["1560"]
 
 
+@pytest.mark.distributed
 def test_import_loads_the_sampler_without_the_op_library():
     # The sampler must work where the op build does not: `import adaptiveload` leaves
     # adaptiveload._C alone, and only the ops need it (then the error says so).

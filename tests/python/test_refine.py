@@ -494,6 +494,7 @@ def worker(rank, world, init_file, out_dir, seed):
         dist.destroy_process_group()
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("world", [2, 3])
 def test_ranks_with_their_own_times_plan_alike(tmp_path, seed, world):
     mp.start_processes(
@@ -549,6 +550,7 @@ def skipping_update(rank, world):
     return {"raised": None}
 
 
+@pytest.mark.distributed
 def test_a_rank_that_skips_update_cost_model_fails_every_rank_naming_the_call(tmp_path):
     results = run_on_ranks(skipping_update, 2, tmp_path, "skip")
     for r in results:

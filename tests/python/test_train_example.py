@@ -14,6 +14,8 @@ import pytest
 
 pytest.importorskip("diffusers")
 
+pytestmark = pytest.mark.distributed  # every test starts processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "examples")
 

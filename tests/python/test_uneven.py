@@ -297,6 +297,7 @@ def grad_worker(rank, world, wrap):
     return {"grads": grads}
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
 def test_step_gradients_over_uneven_ranks_match_one_process(tmp_path, wrap):
     plan = tiny_sampler(0).plan()
