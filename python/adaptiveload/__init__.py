@@ -14,7 +14,7 @@ from adaptiveload.cost import CostModel
 from adaptiveload.memory import CheckpointPolicy, MemoryModel
 from adaptiveload.report import BalanceReport, balance_report
 from adaptiveload.sampler import AdaptiveBatchSampler, EqualTokenBatchSampler, MicroBatch, Plan
-from adaptiveload.seqlen import wan_seq_len
+from adaptiveload.wan import wan_seq_len
 
 # name -> module that defines it, imported on first access (PEP 562).
 _LAZY = {

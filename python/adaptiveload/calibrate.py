@@ -33,9 +33,6 @@ from adaptiveload.cost import CostModel
 from adaptiveload.fit import Point, fit_cost_model, fit_memory_model, heldout_errors
 from adaptiveload.wan import SHAPES, TEXT_LEN, wan_seq_len
 
-# The pixel shapes profiled by default (adaptiveload.wan.SHAPES), under the name callers use.
-WAN_SHAPES = SHAPES
-
 
 @dataclass
 class Calibration:
@@ -541,25 +538,16 @@ def _memory_row(d: dict) -> dict:
 
 
 def _progress(total: int, enabled: bool, desc: str = "calibrating"):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        tqdm = None
-    if enabled and tqdm is not None:
-        bar = tqdm(total=total, desc=desc, unit="point")
+    """A progress bar of ``total`` points (tqdm, a dependency of the ``wan`` extra that this
+    module belongs to), or nothing when not ``enabled``."""
+    from tqdm import tqdm
 
-        def update(msg):
-            bar.set_postfix_str(msg)
-            bar.update(1)
-            if bar.n == total:
-                bar.close()
-
-        return update
-    count = [0]
+    bar = tqdm(total=total, desc=desc, unit="point", disable=not enabled)
 
     def update(msg):
-        count[0] += 1
-        if enabled:
-            print(f"{desc} [{count[0]}/{total}] {msg}", flush=True)
+        bar.set_postfix_str(msg)
+        bar.update(1)
+        if bar.n == total:
+            bar.close()
 
     return update

@@ -44,13 +44,12 @@ def test_ops_are_registered_with_torch():
 
 
 def test_wan_geometry_has_one_source():
-    from adaptiveload import calibrate, seqlen, wan
+    from adaptiveload import wan
     from adaptiveload.models import wan as models_wan
 
-    assert adaptiveload.wan_seq_len is seqlen.wan_seq_len is wan.wan_seq_len
+    assert adaptiveload.wan_seq_len is wan.wan_seq_len
     for name in ("PATCH", "VAE_STRIDE", "TEXT_LEN", "CONFIGS", "latent_shape"):
         assert getattr(models_wan, name) is getattr(wan, name), name
-    assert calibrate.WAN_SHAPES is wan.SHAPES
     assert wan.wan_seq_len(81, 720, 1280) == 75600
     assert wan.latent_shape(81, 480, 832, 16) == (16, 21, 60, 104)
 
