@@ -135,8 +135,9 @@ def test_sampler_plans_with_measured_kinds():
 
 
 @pytest.mark.parametrize("k", [1, 4])
-def test_max_batch_size_one_balances_single_sample_steps(k):
-    meta = demo_metadata(4000, "wan-mix", seed=int(np.random.default_rng().integers(1 << 30)))
+@pytest.mark.parametrize("mix_seed", [3, 17])  # fixed: the bounds below are statistical
+def test_max_batch_size_one_balances_single_sample_steps(k, mix_seed):
+    meta = demo_metadata(4000, "wan-mix", seed=mix_seed)
     common = dict(group_keys=meta.group_keys(), num_replicas=8, rank=0, micro_batches_per_step=k)
     ours = AdaptiveBatchSampler(meta.seq_lens, 151_200, max_batch_size=1, **common)
     base = EqualTokenBatchSampler(
