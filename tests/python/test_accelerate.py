@@ -5,12 +5,12 @@ configurations that cannot be right, and exact resume through save_state / load_
 import collections
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("accelerate")
+
+from processes import torchrun  # noqa: E402
 
 pytestmark = pytest.mark.distributed  # every test starts processes
 
@@ -19,18 +19,8 @@ NUM_SAMPLES = 457
 
 
 def launch(scenario, out_dir, nproc):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        os.path.join(HERE, "accelerate_worker.py"),
-        scenario,
-        str(out_dir),
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    worker = os.path.join(HERE, "accelerate_worker.py")
+    return torchrun(worker, scenario, out_dir, nproc=nproc, check=False)
 
 
 def results(scenario, out_dir, nproc):

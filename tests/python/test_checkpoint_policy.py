@@ -16,7 +16,7 @@ from adaptiveload.integrations.diffusers import (  # noqa: E402
     set_checkpointed_blocks,
 )
 from adaptiveload.models.wan import build_wan, random_batch  # noqa: E402
-from gloo_ranks import full_grads, run_on_ranks  # noqa: E402
+from processes import full_grads, run_on_ranks  # noqa: E402
 
 L = 3
 # Checkpointing recomputes the same fp32 ops on CPU; only reduction order may differ.

@@ -7,8 +7,6 @@ import importlib.util
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,6 +18,8 @@ pytestmark = pytest.mark.distributed  # every test starts processes
 
 from safetensors.torch import load_file  # noqa: E402
 
+from processes import torchrun as launch  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "train_diffsynth.py")
 NPROC, K, SAMPLES, EPOCHS = 2, 2, 24, 2
@@ -28,22 +28,16 @@ SAVE_EVERY = 4  # step 4: inside epoch 0, so the resumed run also crosses into e
 
 
 def torchrun(*args):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={NPROC}",
+    """examples/train_diffsynth.py under torchrun with the tests' settings, then ``args``."""
+    done = launch(
         EXAMPLE,
         f"--num-samples={SAMPLES}",
         f"--gradient-accumulation-steps={K}",
         f"--epochs={EPOCHS}",
         "--seed=3",
         *args,
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        nproc=NPROC,
+    )
     return done.stdout
 
 

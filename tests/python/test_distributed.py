@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, Dataset
 
 from adaptiveload import AdaptiveBatchSampler
+from processes import run_on_ranks
 
 pytestmark = pytest.mark.distributed  # every test starts gloo ranks
 
@@ -45,49 +45,36 @@ def plan_digest(sampler):
     return h.hexdigest()
 
 
-def worker(rank, world, init_file, out_dir, phase):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        # num_replicas and rank come from the process group.
-        sampler = AdaptiveBatchSampler(lengths(), 151200, micro_batches_per_step=K, seed=17)
-        assert (sampler.num_replicas, sampler.rank) == (world, rank)
-        if phase == "resume":
-            sampler.load_state_dict(
-                torch.load(os.path.join(out_dir, "sampler.pt"), weights_only=False)
-            )
-        sampler.set_epoch(2)
-        loader = DataLoader(IndexDataset(), batch_sampler=sampler, num_workers=1, collate_fn=list)
-        batches = []
-        for batch in loader:
-            batches.append(batch)
-            if phase == "first" and len(batches) == STEPS_BEFORE_STOP * K:
-                break
-        info = {"batches": batches, "len": len(sampler), "digest": plan_digest(sampler)}
-        gathered = [None] * world
-        dist.all_gather_object(gathered, info)
-        if phase == "first":
-            # The training loop knows how many optimizer steps it finished.
-            state = sampler.state_dict(steps_done=STEPS_BEFORE_STOP)
-            states = [None] * world
-            dist.all_gather_object(states, state)
-            assert all(s == states[0] for s in states), "ranks disagree on the sampler state"
-            if rank == 0:
-                torch.save(state, os.path.join(out_dir, "sampler.pt"))
+def resume_phase(rank, world, out_dir, phase):
+    # num_replicas and rank come from the process group.
+    sampler = AdaptiveBatchSampler(lengths(), 151200, micro_batches_per_step=K, seed=17)
+    assert (sampler.num_replicas, sampler.rank) == (world, rank)
+    if phase == "resume":
+        sampler.load_state_dict(torch.load(os.path.join(out_dir, "sampler.pt"), weights_only=False))
+    sampler.set_epoch(2)
+    loader = DataLoader(IndexDataset(), batch_sampler=sampler, num_workers=1, collate_fn=list)
+    batches = []
+    for batch in loader:
+        batches.append(batch)
+        if phase == "first" and len(batches) == STEPS_BEFORE_STOP * K:
+            break
+    info = {"batches": batches, "len": len(sampler), "digest": plan_digest(sampler)}
+    gathered = [None] * world
+    dist.all_gather_object(gathered, info)
+    if phase == "first":
+        # The training loop knows how many optimizer steps it finished.
+        state = sampler.state_dict(steps_done=STEPS_BEFORE_STOP)
+        states = [None] * world
+        dist.all_gather_object(states, state)
+        assert all(s == states[0] for s in states), "ranks disagree on the sampler state"
         if rank == 0:
-            torch.save(gathered, os.path.join(out_dir, f"{phase}.pt"))
-    finally:
-        dist.destroy_process_group()
+            torch.save(state, os.path.join(out_dir, "sampler.pt"))
+    return {"gathered": gathered}
 
 
 def run(world, tmp_path, phase):
-    init_file = tmp_path / f"init_{phase}"
-    mp.start_processes(
-        worker,
-        args=(world, str(init_file), str(tmp_path), phase),
-        nprocs=world,
-        start_method="spawn",
-    )
-    return torch.load(tmp_path / f"{phase}.pt", weights_only=False)
+    """Every rank's batches and plan, as rank 0 gathered them."""
+    return run_on_ranks(resume_phase, world, tmp_path, phase, str(tmp_path), phase)[0]["gathered"]
 
 
 def test_two_gloo_ranks_then_resume_on_three(tmp_path):
@@ -112,28 +99,10 @@ def test_two_gloo_ranks_then_resume_on_three(tmp_path):
 # -- ranks agree or fail, sequence-parallel groups, StatefulDataLoader --------------------------
 
 
-def scenario_worker(rank, world, init_file, out_dir, scenario):
-    import traceback
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    result = {}
-    try:
-        result = SCENARIOS[scenario](rank, world, out_dir)
-    except Exception as e:  # reported to the test, which decides
-        result = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
-    finally:
-        torch.save(result, os.path.join(out_dir, f"{scenario}_{rank}.pt"))
-        dist.destroy_process_group()
-
-
 def run_scenario(world, tmp_path, scenario):
-    mp.start_processes(
-        scenario_worker,
-        args=(world, str(tmp_path / f"init_{scenario}"), str(tmp_path), scenario),
-        nprocs=world,
-        start_method="spawn",
-    )
-    return [torch.load(tmp_path / f"{scenario}_{r}.pt", weights_only=False) for r in range(world)]
+    """Each rank's result of ``SCENARIOS[scenario]``, or the error it raised (the test decides)."""
+    fn = SCENARIOS[scenario]
+    return run_on_ranks(fn, world, tmp_path, scenario, str(tmp_path), errors_allowed=True)
 
 
 def per_rank_seed(rank, world, out_dir):

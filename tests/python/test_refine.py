@@ -8,19 +8,16 @@ a sampler that never learns, or the fold computed here from the recorded times."
 import copy
 import hashlib
 import math
-import os
 import pickle
 import warnings
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
 from adaptiveload.fit import Point, fit_cost_model
-from gloo_ranks import run_on_ranks
+from processes import run_on_ranks
 
 WAN_LENGTHS = [1560, 3600, 14040, 32760, 46800, 75600]
 MAX_TOKENS = 151200
@@ -480,31 +477,10 @@ def refining_ranks(rank, world, seed):
     return {"epochs": epochs, "final": s.cost_model.to_dict(), "state": s.state_dict()}
 
 
-def worker(rank, world, init_file, out_dir, seed):
-    import traceback
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    result = {}
-    try:
-        result = refining_ranks(rank, world, seed)
-    except Exception as e:  # reported to the test
-        result = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
-    finally:
-        torch.save(result, os.path.join(out_dir, f"rank_{rank}.pt"))
-        dist.destroy_process_group()
-
-
 @pytest.mark.distributed
 @pytest.mark.parametrize("world", [2, 3])
 def test_ranks_with_their_own_times_plan_alike(tmp_path, seed, world):
-    mp.start_processes(
-        worker,
-        args=(world, str(tmp_path / "init"), str(tmp_path), seed),
-        nprocs=world,
-        start_method="spawn",
-    )
-    results = [torch.load(tmp_path / f"rank_{r}.pt", weights_only=False) for r in range(world)]
-    assert all("error" not in r for r in results), [r.get("trace") for r in results]
+    results = run_on_ranks(refining_ranks, world, tmp_path, "refine", seed)
     lens = lengths(seed, 900)
     never = AdaptiveBatchSampler(
         lens, MAX_TOKENS, num_replicas=world, rank=0, micro_batches_per_step=2, seed=seed % 1000

@@ -14,6 +14,8 @@ import pytest
 
 pytest.importorskip("diffusers")
 
+from processes import torchrun as launch  # noqa: E402
+
 pytestmark = pytest.mark.distributed  # every test starts processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -21,33 +23,15 @@ EXAMPLES = os.path.join(ROOT, "examples")
 
 
 def torchrun(*args, nproc=2, timeout=300):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
+    """examples/train_wan.py under torchrun with the tests' tiny settings, then ``args``."""
+    launch(
         os.path.join(EXAMPLES, "train_wan.py"),
-        "--device",
-        "cpu",
-        "--config",
-        "tiny",
-        "--num-workers",
-        "1",
-        "--no-progress",
-        "--micro-batches-per-step",
-        "2",
-        "--seed",
-        "5",
-        "--epochs",
-        "4",
-        "--max-tokens",
-        "320",
+        *("--device", "cpu", "--config", "tiny", "--num-workers", "1", "--no-progress"),
+        *("--micro-batches-per-step", "2", "--seed", "5", "--epochs", "4", "--max-tokens", "320"),
         *args,
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        nproc=nproc,
+        timeout=timeout,
+    )
 
 
 def read_lines(path):

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from adaptiveload import AdaptiveBatchSampler, EqualTokenBatchSampler
 from adaptiveload.cost import CostModel
-from gloo_ranks import full_grads, run_on_ranks
+from processes import full_grads, run_on_ranks
 
 WAN_LENGTHS = [1560, 3600, 14040, 32760, 46800, 75600]
 

@@ -1,10 +1,12 @@
-"""Real gloo process groups for the tests: run a function on W spawned ranks and collect what
-each returns (a dict, saved with torch.save), or the error and traceback it raised."""
+"""The tests' other processes, launched one way: a function on W spawned gloo ranks
+(``run_on_ranks``), or a script under torchrun (``torchrun``)."""
 
 from __future__ import annotations
 
 import datetime
 import os
+import subprocess
+import sys
 import traceback
 
 import torch
@@ -30,18 +32,39 @@ def _entry(rank, world, init_file, out_pattern, fn, args):
         dist.destroy_process_group()
 
 
-def run_on_ranks(fn, world, tmp_path, name, *args) -> list[dict]:
+def run_on_ranks(fn, world, tmp_path, name, *args, errors_allowed=False) -> list[dict]:
     """``fn(rank, world, *args) -> dict`` on `world` gloo ranks (a module-level function, so
-    that spawned processes can import it); fails with a rank's traceback if one raised."""
+    that spawned processes can import it). Fails with a rank's traceback if one raised, unless
+    ``errors_allowed``: then that rank's result is ``{"error": ..., "trace": ...}``."""
     out = os.path.join(str(tmp_path), f"{name}_{{rank}}.pt")
     init = os.path.join(str(tmp_path), f"init_{name}")
     mp.start_processes(
         _entry, args=(world, init, out, fn, args), nprocs=world, start_method="spawn"
     )
     results = [torch.load(out.format(rank=r), weights_only=False) for r in range(world)]
-    for r in results:
-        assert "error" not in r, r.get("trace")
+    if not errors_allowed:
+        for r in results:
+            assert "error" not in r, r.get("trace")
     return results
+
+
+def torchrun(script, *args, nproc=2, timeout=300, check=True) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run --standalone --nproc_per_node=nproc script *args``, one
+    thread per process; with ``check``, fails with the end of its output unless it exits 0."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        script,
+        *[str(a) for a in args],
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if check:
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
 
 
 def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
