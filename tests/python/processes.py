@@ -61,7 +61,18 @@ def torchrun(script, *args, nproc=2, timeout=300, check=True) -> subprocess.Comp
         *[str(a) for a in args],
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as e:  # what it printed says where it stopped
+        out = (
+            (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout
+        )
+        err = (
+            (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+        )
+        raise AssertionError(
+            f"{script} did not finish in {timeout} s:\n{(out or '')[-3000:]}\n{(err or '')[-3000:]}"
+        ) from None
     if check:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done

@@ -37,6 +37,7 @@ def torchrun(*args):
         "--seed=3",
         *args,
         nproc=NPROC,
+        timeout=600,  # a fresh machine once stalled past 300 s after its first save_state
     )
     return done.stdout
 
