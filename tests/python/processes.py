@@ -124,3 +124,12 @@ def torchrun(script, *args, nproc=2, timeout=300, check=True) -> subprocess.Comp
 
 def _text(data) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+
+
+def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient, gathered whole when sharded (FSDP2's DTensor)."""
+    out = {}
+    for name, p in model.named_parameters():
+        g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        out[name] = g.detach().clone()
+    return out
