@@ -6,6 +6,7 @@
 #include <map>
 #include <vector>
 
+#include "plan_stats.h"
 #include "sampler/cost_model.h"
 #include "sampler/planner.h"
 #include "wan_mix.h"
@@ -33,22 +34,6 @@ std::vector<std::map<int32_t, int64_t>> step_groups(const SampleTable& table, co
   for (int64_t m = 0; m < p.num_micro_batches(); ++m)
     ++counts[m / per_step][table.group(p.samples[p.offsets[m]])];
   return counts;
-}
-
-double mean_imbalance(const EpochPlan& p) {
-  double total = 0.0;
-  for (int64_t t = 0; t < p.num_steps; ++t) {
-    double mx = 0.0, sum = 0.0;
-    for (int64_t r = 0; r < p.num_replicas; ++r) {
-      double load = 0.0;
-      for (int64_t k = 0; k < p.micro_batches_in_step(t, r); ++k)
-        load += p.costs[p.micro_batch_id(t, r, k)];
-      mx = std::max(mx, load);
-      sum += load;
-    }
-    total += 1.0 - sum / p.num_replicas / mx;
-  }
-  return p.num_steps ? total / p.num_steps : 0.0;
 }
 
 class Mixing : public ::testing::TestWithParam<std::tuple<int, int, double, bool>> {};

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "plan_stats.h"
 #include "sampler/cost_model.h"
 #include "sampler/planner.h"
 #include "wan_mix.h"
@@ -16,22 +17,6 @@ namespace adaptiveload {
 namespace {
 
 CostModel wan14b() { return CostModel::polynomial(1.0, 3.1e-3, 1.35e-7); }
-
-double mean_imbalance(const EpochPlan& p) {
-  double total = 0.0;
-  for (int64_t t = 0; t < p.num_steps; ++t) {
-    double mx = 0.0, sum = 0.0;
-    for (int64_t r = 0; r < p.num_replicas; ++r) {
-      double load = 0.0;
-      for (int64_t k = 0; k < p.micro_batches_per_step; ++k)
-        load += p.costs[p.micro_batch_id(t, r, k)];
-      mx = std::max(mx, load);
-      sum += load;
-    }
-    total += 1.0 - sum / p.num_replicas / mx;
-  }
-  return p.num_steps ? total / p.num_steps : 0.0;
-}
 
 // Checks the invariants every plan must hold and returns how often each sample appears
 // outside padding micro-batches.
