@@ -738,6 +738,8 @@ def main(argv=None):
         save(*position)
     if log:
         log.close()
+    # Every rank past its last collective before any tears its process group down.
+    dist.barrier()
     dist.destroy_process_group()
 
 
