@@ -187,29 +187,33 @@ PYBIND11_MODULE(_sampler, m) {
           py::arg("indices"))
       .def_property_readonly("has_memory_policy", &SampleTable::has_memory_policy);
 
+  // The planner's options as one object; Python sets them by name.
+  py::class_<PlanOptions>(m, "PlanOptions")
+      .def(py::init<>())
+      .def_readwrite("max_tokens", &PlanOptions::max_tokens)
+      .def_readwrite("max_batch_size", &PlanOptions::max_batch_size)
+      .def_readwrite("max_cost", &PlanOptions::max_cost)
+      .def_readwrite("num_replicas", &PlanOptions::num_replicas)
+      .def_readwrite("micro_batches_per_step", &PlanOptions::micro_batches_per_step)
+      .def_readwrite("shuffle", &PlanOptions::shuffle)
+      .def_readwrite("seed", &PlanOptions::seed)
+      .def_readwrite("epoch", &PlanOptions::epoch)
+      .def_readwrite("drop_last", &PlanOptions::drop_last)
+      .def_readwrite("balance", &PlanOptions::balance)
+      .def_readwrite("lookahead_steps", &PlanOptions::lookahead_steps)
+      .def_readwrite("uneven_counts", &PlanOptions::uneven_counts)
+      .def_readwrite("mix_tolerance", &PlanOptions::mix_tolerance)
+      .def_property(
+          "skip_oversize",
+          [](const PlanOptions& o) { return o.oversize == adaptiveload::OversizePolicy::kSkip; },
+          [](PlanOptions& o, bool skip) {
+            o.oversize = skip ? adaptiveload::OversizePolicy::kSkip
+                              : adaptiveload::OversizePolicy::kError;
+          });
+
   m.def(
       "plan_epoch",
-      [](const SampleTable& table, int64_t max_tokens, double max_cost, int64_t num_replicas,
-         int64_t micro_batches_per_step, bool shuffle, uint64_t seed, int64_t epoch, bool drop_last,
-         bool balance, int64_t lookahead_steps, bool skip_oversize,
-         std::optional<UInt8Array> exclude, int64_t max_batch_size, bool uneven_counts,
-         double mix_tolerance) {
-        PlanOptions o;
-        o.max_tokens = max_tokens;
-        o.max_batch_size = max_batch_size;
-        o.max_cost = max_cost;
-        o.num_replicas = num_replicas;
-        o.micro_batches_per_step = micro_batches_per_step;
-        o.shuffle = shuffle;
-        o.seed = seed;
-        o.epoch = epoch;
-        o.drop_last = drop_last;
-        o.balance = balance;
-        o.lookahead_steps = lookahead_steps;
-        o.uneven_counts = uneven_counts;
-        o.mix_tolerance = mix_tolerance;
-        o.oversize = skip_oversize ? adaptiveload::OversizePolicy::kSkip
-                                   : adaptiveload::OversizePolicy::kError;
+      [](const SampleTable& table, const PlanOptions& o, std::optional<UInt8Array> exclude) {
         const uint8_t* ex = nullptr;
         if (exclude) {
           if (exclude->ndim() != 1 || exclude->shape(0) != table.size())
@@ -235,15 +239,11 @@ PYBIND11_MODULE(_sampler, m) {
         out["padding"] = to_numpy(std::move(plan.padding));
         out["skipped"] = to_numpy(std::move(plan.skipped));
         if (table.has_memory_policy()) out["checkpointed"] = to_numpy(std::move(plan.checkpointed));
-        if (uneven_counts) out["rank_offsets"] = to_numpy(std::move(plan.rank_offsets));
-        if (balance) out["window_strata"] = to_numpy(std::move(plan.window_strata));
+        if (o.uneven_counts) out["rank_offsets"] = to_numpy(std::move(plan.rank_offsets));
+        if (o.balance) out["window_strata"] = to_numpy(std::move(plan.window_strata));
         return out;
       },
-      py::arg("table"), py::arg("max_tokens"), py::arg("max_cost"), py::arg("num_replicas"),
-      py::arg("micro_batches_per_step"), py::arg("shuffle"), py::arg("seed"), py::arg("epoch"),
-      py::arg("drop_last"), py::arg("balance"), py::arg("lookahead_steps"),
-      py::arg("skip_oversize"), py::arg("exclude") = py::none(), py::arg("max_batch_size") = 0,
-      py::arg("uneven_counts") = false, py::arg("mix_tolerance") = 0.0);
+      py::arg("table"), py::arg("options"), py::arg("exclude") = py::none());
 
   m.def(
       "assign_to_ranks",

@@ -157,7 +157,7 @@ struct PlanOptions {
   /// Predicted imbalance, in [0, 1], a window's steps may take on to mix the data's groups
   /// (see plan_epoch). 0: steps of similar cost, as sorted (the best balance; steps often
   /// hold one or two groups). 1: every window fully mixed. The Python sampler's default is
-  /// MIX_TOLERANCE in sampler.py.
+  /// MIX_TOLERANCE in python/adaptiveload/sampler/samplers.py.
   double mix_tolerance = 0.0;
 };
 

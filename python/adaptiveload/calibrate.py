@@ -368,16 +368,7 @@ def calibrate_plan(
             if not new:
                 break
             bar = _progress(len(new), progress, f"round {r}")
-            for s, b in new:
-                t0 = time.perf_counter()
-                ms, peak = measure(b, kinds[(s, b)])
-                t_measure += time.perf_counter() - t0
-                p = Point(b, s, float(ms), int(peak), kinds[(s, b)])
-                points.append(p)
-                if out is not None:
-                    out.write(json.dumps(asdict(p)) + "\n")
-                    out.flush()
-                bar(f"B={b} S={s}: {ms:.1f} ms")
+            t_measure += _measure_kinds(new, kinds, measure, points, out, bar)
         model = _model_of(points, prior)
     finally:
         if out is not None:
@@ -407,6 +398,23 @@ def calibrate_plan(
     cuda = any(p.peak_bytes for p in points)
     m0, m1 = fit_memory_model(points) if cuda and len(points) >= 2 else (0.0, 1.0)
     return Calibration(cost, m0, m1, points, meta)
+
+
+def _measure_kinds(new, kinds: dict, measure, points: list, out, bar) -> float:
+    """Measure each kind ``(S, B)`` of ``new`` (``kinds[(S, B)]``: its pixel shape), append
+    its point to ``points`` (and to ``out``, JSON lines, as measured); the seconds spent."""
+    seconds = 0.0
+    for s, b in new:
+        t0 = time.perf_counter()
+        ms, peak = measure(b, kinds[(s, b)])
+        seconds += time.perf_counter() - t0
+        p = Point(b, s, float(ms), int(peak), kinds[(s, b)])
+        points.append(p)
+        if out is not None:
+            out.write(json.dumps(asdict(p)) + "\n")
+            out.flush()
+        bar(f"B={b} S={s}: {ms:.1f} ms")
+    return seconds
 
 
 def _model_of(points: list[Point], prior: CostModel) -> CostModel:

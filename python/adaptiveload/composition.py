@@ -163,3 +163,26 @@ def step_composition(
         shuffle_groups_per_step=float(np.median(draws[:, 3])),
         min_share=min_share,
     )
+
+
+def steps_without(plan, mask: np.ndarray) -> float:
+    """Share of ``plan``'s steps that hold no sample whose ``mask`` (one bool per dataset
+    index, e.g. ``num_frames == 1``) is set."""
+    if plan.num_steps == 0:
+        return 0.0
+    held = np.zeros(plan.num_steps, dtype=bool)
+    held[step_of_entries(plan, plan.num_steps)[mask[step_entries(plan, plan.num_steps)]]] = True
+    return float(1.0 - held.mean())
+
+
+def step_entries(plan, steps: int) -> np.ndarray:
+    """The samples of the first ``steps`` steps, in plan order."""
+    return plan.samples[: plan.offsets[steps * plan.num_replicas * plan.micro_batches_per_step]]
+
+
+def step_of_entries(plan, steps: int) -> np.ndarray:
+    """The step of each sample of ``step_entries(plan, steps)`` (step t is micro-batches
+    ``[t * W * K, (t + 1) * W * K)`` in either layout)."""
+    per_step = plan.num_replicas * plan.micro_batches_per_step
+    m = steps * per_step
+    return np.repeat(np.arange(m, dtype=np.int64) // per_step, np.diff(plan.offsets)[:m])

@@ -12,7 +12,7 @@ with the smaller held-out error (``heldout_errors``, k-fold):
 ``fit_memory_model`` fits ``peak = m0 + m1 * B * S`` (bytes); ``fit_checkpoint_memory_model``
 fits the peak with ``n`` of ``L`` blocks checkpointed (``adaptiveload.memory.MemoryModel``), its
 margin and the share of time recomputation takes. All by non-negative least squares
-(``nnls``, numpy only). ``adaptiveload.calibrate`` measures the points on a GPU; any other
+(``nnls``: scipy's, on unit columns). ``adaptiveload.calibrate`` measures the points on a GPU; any other
 source of points works the same.
 """
 
@@ -44,24 +44,22 @@ class Point:
 
 
 def nnls(a, b, *, max_iter: int | None = None) -> np.ndarray:
-    """x minimizing ``||a @ x - b||_2`` subject to ``x >= 0``.
+    """x minimizing ``||a @ x - b||_2`` subject to ``x >= 0``: ``scipy.optimize.nnls``
+    (Lawson and Hanson's active-set algorithm) on unit columns.
 
-    Lawson and Hanson's active-set algorithm (Solving Least Squares Problems, 1974, ch. 23):
-    starting from x = 0, repeatedly free the coefficient j whose negative gradient
-    ``w_j = (a^T (b - a x))_j`` is largest, solve unconstrained least squares on the free
-    set, and step back along the segment to the last feasible point (dropping the
-    coefficients that reach 0) until the free solution is positive. It stops at the KKT
-    point: ``w_j <= 0`` where ``x_j = 0``, ``w_j = 0`` where ``x_j > 0``, which is the global
-    minimum (the problem is convex). Meant for a handful of coefficients: each step is a
-    dense ``lstsq`` on the free columns.
+    ``x_j >= 0`` is unchanged by scaling column j by a positive number, so the columns are
+    scaled to unit norm first: the cost fit's columns (1, B*S, B*S^2) span orders of
+    magnitude, and the solver's gradient test then compares them on one scale.
 
     Args:
         a: (m, n) design matrix; b: (m,) targets; both finite.
-        max_iter: coefficients freed at most (default 3 n); ``RuntimeError`` past it.
+        max_iter: the solver's iterations at most (default 3 n); ``RuntimeError`` past it.
 
     Returns:
         x, shape (n,), float64, every entry >= 0 (0 for all-zero columns of ``a``).
     """
+    from scipy.optimize import nnls as scipy_nnls
+
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     if a.ndim != 2 or b.ndim != 1 or a.shape[0] != b.shape[0]:
@@ -70,57 +68,16 @@ def nnls(a, b, *, max_iter: int | None = None) -> np.ndarray:
         )
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
         raise ValueError("nnls: a and b must be finite")
-    m, n = a.shape
+    n = a.shape[1]
     max_iter = 3 * n if max_iter is None else int(max_iter)
-    # x_j >= 0 is unchanged by scaling column j by a positive number, so work on unit
-    # columns: the gradient test then compares columns that span orders of magnitude
-    # (1, B*S, B*S^2 in the cost fit) on one scale.
     norms = np.linalg.norm(a, axis=0)
     usable = norms > 0
-    a = a / np.where(usable, norms, 1.0)
-    tol = 10 * max(m, n) * np.finfo(np.float64).eps * max(float(np.linalg.norm(b)), 1e-300)
-
-    def solve_free(free: np.ndarray) -> np.ndarray:
-        s = np.zeros(n)
-        if free.any():
-            s[free] = np.linalg.lstsq(a[:, free], b, rcond=None)[0]
-        return s
-
     x = np.zeros(n)
-    free = np.zeros(n, dtype=bool)
-    blocked = np.zeros(n, dtype=bool)  # rounding kept them from entering at this x
-    w = a.T @ b
-    freed = 0
-    while True:
-        candidates = ~free & ~blocked & usable & (w > tol)
-        if not candidates.any():
-            break
-        if freed == max_iter:
-            raise RuntimeError(f"nnls: no convergence after freeing {max_iter} coefficients")
-        j = int(np.argmax(np.where(candidates, w, -np.inf)))
-        free[j] = True
-        s = solve_free(free)
-        if s[j] <= 0:
-            # In exact arithmetic s_j > 0 whenever w_j > 0; at the rounding level it may not
-            # be. Keep x and try the next candidate.
-            free[j] = False
-            blocked[j] = True
-            continue
-        freed += 1
-        while np.any(s[free] <= 0):
-            # Step from x towards s as far as feasibility allows; the coefficient that
-            # reaches 0 first (and any other at 0) leaves the free set.
-            hit = free & (s <= 0)
-            ratios = np.where(hit, x / np.where(hit, x - s, 1.0), np.inf)
-            k = int(np.argmin(ratios))
-            x = x + ratios[k] * (s - x)
-            x[k] = 0.0
-            free &= x > 0
-            x[~free] = 0.0
-            s = solve_free(free)
-        x = s
-        blocked[:] = False
-        w = a.T @ (b - a @ x)
+    if usable.any():
+        try:
+            x[usable] = scipy_nnls(a[:, usable] / norms[usable], b, maxiter=max_iter)[0]
+        except RuntimeError as e:
+            raise RuntimeError(f"nnls: no convergence after {max_iter} iterations ({e})") from None
     return np.where(usable, x / np.where(usable, norms, 1.0), 0.0)
 
 

@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 from adaptiveload import AdaptiveBatchSampler, balance_report, wan_seq_len
-from adaptiveload.cli import steps_without
-from adaptiveload.composition import step_composition
+from adaptiveload.composition import step_composition, steps_without
 from adaptiveload.sampler import Plan
 
 # Two groups of 4 samples: A (indices 0-3, 1 token each), B (indices 4-7, 3 tokens each). The

@@ -239,7 +239,7 @@ def test_record_time_converts_to_full_checkpointing(seed):
     b = next(iter(s))
     n = s.checkpointed_blocks(b)
     assert s.record_time(b, 10.0)
-    (rec,) = s._records.values()
+    (rec,) = s._refinement.records.values()
     assert rec[1][-1] == pytest.approx(10.0 / (1 - 0.25 * (L - n) / L))
 
 

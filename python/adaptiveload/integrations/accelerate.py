@@ -35,7 +35,7 @@ import weakref
 from accelerate.data_loader import DataLoaderShard
 from torch.utils.data import DataLoader
 
-from adaptiveload.sampler import _PlannedBatchSampler
+from adaptiveload.sampler import PlannedBatchSampler
 
 __all__ = ["AdaptiveDataLoader", "prepare_data_loader"]
 
@@ -71,7 +71,7 @@ class AdaptiveDataLoader(DataLoaderShard):
         self.iteration = sampler.epoch
 
     @property
-    def adaptive_sampler(self) -> _PlannedBatchSampler:
+    def adaptive_sampler(self) -> PlannedBatchSampler:
         return self.base_dataloader.batch_sampler
 
     @property
@@ -147,7 +147,7 @@ def prepare_data_loader(
             for batch in loader: ...
     """
     sampler = dataloader.batch_sampler
-    if not isinstance(sampler, _PlannedBatchSampler):
+    if not isinstance(sampler, PlannedBatchSampler):
         raise ValueError(
             "prepare_data_loader: dataloader.batch_sampler must be an AdaptiveBatchSampler or "
             f"EqualTokenBatchSampler, got {type(sampler).__name__}"

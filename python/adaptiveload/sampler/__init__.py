@@ -1,0 +1,44 @@
+"""Batch samplers for ``torch.utils.data.DataLoader(batch_sampler=...)``.
+
+``AdaptiveBatchSampler`` plans each epoch for all ranks at once in C++ (the same plan on
+every rank, no communication) and yields this rank's micro-batches. Micro-batches
+``[t*K, (t+1)*K)`` of every rank form optimizer step ``t``.
+
+Nothing here may lose or repeat a sample silently. The package's modules are the
+mechanisms that carry that:
+
+- ``plan.py``: the epoch's plan (``Plan``) and a loader's batch in its step
+  (``MicroBatch``).
+- ``checks.py``: every argument checked, with the bounds that keep a plan's sums in int64.
+- ``ranks.py``: rank defaults, the tagged collectives, and the per-epoch check that every
+  rank plans the same epoch (ranks agree or fail).
+- ``readers.py``: who draws the batches (a DataLoader with workers or accelerate reads ahead,
+  so a position it cannot know is refused instead of guessed; accelerate's sharding of batch
+  samplers is served a stream it shards correctly).
+- ``resume.py``: the plan fingerprint and the saved state: a state of the same plan replays
+  exactly, of other settings re-plans the samples not yet consumed, of another dataset is
+  refused.
+- ``refine.py``: online refinement (``record_time``, ``update_cost_model``): measured times
+  per ``(seq_len, batch)`` kind replace predicted costs from the next epoch on, folded alike
+  on every rank and carried by the state.
+- ``iteration.py``: a rank's stream against its plan (``micro_batches``, state positions).
+- ``base.py``: ``PlannedBatchSampler``, which composes them; ``samplers.py``: the two
+  samplers.
+"""
+
+from adaptiveload.sampler.base import PlannedBatchSampler
+from adaptiveload.sampler.plan import MicroBatch, Plan
+from adaptiveload.sampler.samplers import (
+    MIX_TOLERANCE,
+    AdaptiveBatchSampler,
+    EqualTokenBatchSampler,
+)
+
+__all__ = [
+    "MIX_TOLERANCE",
+    "AdaptiveBatchSampler",
+    "EqualTokenBatchSampler",
+    "MicroBatch",
+    "Plan",
+    "PlannedBatchSampler",
+]

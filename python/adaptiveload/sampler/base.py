@@ -1,0 +1,582 @@
+"""``PlannedBatchSampler``: what both samplers share. It composes the mechanisms of this
+package: checked ``Options`` (checks.py), the C++ sample table and planner, the per-epoch
+rank check (ranks.py), iteration and who draws it (readers.py), resume (resume.py) and
+online refinement (refine.py). Each part gets what it needs as arguments."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import sys
+import warnings
+from collections.abc import Iterator
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from adaptiveload import _sampler
+from adaptiveload.cost import CostModel
+from adaptiveload.memory import GIB, CheckpointPolicy
+from adaptiveload.sampler import resume
+from adaptiveload.sampler.checks import (
+    as_group_ids,
+    as_seq_lens,
+    check_options,
+    int_arg,
+    positive_number,
+    to_numpy,
+)
+from adaptiveload.sampler.plan import MicroBatch, Plan
+from adaptiveload.sampler.ranks import distributed_defaults, verify_same_plan
+from adaptiveload.sampler.readers import Consumer, called_by_torchdata, is_accelerate
+from adaptiveload.sampler.refine import MAX_KIND_BATCH, MAX_KIND_LEN, Refinement
+
+
+class PlannedBatchSampler(Sampler[list[int]]):
+    """Common machinery: validation, per-epoch planning, iteration and resumption. The two
+    samplers differ in their planner settings and their compute cap (``_compute_max_cost``)."""
+
+    def __init__(self, seq_lens, max_tokens, *, group_keys, process_group, **settings):
+        self.seq_lens = as_seq_lens(seq_lens)
+        settings["num_replicas"], settings["rank"] = distributed_defaults(
+            settings["num_replicas"], settings["rank"], process_group
+        )
+        self.options = check_options(max_tokens, **settings)
+        for f in dataclasses.fields(self.options):
+            if f.name not in ("max_cost", "cost_model"):
+                setattr(self, f.name, getattr(self.options, f.name))
+        self._max_cost_arg = self.options.max_cost
+        self._base_cost_model = self.options.cost_model
+        self.cost_model = self._base_cost_model  # the current epoch's: base + learned kinds
+        self._refinement = Refinement(
+            self._base_cost_model, self._max_cost_arg, type(self).__name__
+        )
+        # None: the sequence length is the key (the C++ table numbers lengths in sorted order,
+        # as these ids are numbered).
+        self._group_ids = None if group_keys is None else as_group_ids(group_keys, self.seq_lens)
+        self.group_keys = self._group_ids
+        h = hashlib.blake2b(digest_size=16)
+        h.update(self.seq_lens.tobytes())
+        h.update(b"by length" if self._group_ids is None else self._group_ids.tobytes())
+        self._data_digest = h.hexdigest()
+        self._build_table()
+        self._refuse_oversize()
+
+        self.epoch = 0
+        self._excluded: np.ndarray | None = None  # samples left out of this epoch's plan
+        self._start = 0  # micro-batch of this rank's stream where the next pass starts
+        self._plan: Plan | None = None
+        self._pass = "ready"  # "ready" (no pass begun), "running" or "done"
+        self._position = 0  # micro-batches handed out, counted from the plan's start
+        self._consumer = Consumer("direct iteration", False)
+        self._resume_pending = False
+        self._verified: tuple | None = None
+        self._warned_skips = False
+        self._warned_repeat = -1
+
+    # -- construction helpers, also used after unpickling ---------------------------------
+    def _build_table(self) -> None:
+        """The C++ sample table of ``self.cost_model``, and the compute cap it gives."""
+        memory = () if self.memory_model is None else (
+            self.memory_model._core, self.memory_budget_gib * GIB
+        )  # fmt: skip
+        self._table = _sampler.SampleTable(
+            self.seq_lens, self._group_ids, self.cost_model._core, *memory
+        )
+        self._max_cost = self._compute_max_cost()
+
+    def _compute_max_cost(self) -> float:
+        raise NotImplementedError
+
+    def _refuse_oversize(self) -> None:
+        if self.on_oversize != "error":
+            return
+        over = self._table.oversize_samples(self.max_tokens, self._max_cost)
+        if len(over) == 0:
+            return
+        i = int(over[0])
+        cost = float(self._table.batch_cost(np.array([i], np.int64)))
+        cap = f"max_tokens = {self.max_tokens}"
+        if (
+            self.memory_model is not None
+            and self._table.checkpointed_blocks(np.array([i], np.int64)) < 0
+        ):
+            peak = self.memory_model.peak_bytes([self.seq_lens[i]], self.memory_model.num_blocks)
+            margin = self.memory_model.margin
+            cap = (
+                f"the memory budget of {self.memory_budget_gib:g} GiB (predicted peak with every "
+                f"block checkpointed {peak / GIB:.2f} GiB, {peak * (1 + margin) / GIB:.2f} GiB "
+                f"with the margin of {margin:g})"
+            )
+        elif self.seq_lens[i] <= self.max_tokens:
+            cap = f"max_cost = {self._max_cost:.6g} (its predicted cost {cost:.6g})"
+        raise ValueError(
+            f"{type(self).__name__}: {len(over)} sample(s) exceed a cap on their own, the first "
+            f"at index {i} with {int(self.seq_lens[i])} tokens, over {cap}: raise the cap, or "
+            f"leave such samples out with on_oversize='skip'"
+        )
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        del state["_table"]
+        state["_plan"] = None
+        state["_consumer"] = Consumer("direct iteration", False)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._build_table()
+
+    # -- planning -----------------------------------------------------------------------
+    def _fingerprint(self) -> dict:
+        """Everything that shapes a plan, except the epoch and the position in it."""
+        return resume.fingerprint(
+            type(self).__name__,
+            self.options,
+            len(self.seq_lens),
+            self._data_digest,
+            self.cost_model,
+            self._max_cost,
+        )
+
+    def _make_plan(self, epoch: int, excluded: np.ndarray | None) -> Plan:
+        """Epoch ``epoch``'s plan without the samples ``excluded`` (a warning, once, for
+        samples skipped as oversize)."""
+        o = _sampler.PlanOptions()
+        o.max_tokens, o.max_batch_size = self.max_tokens, self.max_batch_size or 0
+        o.max_cost, o.num_replicas = float(self._max_cost), self.num_replicas
+        o.micro_batches_per_step, o.shuffle = self.micro_batches_per_step, self.shuffle
+        o.seed, o.epoch, o.drop_last, o.balance = self.seed, epoch, self.drop_last, self.balance
+        o.lookahead_steps, o.uneven_counts = self.lookahead_steps, self.uneven_counts
+        o.mix_tolerance, o.skip_oversize = self.mix_tolerance, self.on_oversize == "skip"
+        raw = _sampler.plan_epoch(
+            self._table, o, None if excluded is None else excluded.view(np.uint8)
+        )
+        raw = {k: (int(v) if isinstance(v, int) else v) for k, v in raw.items()}
+        plan = Plan(max_tokens=self.max_tokens, max_cost=self._reported_max_cost(), **raw)
+        if len(plan.skipped) and not self._warned_skips:
+            self._warned_skips = True
+            warnings.warn(
+                f"{type(self).__name__}: skipped {len(plan.skipped)} sample(s) that alone "
+                f"exceed a cap (first: index {int(plan.skipped[0])}, "
+                f"{int(self.seq_lens[plan.skipped[0]])} tokens)",
+                stacklevel=3,
+            )
+        return plan
+
+    def plan(self) -> Plan:
+        """The whole current epoch for all ranks (cached until ``set_epoch`` or a resume)."""
+        if self._plan is None:
+            self._plan = self._make_plan(self.epoch, self._excluded)
+        return self._plan
+
+    def _reported_max_cost(self) -> float | None:
+        return self._max_cost
+
+    def _verify_ranks(self) -> None:
+        """All ranks must plan the same epoch: compare fingerprints (one all-gather per epoch)."""
+        if not self.verify_ranks:
+            return
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return
+        at = "none"
+        if self._excluded is not None or self._start:
+            h = hashlib.blake2b(self._excluded.tobytes() if self._excluded is not None else b"")
+            # With uneven counts the ranks' stream positions differ; their step does not.
+            where = f"step {self.start_step}" if self.uneven_counts else self._start
+            at = f"{h.hexdigest()[:16]}@{where}"
+        mine = self._fingerprint() | {"epoch": self.epoch, "resume": at}
+        key = tuple(sorted((k, repr(v)) for k, v in mine.items()))
+        if self._verified != key:
+            verify_same_plan(mine, type(self).__name__)
+            self._verified = key
+
+    # -- memory policy ------------------------------------------------------------------
+    def _indices(self, indices, what: str) -> np.ndarray:
+        """``indices`` as int64 dataset indices: non-empty, 1-D, integers in range."""
+        idx = to_numpy(indices, "indices")
+        if idx.ndim != 1 or idx.size == 0 or idx.dtype.kind not in "iu":
+            raise ValueError(f"{what}: indices must be a non-empty 1-D sequence of integer "
+                             f"dataset indices, got {indices!r}")  # fmt: skip
+        n = len(self.seq_lens)
+        if idx.min() < 0 or idx.max() >= n:
+            raise ValueError(f"{what}: indices must be in [0, {n}), got {indices!r}")
+        return idx.astype(np.int64)
+
+    def checkpointed_blocks(self, indices) -> int:
+        """Blocks to run with activation checkpointing for this micro-batch (the plan's
+        choice; needs a memory model). Depends only on the samples' count and tokens, so
+        ``memory_policy().blocks_for(seq_lens)`` gives the same where only lengths are known.
+        Samples that do not fit the budget even with every block checkpointed (no plan holds
+        them together) raise ``ValueError``."""
+        if self.memory_model is None:
+            raise ValueError("checkpointed_blocks needs a sampler made with memory_model")
+        idx = self._indices(indices, "checkpointed_blocks")
+        blocks = int(self._table.checkpointed_blocks(idx))
+        if blocks < 0:
+            lens = self.seq_lens[idx]
+            peak = self.memory_model.peak_bytes(lens, self.memory_model.num_blocks)
+            raise ValueError(
+                f"checkpointed_blocks: these {idx.size} sample(s) ({int(lens.sum())} tokens) do "
+                f"not fit the memory budget of {self.memory_budget_gib:g} GiB even with every "
+                f"block checkpointed (predicted peak {peak / GIB:.3g} GiB, "
+                f"{peak * (1 + self.memory_model.margin) / GIB:.3g} GiB with the margin): no "
+                "plan holds such a micro-batch"
+            )
+        return blocks
+
+    def memory_policy(self, log=None, reserved_gib: float = 0.0) -> CheckpointPolicy:
+        """A ``CheckpointPolicy`` for the training loop: the plan's choice per micro-batch, the
+        fallback to full checkpointing after an out-of-memory error, peaks against the budget
+        (plus ``reserved_gib``, memory the model's calibration does not hold, such as the
+        optimizer state the budget was reduced by)."""
+        if self.memory_model is None:
+            raise ValueError("memory_policy needs a sampler made with memory_model")
+        return CheckpointPolicy(
+            self.memory_model, self.memory_budget_gib, reserved_gib=reserved_gib, log=log
+        )
+
+    # -- online refinement (refine.py) --------------------------------------------------
+    @property
+    def base_cost_model(self) -> CostModel:
+        """The cost model this sampler was made with; ``cost_model`` is it with the learned
+        kinds of the current epoch."""
+        return self._base_cost_model
+
+    def record_time(self, indices, ms: float) -> bool:
+        """Record the measured forward+backward time of one micro-batch this rank trained.
+
+        Args:
+            indices: the micro-batch as the sampler yielded it (list, array or tensor of
+                dataset indices).
+            ms: its time in milliseconds, a finite number > 0.
+
+        Returns True when recorded: its kind is ``(seq_len, batch)`` when all its samples
+        have ``seq_len`` tokens; a micro-batch of mixed lengths has no kind and is not
+        recorded (False). No communication: ``update_cost_model`` folds the records.
+        """
+        if not positive_number(ms):
+            raise ValueError(
+                f"record_time: ms must be a finite number > 0 (milliseconds), got {ms!r}"
+            )
+        idx = self._indices(indices, "record_time")
+        lens = self.seq_lens[idx]
+        seq_len = int(lens[0])
+        if (lens != seq_len).any() or seq_len > MAX_KIND_LEN or idx.size > MAX_KIND_BATCH:
+            return False
+        if self.memory_model is not None:
+            # The cost model describes fully checkpointed micro-batches; this one ran with the
+            # policy's blocks, so it is recorded as what it would have taken with all of them.
+            n = int(self._table.checkpointed_blocks(idx))
+            if n >= 0:
+                ms = float(ms) / self.memory_model.time_factor(n)
+        self._refinement.record((seq_len, idx.size), ms)
+        return True
+
+    def update_cost_model(self, process_group=None) -> dict:
+        """Fold the times recorded since the last update into the cost model of the next
+        epoch.
+
+        A collective when ``torch.distributed`` is initialized with more than one process:
+        every rank must call it, at the same point (e.g. at each epoch's end), or the others
+        wait for it (until the process group's timeout). The ranks' records are all-gathered
+        (one ``all_gather_object`` on ``process_group``, default the whole job, which every
+        rank that plans with this sampler's settings must be in) and folded in rank order,
+        so every rank learns the same times. Per ``(seq_len, batch)`` kind the most recent
+        32 times are kept; the kind's cost is their median (the lower middle one of an even
+        count, so that of two records a cold first run does not count).
+
+        The new model is the base cost model whose measured kinds are updated by the learned
+        ones. It takes effect at the next ``set_epoch`` to another epoch: the current
+        epoch's plan never changes. A learned single-sample kind above a given ``max_cost``
+        is held back (with a warning), so that refinement never changes which samples an
+        epoch holds.
+
+        Returns ``{"records": records folded (all ranks), "kinds": kinds learned, "new_kinds":
+        kinds learned for the first time, "measured_over_fitted": median over the learned
+        kinds of learned / fitted cost (None without kinds)}``.
+        """
+        import torch.distributed as dist
+
+        initialized = dist.is_available() and dist.is_initialized()
+        if process_group is not None and not initialized:
+            raise ValueError(
+                "update_cost_model: process_group given but torch.distributed is not initialized"
+            )
+        distributed = initialized and dist.get_world_size(process_group) > 1
+        return self._refinement.update(process_group, distributed)
+
+    def _use_learned(self, active: dict) -> None:
+        """Plan with the base cost model and the learned kinds ``active``."""
+        model, _ = self._refinement.model(active)
+        self._refinement.active = dict(active)
+        if model.to_dict() != self.cost_model.to_dict():
+            self.cost_model = model
+            self._build_table()
+
+    # -- iteration ----------------------------------------------------------------------
+    @property
+    def start_step(self) -> int:
+        """The optimizer step of the current plan at which iteration starts (non-zero after a
+        resume that replays the interrupted plan)."""
+        if self.uneven_counts:
+            starts = self.plan().rank_step_starts(self.rank)
+            return int(np.searchsorted(starts, self._start, side="left"))
+        return self._start // self.micro_batches_per_step
+
+    def micro_batches_in_step(self, step: int) -> int:
+        """Micro-batches this rank draws in ``step`` of the current plan: K, or with
+        ``uneven_counts`` any count >= 1. Every rank knows its own from the plan, without
+        communication; the loop synchronizes gradients at the last of them."""
+        plan = self.plan()
+        step = int_arg("step", step, 0)
+        if step >= plan.num_steps:
+            raise ValueError(f"step must be in [0, {plan.num_steps}) for this plan, got {step}")
+        return plan.micro_batches_in_step(step, self.rank)
+
+    def steps(self) -> Iterator[tuple[int, int]]:
+        """``(step, micro-batches of this rank in it)`` for the steps of the current pass, from
+        ``start_step``: the batches the loader yields, step by step (docs/sampler.md,
+        "Uneven micro-batch counts per rank")."""
+        plan = self.plan()
+        for step in range(self.start_step, plan.num_steps):
+            yield step, plan.micro_batches_in_step(step, self.rank)
+
+    def micro_batches(self, loader) -> Iterator[MicroBatch]:
+        """Each batch of ``loader`` (a DataLoader over this sampler, or what accelerate made
+        of one) as a ``MicroBatch``: the batch with its step, its place in the step, this
+        rank's count there, and the step's token and sample counts over all ranks.
+        ``mb.last`` is where this rank synchronizes gradients and steps the optimizer.
+
+        The stream is checked against the plan: a loader that draws from another batch
+        sampler is refused, and one that ends early or yields more batches than this rank's
+        plan raises ``RuntimeError`` instead of shifting every later step boundary."""
+        from adaptiveload.sampler.iteration import micro_batches
+
+        return micro_batches(self, loader)
+
+    @property
+    def start_micro_batch(self) -> int:
+        """The micro-batch of this rank's stream at which iteration starts."""
+        return self._start
+
+    @property
+    def sampler(self) -> PlannedBatchSampler:
+        """This sampler, for wrappers that forward ``set_epoch`` to
+        ``batch_sampler.sampler`` (accelerate's prepared DataLoader does)."""
+        return self
+
+    def __iter__(self) -> Iterator[list[int]]:
+        consumer = Consumer.of(sys._getframe(1))
+        if self._pass == "done":
+            # A new pass over the same epoch: the whole epoch again, as any sampler does.
+            if self._warned_repeat != self.epoch:
+                self._warned_repeat = self.epoch
+                warnings.warn(
+                    f"{type(self).__name__}: iterating epoch {self.epoch} again without "
+                    "set_epoch(): the same samples in the same order (call set_epoch(epoch) "
+                    "before each epoch)",
+                    stacklevel=2,
+                )
+            self._excluded, self._start, self._plan = None, 0, None
+        plan = self.plan()
+        self._verify_ranks()
+        self._consumer = consumer
+        self._resume_pending = False
+        self._pass = "running"
+        self._position = self._start
+        if consumer.shard is None:
+            return self._iter_rank(plan)
+        if self.uneven_counts:
+            raise RuntimeError(
+                f"{type(self).__name__}(uneven_counts=True) under accelerate's "
+                "BatchSamplerShard: it deals batch j to process j % num_processes, so ranks "
+                "must take equal counts. Iterate the sampler per rank (a plain DataLoader)."
+            )
+        return self._iter_all_ranks(plan, consumer.shard)
+
+    def _iter_rank(self, plan: Plan) -> Iterator[list[int]]:
+        end = plan.num_rank_micro_batches(self.rank)
+        if self._start >= end:
+            self._pass = "done"
+        for batch in plan.rank_micro_batches(self.rank, self._start):
+            self._position += 1
+            if self._position == end:
+                self._pass = "done"
+            yield batch.tolist()
+
+    def _iter_all_ranks(self, plan: Plan, shard) -> Iterator[list[int]]:
+        """accelerate's ``BatchSamplerShard`` keeps batch ``j`` of its source on process
+        ``j % num_processes``: yield every rank's micro-batches interleaved so that each
+        process keeps exactly its own."""
+        if getattr(shard, "split_batches", False) or (
+            shard.num_processes,
+            shard.process_index,
+        ) != (self.num_replicas, self.rank):
+            raise RuntimeError(
+                f"{type(self).__name__} (rank {self.rank} of {self.num_replicas}) is sharded by "
+                f"accelerate as process {shard.process_index} of {shard.num_processes}"
+                f"{' with split_batches' if shard.split_batches else ''}: the two must agree. "
+                "Use adaptiveload.integrations.accelerate.prepare_data_loader(accelerator, loader)."
+            )
+        k = plan.micro_batches_per_step
+        for i in range(self._start, plan.micro_batches_per_rank):
+            for r in range(self.num_replicas):
+                yield plan.micro_batch(i // k, r, i % k).tolist()
+            self._position += 1
+        self._pass = "done"
+
+    def __len__(self) -> int:
+        """Micro-batches of the current pass (from ``start_micro_batch`` to the plan's end)."""
+        remaining = self.plan().num_rank_micro_batches(self.rank) - self._start
+        if is_accelerate(sys._getframe(1).f_locals.get("self"), "BatchSamplerShard"):
+            return remaining * self.num_replicas  # see _iter_all_ranks
+        return remaining
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle deterministically from (seed, epoch). Setting the epoch a resumed state
+        is in keeps the resumed position; another epoch before that position's batches were
+        drawn is refused (it would skip them). Another epoch plans with the times learned by
+        ``update_cost_model`` so far."""
+        epoch = int_arg("epoch", epoch, 0)
+        if epoch == self.epoch:
+            return
+        if self._resume_pending:
+            left = self.plan().num_rank_micro_batches(self.rank) - self._start
+            if left > 0:
+                raise ValueError(
+                    f"set_epoch({epoch}): this sampler was resumed at epoch {self.epoch}, step "
+                    f"{self.start_step}, with {left} micro-batches of that epoch left; moving to "
+                    f"epoch {epoch} would skip them. Call set_epoch({self.epoch}) to continue the "
+                    "resumed epoch (with accelerate: prepared_loader.set_epoch), or make a new "
+                    "sampler to start over."
+                )
+        self.epoch = epoch
+        self._excluded, self._start, self._plan = None, 0, None
+        self._pass, self._position, self._resume_pending = "ready", 0, False
+        if self._refinement.pending != self._refinement.active:
+            self._use_learned(self._refinement.pending)
+
+    # -- resumption (resume.py) ---------------------------------------------------------
+    def state_dict(
+        self, steps_done: int | None = None, *, micro_batches_done: int | None = None
+    ) -> dict:
+        """The position in the current epoch, identical on every rank.
+
+        Args:
+            steps_done: optimizer steps of the current epoch's plan that training has
+                completed, in the numbering of ``start_step`` and ``plan()`` (after a resume
+                that replays the plan, steps before ``start_step`` count as done). Pass your
+                loop's own count.
+            micro_batches_done: the same in micro-batches of this rank's stream, for a
+                position inside a step (``steps_done * K + k``).
+
+        Without either: the micro-batches this sampler has handed out. That is exact only
+        when nothing reads ahead of training: direct iteration, a DataLoader without
+        workers, or torchdata's ``StatefulDataLoader`` (which calls this at the right
+        moment). With DataLoader workers or accelerate it is refused (``ValueError``),
+        because prefetched batches would be counted as trained.
+
+        With times learned by ``update_cost_model``, the state holds them under
+        ``'learned_costs'``: ``{"active": [[seq_len, batch, ms], ...]`` (the current epoch's),
+        ``"history": [[seq_len, batch, [ms, ...]], ...]}`` (the most recent times per kind,
+        which give the next epoch's).
+
+        With ``uneven_counts`` positions go by steps, since the ranks' micro-batch counts
+        differ: ``micro_batches_done`` is refused, and without arguments the sampler must
+        have handed out exactly this rank's micro-batches of whole steps. The state then
+        holds ``'steps_done'`` (and ``'micro_batches_done' = steps_done * K``).
+        """
+        from adaptiveload.sampler.iteration import position_of
+
+        if steps_done is None and micro_batches_done is None:
+            self._refuse_read_ahead(sys._getframe(1))
+        plan = self.plan()
+        drawn = self._position if self._pass != "ready" else self._start
+        position, steps = position_of(
+            plan, self.rank, self._start, drawn, steps_done, micro_batches_done, self.uneven_counts
+        )
+        if steps is None:
+            consumed = plan.consumed(position, len(self.seq_lens))
+        else:
+            consumed = plan.consumed_steps(steps, len(self.seq_lens))
+        state = resume.make_state(
+            self._fingerprint(),
+            self.epoch,
+            self._excluded,
+            position,
+            consumed,
+            self._refinement.state(),
+        )
+        if steps is not None:
+            state["steps_done"] = steps
+        return state
+
+    def _refuse_read_ahead(self, caller) -> None:
+        """A position-less ``state_dict()`` is refused while a consumer that reads ahead of
+        training (a DataLoader with workers) is drawing, unless torchdata asks (``caller``:
+        the frame that called ``state_dict``)."""
+        if (
+            self._pass == "running"
+            and self._consumer.reads_ahead
+            and not called_by_torchdata(caller)
+        ):
+            advice = (
+                ". Pass the steps your loop completed: state_dict(steps_done=N)."
+                if self.uneven_counts
+                else ", so the batches it has handed out "
+                f"({self._position - self._start} this pass) include some training has not "
+                "used. Pass the steps your loop completed: state_dict(steps_done=N); or use "
+                "torchdata's StatefulDataLoader, or "
+                "adaptiveload.integrations.accelerate.prepare_data_loader with accelerate."
+            )
+            raise ValueError(
+                f"state_dict(): this sampler is drawn by {self._consumer.name}, which reads "
+                f"ahead of training{advice}"
+            )
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue the epoch of ``state``.
+
+        - The same plan (equal fingerprint): replays it from the saved position, exactly.
+        - Other settings (caps, cost model, lookahead, ranks, K, seed, sampler kind): the
+          samples the state consumed are left out and the rest of the epoch is planned with
+          this sampler's settings; nothing is lost or repeated.
+        - Another dataset (other lengths or group keys): refused with ``ValueError``.
+
+        The state's learned times (``update_cost_model``) are restored first: those of its
+        epoch, so that a sampler made anew with the same base cost model replays the plan,
+        and those for the next epoch. A state without them (key ``'learned_costs'``, as
+        before online refinement) learned nothing. Records not folded by an update when the
+        state was made are not in it, and those of this sampler are dropped.
+        """
+        from adaptiveload.sampler.refine import unpack_learned
+
+        resume.check_keys(state)
+        # The learned times first: the fingerprint holds the cost model they make.
+        active, history = unpack_learned(state)
+        before = (self.cost_model, self._table, self._max_cost, self._refinement.snapshot())
+        self._refinement.load(history)
+        self._use_learned(active)
+        try:
+            mine = self._fingerprint()
+            saved = resume.read_state(state, mine, self._data_digest, len(self.seq_lens))
+            excluded, start, plan = resume.continue_at(
+                saved,
+                mine,
+                lambda ex: self._make_plan(saved.epoch, ex),
+                self.rank,
+                self.micro_batches_per_step,
+                self.uneven_counts,
+            )
+        except Exception:  # the sampler stays as it was
+            self.cost_model, self._table, self._max_cost, snapshot = before
+            self._refinement.restore(snapshot)
+            raise
+        self._refinement.records = {}
+        self.epoch, self._excluded, self._start, self._plan = saved.epoch, excluded, start, plan
+        self._pass, self._position = "ready", self._start
+        self._resume_pending = True
+        self._verified = None

@@ -1,0 +1,247 @@
+"""Argument checks of the samplers: token counts, group keys, integers, flags and numbers,
+each refused with a message naming the argument; and the bounds that keep every sum of a
+plan within int64 (as the C++ core checks them, planner.h)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from dataclasses import dataclass
+
+import numpy as np
+
+from adaptiveload.cost import CostModel
+from adaptiveload.memory import GIB, MemoryModel
+
+# Tokens of one sample, max_tokens and all samples' tokens together, and micro-batches per
+# step (num_replicas * micro_batches_per_step).
+MAX_LEN = 2**40 - 1
+MAX_TOKENS = 2**62
+MAX_STEP_MICRO_BATCHES = 2**20
+
+
+def to_numpy(values, name: str) -> np.ndarray:
+    """A numpy array of a list, array or tensor of any dtype and device (bf16 and fp16
+    tensors as float64, which holds them exactly)."""
+    try:
+        import torch
+
+        if isinstance(values, torch.Tensor):
+            t = values.detach().cpu()
+            if t.dtype in (torch.bfloat16, torch.float16):
+                t = t.double()
+            return t.numpy()
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(values, np.ndarray):
+        return values
+    if isinstance(values, str | bytes) or not hasattr(values, "__len__"):
+        raise ValueError(f"{name} must be a sequence, array or tensor, got {type(values).__name__}")
+    try:
+        return np.asarray(values)
+    except ValueError:  # ragged nested lists
+        return np.asarray(list(values), dtype=object)
+
+
+def as_seq_lens(seq_lens) -> np.ndarray:
+    a = to_numpy(seq_lens, "seq_lens")
+    if a.dtype.kind in "US" and not isinstance(seq_lens, np.ndarray):
+        a = np.asarray(list(seq_lens), dtype=object)  # report the first non-number as given
+    if a.ndim != 1:
+        raise ValueError(
+            f"seq_lens must be 1-D (one length per dataset index), got shape {a.shape}"
+        )
+    if a.dtype.kind == "O":
+        for i, v in enumerate(a):
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise ValueError(f"seq_lens[{i}] = {v!r} is not an integer token count")
+            if not (isinstance(v, numbers.Integral) or float(v).is_integer()):
+                raise ValueError(f"seq_lens[{i}] = {v!r} is not an integer token count")
+            if int(v) > MAX_LEN:
+                raise ValueError(
+                    f"seq_lens[{i}] = {int(v)} is larger than any supported token count (2^40 - 1)"
+                )
+        a = np.array([int(v) for v in a], dtype=np.int64)
+    if a.dtype.kind == "b" or a.dtype.kind not in "iuf":
+        raise ValueError(f"seq_lens must hold integers, got dtype {a.dtype}")
+    if a.dtype.kind in "iu" and a.size and a.max() > MAX_LEN:
+        i = int(np.flatnonzero(a > MAX_LEN)[0])
+        raise ValueError(
+            f"seq_lens[{i}] = {int(a[i])} is larger than any supported token count (2^40 - 1)"
+        )
+    if a.dtype.kind == "f":
+        bad = ~np.isfinite(a) | (a != np.floor(np.where(np.isfinite(a), a, 0))) | (a > 2**53)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"seq_lens[{i}] = {a[i].item()!r} is not an integer token count")
+    if a.size and a.min() < 1:
+        i = int(np.flatnonzero(a < 1)[0])
+        raise ValueError(f"seq_lens[{i}] = {a[i].item()!r}: token counts must be >= 1")
+    if a.dtype.kind == "f" and a.size and a.max() > MAX_LEN:
+        i = int(np.flatnonzero(a > MAX_LEN)[0])
+        raise ValueError(
+            f"seq_lens[{i}] = {a[i].item()!r} is larger than any supported token count (2^40 - 1)"
+        )
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    if a.sum(dtype=np.float64) > MAX_TOKENS:  # each <= 2^40, so a float sum is exact enough
+        raise ValueError(
+            f"seq_lens hold {a.sum(dtype=np.float64):.4g} tokens in all, more than the 2^62 a "
+            "plan's int64 sums hold"
+        )
+    return a
+
+
+def as_group_ids(group_keys, seq_lens: np.ndarray) -> np.ndarray:
+    """Dense int64 ids, numbered in sorted key order, so that the same keys plan alike in
+    any container: a 1-D array, tensor or list of keys, or an ``(n, k)`` array, tensor or
+    list of tuples (e.g. ``(frames, height, width)``)."""
+    n = len(seq_lens)
+    a = to_numpy(group_keys, "group_keys")
+    if a.ndim == 0 or len(a) != n:
+        got = "a scalar" if a.ndim == 0 else f"{len(a)} entries"
+        raise ValueError(f"group_keys must have one key per sample ({n}), got {got}")
+    if a.ndim > 2:
+        raise ValueError(f"group_keys must be 1-D or (n, k), got shape {a.shape}")
+    if a.dtype.kind in "biufUS":
+        ids = np.unique(a, axis=0 if a.ndim == 2 else None, return_inverse=True)[1]
+        return np.ascontiguousarray(ids.reshape(-1), dtype=np.int64)
+    # Arbitrary hashable keys: sorted when they sort, else numbered by first appearance.
+    keys = [tuple(k) if isinstance(k, list | np.ndarray) else k for k in a]
+    try:
+        order = {k: i for i, k in enumerate(sorted(set(keys)))}
+    except TypeError:
+        order = {}
+        for k in keys:
+            order.setdefault(k, len(order))
+    return np.fromiter((order[k] for k in keys), dtype=np.int64, count=n)
+
+
+def int_arg(name: str, value, low: int, high: int | None = None) -> int:
+    what = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+    if isinstance(value, bool | np.bool_):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be {what}, got {value!r}") from None
+    if v < low or (high is not None and v > high):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return int(v)
+
+
+def bool_arg(name: str, value) -> bool:
+    if not isinstance(value, bool | np.bool_):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def positive_number(value) -> bool:
+    """Whether ``value`` is a finite real number > 0 (not a bool)."""
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool | np.bool_)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+@dataclass(frozen=True)
+class Options:
+    """A sampler's settings, checked: everything that shapes its plans except the data."""
+
+    max_tokens: int
+    #: the compute cap as given (None: the sampler's default)
+    max_cost: float | None
+    cost_model: CostModel
+    num_replicas: int
+    rank: int
+    micro_batches_per_step: int
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    balance: bool
+    lookahead_steps: int
+    on_oversize: str
+    verify_ranks: bool
+    max_batch_size: int | None
+    memory_model: MemoryModel | None
+    memory_budget_gib: float | None
+    uneven_counts: bool
+    mix_tolerance: float
+
+
+def _memory_options(memory_model, memory_budget_gib, max_tokens) -> tuple:
+    """``(memory_model, memory_budget_gib, max_tokens)``: a memory model and its budget go
+    together, and with them ``max_tokens`` may be None (the most tokens one sample fits at
+    full checkpointing, which no micro-batch the budget admits exceeds)."""
+    if (memory_model is None) != (memory_budget_gib is None):
+        raise ValueError(
+            "memory_model and memory_budget_gib go together: give both (the policy "
+            "checkpoints blocks per micro-batch) or neither"
+        )
+    if memory_model is not None and not isinstance(memory_model, MemoryModel):
+        raise ValueError(f"memory_model must be an adaptiveload.MemoryModel, got {memory_model!r}")
+    if memory_budget_gib is None:
+        if max_tokens is None:
+            raise ValueError("max_tokens is required unless a memory_model and budget are given")
+        return None, None, max_tokens
+    if not positive_number(memory_budget_gib):
+        raise ValueError(
+            f"memory_budget_gib must be a finite number > 0, got {memory_budget_gib!r}"
+        )
+    budget = float(memory_budget_gib)
+    if max_tokens is None:
+        max_tokens = max(1, memory_model.max_tokens(budget * GIB))
+    return memory_model, budget, max_tokens
+
+
+def check_options(max_tokens, *, max_cost, cost_model, num_replicas, rank, **flags) -> Options:
+    """The checked ``Options`` of a sampler's arguments (``flags``: the remaining keyword
+    arguments of ``Options``; ``num_replicas`` and ``rank`` as ``distributed_defaults``
+    resolved them)."""
+    memory_model, budget, max_tokens = _memory_options(
+        flags.pop("memory_model"), flags.pop("memory_budget_gib"), max_tokens
+    )
+    batch = flags.pop("max_batch_size")
+    out = {
+        "max_tokens": int_arg("max_tokens", max_tokens, 1, MAX_TOKENS),
+        "max_batch_size": None if batch is None else int_arg("max_batch_size", batch, 1),
+    }
+    if max_cost is not None and not positive_number(max_cost):
+        raise ValueError(f"max_cost must be a finite number > 0 or None, got {max_cost!r}")
+    if cost_model is not None and not isinstance(cost_model, CostModel):
+        raise ValueError(
+            f"cost_model must be an adaptiveload.CostModel or None, got {cost_model!r}"
+        )
+    if flags["on_oversize"] not in ("error", "skip"):
+        raise ValueError(f"on_oversize must be 'error' or 'skip', got {flags['on_oversize']!r}")
+    for name in ("micro_batches_per_step", "lookahead_steps"):
+        out[name] = int_arg(name, flags.pop(name), 1)
+    out["seed"] = int_arg("seed", flags.pop("seed"), 0)
+    for name in ("shuffle", "drop_last", "balance", "uneven_counts", "verify_ranks"):
+        out[name] = bool_arg(name, flags.pop(name))
+    if out["uneven_counts"] and not out["balance"]:
+        raise ValueError(
+            "uneven_counts=True needs balance=True: without balancing every rank takes K "
+            "micro-batches per step"
+        )
+    mix = flags.pop("mix_tolerance")
+    if not (isinstance(mix, numbers.Real) and not isinstance(mix, bool) and 0.0 <= mix <= 1.0):
+        raise ValueError(f"mix_tolerance must be a number in [0, 1], got {mix!r}")
+    if num_replicas * out["micro_batches_per_step"] > MAX_STEP_MICRO_BATCHES:
+        raise ValueError(
+            f"num_replicas * micro_batches_per_step must be <= 2^20 (micro-batches per "
+            f"optimizer step), got {num_replicas} * {out['micro_batches_per_step']}"
+        )
+    return Options(
+        max_cost=None if max_cost is None else float(max_cost),
+        cost_model=cost_model if cost_model is not None else CostModel.default(),
+        num_replicas=num_replicas,
+        rank=rank,
+        memory_model=memory_model,
+        memory_budget_gib=budget,
+        mix_tolerance=float(mix),
+        **out,
+        **flags,
+    )

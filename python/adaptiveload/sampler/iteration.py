@@ -1,0 +1,108 @@
+"""A rank's stream against its plan: ``micro_batches`` (each batch of a loader with its
+step, checked against the plan) and ``position_of`` (the position a state is taken at)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from adaptiveload.sampler.checks import int_arg
+from adaptiveload.sampler.plan import MicroBatch, Plan
+
+
+def micro_batches(sampler, loader) -> Iterator[MicroBatch]:
+    """``sampler.micro_batches(loader)``: see there."""
+    source = getattr(loader, "batch_sampler", None)
+    ours = (
+        source,
+        getattr(source, "batch_sampler", None),
+        getattr(loader, "adaptive_sampler", None),
+    )
+    if source is not None and not any(s is sampler for s in ours):
+        raise ValueError(
+            f"micro_batches(loader): the loader's batch_sampler is not this sampler "
+            f"({type(source).__name__}); its batches would not follow this plan's steps"
+        )
+    end = object()
+    it = iter(loader)
+    first = next(it, end)  # starts the sampler's pass (a resume, or the epoch again)
+    plan, rank = sampler.plan(), sampler.rank
+    tokens, samples = plan.step_tokens(), plan.step_samples()
+    for step in range(sampler.start_step, plan.num_steps):
+        count = plan.micro_batches_in_step(step, rank)
+        for k in range(count):
+            batch, first = (first, end) if first is not end else (next(it, end), end)
+            if batch is end:
+                raise RuntimeError(
+                    f"micro_batches: the loader ended in step {step} after {k} of rank "
+                    f"{rank}'s {count} micro-batches there: it did not yield every batch of "
+                    "this sampler's pass"
+                )
+            yield MicroBatch(batch, step, k, count, int(tokens[step]), int(samples[step]))
+    if first is not end or next(it, end) is not end:
+        raise RuntimeError(
+            f"micro_batches: the loader yielded more batches than this rank's plan holds "
+            f"({plan.num_rank_micro_batches(rank)} for rank {rank}): it does not draw from "
+            "this sampler alone"
+        )
+
+
+def _before_start(name: str, value, start_step: int, start: int | None) -> ValueError:
+    at = f"step {start_step}" + ("" if start is None else f", micro-batch {start}")
+    return ValueError(
+        f"{name}={value!r} is before the resumed position ({at}): count steps from the "
+        "epoch's start, as start_step does"
+    )
+
+
+def _position_by_steps(plan: Plan, rank: int, start: int, drawn: int, steps_done, mbd):
+    """``position_of`` with uneven counts: positions go by steps."""
+    if mbd is not None:
+        raise ValueError(
+            "state_dict: with uneven_counts the ranks' micro-batch counts differ, so "
+            "positions go by steps: pass steps_done"
+        )
+    starts = plan.rank_step_starts(rank)
+    if steps_done is not None:
+        steps = int_arg("steps_done", steps_done, 0)
+    else:
+        steps = int(np.searchsorted(starts, drawn, side="left"))
+        if steps > plan.num_steps or starts[steps] != drawn:
+            raise ValueError(
+                f"state_dict(): this rank has drawn {drawn} micro-batches, inside step "
+                f"{steps - 1}; with uneven_counts a state is taken between steps: pass "
+                "steps_done"
+            )
+    start_step = int(np.searchsorted(starts, start, side="left"))
+    if steps < start_step:
+        raise _before_start("steps_done", steps, start_step, None)
+    if steps > plan.num_steps:
+        raise ValueError(f"steps_done must be in [0, {plan.num_steps}] for this plan, got {steps}")
+    return steps * plan.micro_batches_per_step, steps
+
+
+def position_of(
+    plan: Plan, rank: int, start: int, drawn: int, steps_done, mbd, uneven: bool
+) -> tuple[int, int | None]:
+    """The position of a state: ``(micro-batches done, steps done)``, the steps only with
+    uneven counts. ``start``: where this pass began in the rank's stream; ``drawn``: where it
+    is (the position without ``steps_done`` or ``mbd``, micro_batches_done)."""
+    if uneven:
+        return _position_by_steps(plan, rank, start, drawn, steps_done, mbd)
+    end, k = plan.micro_batches_per_rank, plan.micro_batches_per_step
+    if steps_done is not None and mbd is not None:
+        raise ValueError("state_dict: pass steps_done or micro_batches_done, not both")
+    if steps_done is not None:
+        position = int_arg("steps_done", steps_done, 0) * k
+        name, value, unit = "steps_done", steps_done, k
+    elif mbd is not None:
+        position = int_arg("micro_batches_done", mbd, 0)
+        name, value, unit = "micro_batches_done", mbd, 1
+    else:
+        position, name, value, unit = drawn, "position", drawn, 1
+    if position < start:
+        raise _before_start(name, value, start // k, start)
+    if position > end:
+        raise ValueError(f"{name} must be in [0, {end // unit}] for this plan, got {value!r}")
+    return position, None

@@ -1,0 +1,173 @@
+"""The plan of one epoch for all ranks (``Plan``), and one batch of a loader with where it
+stands in its optimizer step (``MicroBatch``). Index arithmetic of the plan's arrays lives
+here and nowhere else in Python."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+
+class MicroBatch(NamedTuple):
+    """One batch of a loader, with where it stands in its optimizer step (``micro_batches``)."""
+
+    #: what the loader yielded (the collated samples)
+    batch: Any
+    #: the optimizer step of the epoch's plan
+    step: int
+    #: this rank's micro-batch ``index`` of the step, ``0 <= index < count``
+    index: int
+    #: this rank's micro-batches in the step: K, or any count >= 1 with uneven counts
+    count: int
+    #: tokens and samples of the step over all ranks: the normalizers of a summed loss
+    step_tokens: int
+    step_samples: int
+
+    @property
+    def last(self) -> bool:
+        """The rank's last micro-batch of the step: synchronize gradients and step here."""
+        return self.index == self.count - 1
+
+
+@dataclass
+class Plan:
+    """One epoch for all ranks. Micro-batch ``m = (step * W + rank) * K + k`` holds
+    ``samples[offsets[m]:offsets[m+1]]``; ``costs[m]`` is its predicted cost and
+    ``tokens[m]`` its token count.
+
+    With uneven counts (``rank_offsets`` set), rank ``r`` takes any number >= 1 of step
+    ``t``'s ``W * K`` micro-batches: ``m = rank_offsets[t * W + r] + k`` for
+    ``k < micro_batches_in_step(t, r)``. Either way step ``t`` is micro-batches
+    ``[t * W * K, (t + 1) * W * K)``."""
+
+    num_replicas: int
+    micro_batches_per_step: int
+    num_steps: int
+    samples: np.ndarray
+    offsets: np.ndarray
+    costs: np.ndarray
+    tokens: np.ndarray
+    padding: np.ndarray
+    max_tokens: int
+    max_cost: float | None
+    num_padded_samples: int = 0
+    num_dropped_samples: int = 0
+    num_split_micro_batches: int = 0
+    skipped: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: blocks checkpointed per micro-batch, with a memory policy (None without one)
+    checkpointed: np.ndarray | None = None
+    #: uneven counts only: ``num_steps * W + 1`` micro-batch ids, those of (step t, rank r)
+    #: from ``rank_offsets[t * W + r]`` to ``rank_offsets[t * W + r + 1]``
+    rank_offsets: np.ndarray | None = None
+    #: balanced plans only: per window of ``lookahead_steps`` steps, the cost strata its steps
+    #: were mixed from (1: the whole window mixed; its step count: steps of similar cost)
+    window_strata: np.ndarray | None = None
+
+    @property
+    def uneven_counts(self) -> bool:
+        return self.rank_offsets is not None
+
+    @property
+    def num_micro_batches(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def micro_batches_per_rank(self) -> int:
+        """``num_steps * K``: each rank's micro-batches, or their average with uneven counts
+        (``num_rank_micro_batches(rank)`` gives a rank's own)."""
+        return self.num_steps * self.micro_batches_per_step
+
+    def micro_batches_in_step(self, step: int, rank: int) -> int:
+        """Micro-batches of ``rank`` in ``step``: K, or any count >= 1 with uneven counts."""
+        if self.rank_offsets is None:
+            return self.micro_batches_per_step
+        t = step * self.num_replicas + rank
+        return int(self.rank_offsets[t + 1] - self.rank_offsets[t])
+
+    def rank_step_starts(self, rank: int) -> np.ndarray:
+        """``num_steps + 1`` positions in ``rank``'s stream: its micro-batches before each
+        step, and in all."""
+        if self.rank_offsets is None:
+            return np.arange(self.num_steps + 1, dtype=np.int64) * self.micro_batches_per_step
+        w = self.num_replicas
+        counts = self.rank_offsets[rank + 1 :: w] - self.rank_offsets[rank:-1:w]
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def num_rank_micro_batches(self, rank: int) -> int:
+        return int(self.rank_step_starts(rank)[-1])
+
+    def micro_batch_id(self, step: int, rank: int, k: int = 0) -> int:
+        """Index ``m`` (into ``costs``, ``tokens``, ``offsets``) of ``rank``'s ``k``-th
+        micro-batch of ``step``."""
+        t = step * self.num_replicas + rank
+        if self.rank_offsets is None:
+            return t * self.micro_batches_per_step + k
+        return int(self.rank_offsets[t]) + k
+
+    def micro_batch(self, step: int, rank: int, k: int = 0) -> np.ndarray:
+        m = self.micro_batch_id(step, rank, k)
+        return self.samples[self.offsets[m] : self.offsets[m + 1]]
+
+    def rank_micro_batches(self, rank: int, start: int = 0) -> Iterator[np.ndarray]:
+        """This rank's micro-batches in order, step after step, from the ``start``-th."""
+        starts = self.rank_step_starts(rank)
+        step = int(np.searchsorted(starts, start, side="right")) - 1
+        for t in range(max(step, 0), self.num_steps):
+            for k in range(max(start - int(starts[t]), 0), int(starts[t + 1] - starts[t])):
+                yield self.micro_batch(t, rank, k)
+
+    def rank_sums(self, values: np.ndarray) -> np.ndarray:
+        """Sums of ``values`` (one per micro-batch) per step and rank, shape (num_steps, W), in
+        either layout (``rank_sums(np.ones(num_micro_batches))``: the counts)."""
+        if self.rank_offsets is None:
+            return values.reshape(
+                self.num_steps, self.num_replicas, self.micro_batches_per_step
+            ).sum(axis=2)
+        sums = np.add.reduceat(values, self.rank_offsets[:-1]) if len(values) else values
+        return sums.reshape(self.num_steps, self.num_replicas)
+
+    def rank_costs(self) -> np.ndarray:
+        """Predicted cost of each rank in each step, shape (num_steps, W)."""
+        return self.rank_sums(self.costs)
+
+    def step_tokens(self) -> np.ndarray:
+        """Tokens of each step over all ranks, shape (num_steps,): the normalizer of a loss
+        summed over tokens, the same on every rank."""
+        return self.rank_sums(self.tokens).sum(axis=1)
+
+    def step_samples(self) -> np.ndarray:
+        """Samples of each step over all ranks (padding repeats included), shape (num_steps,)."""
+        return self.rank_sums(self.micro_batch_sizes()).sum(axis=1)
+
+    def micro_batch_sizes(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def consumed(self, micro_batches_done: int, n: int) -> np.ndarray:
+        """Samples of the first ``micro_batches_done`` micro-batches of every rank (padding
+        repeats excluded), as ``n`` flags."""
+        if micro_batches_done <= 0:
+            return np.zeros(n, dtype=bool)
+        w, k = self.num_replicas, self.micro_batches_per_step
+        i = np.arange(micro_batches_done, dtype=np.int64)
+        ranks = np.arange(w, dtype=np.int64)
+        slots = (((i // k)[:, None] * w + ranks[None, :]) * k + (i % k)[:, None]).ravel()
+        return self._sample_flags(slots, n)
+
+    def consumed_steps(self, steps_done: int, n: int) -> np.ndarray:
+        """Samples of the first ``steps_done`` steps of all ranks (padding repeats excluded),
+        as ``n`` flags: micro-batches ``[0, steps_done * W * K)``, in either layout."""
+        end = steps_done * self.num_replicas * self.micro_batches_per_step
+        return self._sample_flags(np.arange(end, dtype=np.int64), n)
+
+    def _sample_flags(self, slots: np.ndarray, n: int) -> np.ndarray:
+        """``n`` flags, set for the samples of micro-batches ``slots`` (padding repeats
+        excluded)."""
+        out = np.zeros(n, dtype=bool)
+        slots = slots[self.padding[slots] == 0]
+        sizes = self.offsets[slots + 1] - self.offsets[slots]
+        within = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        out[self.samples[np.repeat(self.offsets[slots], sizes) + within]] = True
+        return out

@@ -1,0 +1,212 @@
+"""Resume state: what a sampler saves and how a saved state is checked and continued.
+
+One plan fingerprint (``fingerprint``) holds everything that shapes a plan: sampler kind, a
+digest of the lengths and group keys, caps, cost model, lookahead, balance, drop_last, seed,
+ranks, K. A state of the same plan replays exactly; a state of other settings re-plans the
+samples not yet consumed; a state of another dataset is refused. Nothing here keeps state:
+the sampler passes what each step needs and commits the result only when it is whole."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from adaptiveload.sampler.checks import Options
+from adaptiveload.sampler.plan import Plan
+
+STATE_VERSION = 2
+_KEYS = ("fingerprint", "epoch", "excluded", "micro_batches_done", "consumed", "num_consumed")
+# Settings added after the first states: a saved fingerprint may lack them.
+_OPTIONAL = {
+    "max_batch_size",
+    "memory_model",
+    "memory_budget_gib",
+    "uneven_counts",
+    "mix_tolerance",
+}
+
+
+def fingerprint(kind: str, options: Options, num_samples: int, data: str, cost_model, max_cost):
+    """Everything that shapes a plan, except the epoch and the position in it."""
+    o = options
+    cost = cost_model.to_dict()
+    cost.pop("meta", None)
+    return {
+        "sampler": kind,
+        "num_samples": num_samples,
+        "data": data,
+        "max_tokens": o.max_tokens,
+        "max_cost": max_cost,
+        "cost_model": cost,
+        "num_replicas": o.num_replicas,
+        "micro_batches_per_step": o.micro_batches_per_step,
+        "shuffle": o.shuffle,
+        "seed": o.seed,
+        "drop_last": o.drop_last,
+        "balance": o.balance,
+        "lookahead_steps": o.lookahead_steps,
+        "on_oversize": o.on_oversize,
+        # Only when set, so that states saved before the options still match.
+        **({"max_batch_size": o.max_batch_size} if o.max_batch_size else {}),
+        **({"uneven_counts": True} if o.uneven_counts else {}),
+        **({"mix_tolerance": o.mix_tolerance} if o.balance else {}),
+        **(
+            {
+                "memory_model": o.memory_model.to_dict() | {"meta": {}},
+                "memory_budget_gib": o.memory_budget_gib,
+            }
+            if o.memory_model is not None
+            else {}
+        ),
+    }
+
+
+def pack(flags: np.ndarray) -> bytes:
+    return np.packbits(flags).tobytes()
+
+
+def _count(state: dict, key: str) -> int:
+    v = state[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"sampler state: {key!r} must be an integer >= 0, got {v!r}")
+    return v
+
+
+def _unpack(state: dict, key: str, n: int) -> np.ndarray:
+    raw = state[key]
+    if not isinstance(raw, bytes | bytearray):
+        raise ValueError(f"sampler state: {key!r} must be bytes, got {type(raw).__name__}")
+    if len(raw) != (n + 7) // 8:
+        raise ValueError(
+            f"sampler state: {key!r} has {len(raw)} bytes, {(n + 7) // 8} expected for {n} samples"
+        )
+    bits = np.unpackbits(np.frombuffer(bytes(raw), dtype=np.uint8))
+    if bits[n:].any():
+        raise ValueError(f"sampler state: {key!r} has bits set past sample {n - 1}")
+    return bits[:n].astype(bool)
+
+
+def make_state(mine: dict, epoch: int, excluded, position: int, consumed_in_plan, learned) -> dict:
+    """The state of a sampler at micro-batch ``position`` of epoch ``epoch``'s plan:
+    ``excluded`` (samples left out of the plan, None for none) and the plan's samples up to
+    there are consumed; ``learned``: the learned times (``Refinement.state()``)."""
+    n = len(consumed_in_plan)
+    excluded = np.zeros(n, dtype=bool) if excluded is None else excluded
+    consumed = excluded | consumed_in_plan
+    state = {
+        "version": STATE_VERSION,
+        "fingerprint": mine,
+        "epoch": epoch,
+        "excluded": pack(excluded),
+        "micro_batches_done": int(position),
+        "consumed": pack(consumed),
+        "num_consumed": int(consumed.sum()),
+    }
+    if learned is not None:
+        state["learned_costs"] = learned
+    return state
+
+
+def check_keys(state) -> None:
+    """A state must be a dict of this version with every key."""
+    if not isinstance(state, dict):
+        raise ValueError(f"sampler state must be a dict, got {type(state).__name__}")
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(
+            f"unsupported sampler state version {state.get('version')!r} (this AdaptiveLoad "
+            f"reads version {STATE_VERSION}; version 1 states carry no plan fingerprint and "
+            "cannot be checked against the dataset)"
+        )
+    for key in _KEYS:
+        if key not in state:
+            raise ValueError(f"sampler state: missing {key!r}")
+
+
+@dataclass
+class Saved:
+    """A state's position, checked against this sampler's data."""
+
+    fingerprint: dict
+    epoch: int
+    position: int
+    excluded: np.ndarray
+    consumed: np.ndarray
+    steps: int  # -1 where the state has no 'steps_done'
+
+
+def read_state(state: dict, mine: dict, data: str, n: int) -> Saved:
+    """The position of ``state`` (``check_keys`` passed), refused when it is for another
+    dataset (``data``: this sampler's digest, ``n`` samples) or not well formed."""
+    saved = state["fingerprint"]
+    if not isinstance(saved, dict):
+        raise ValueError("sampler state: 'fingerprint' must be a dict")
+    missing = sorted(set(mine) - set(saved) - _OPTIONAL)
+    if missing:
+        raise ValueError(f"sampler state: fingerprint lacks {missing}")
+    if saved["sampler"] not in ("AdaptiveBatchSampler", "EqualTokenBatchSampler"):
+        raise ValueError(f"sampler state: unknown sampler {saved['sampler']!r}")
+    for key in ("num_replicas", "micro_batches_per_step", "lookahead_steps", "max_tokens"):
+        v = saved[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"sampler state: fingerprint {key!r} = {v!r} is not valid")
+    if saved["num_samples"] != n or saved["data"] != data:
+        raise ValueError(
+            f"sampler state is for another dataset ({saved['num_samples']} samples, digest "
+            f"{saved['data']}); this sampler has {n} samples, digest {data}: "
+            "its sequence lengths or group keys differ"
+        )
+    epoch = _count(state, "epoch")
+    position = _count(state, "micro_batches_done")
+    excluded = _unpack(state, "excluded", n)
+    consumed = _unpack(state, "consumed", n)
+    if (excluded & ~consumed).any():
+        raise ValueError("sampler state: 'excluded' holds samples that 'consumed' does not")
+    if state["num_consumed"] != int(consumed.sum()):
+        raise ValueError(
+            f"sampler state: 'num_consumed' = {state['num_consumed']!r} but 'consumed' "
+            f"holds {int(consumed.sum())} samples"
+        )
+    steps = _count(state, "steps_done") if "steps_done" in state else -1
+    return Saved(saved, epoch, position, excluded, consumed, steps)
+
+
+def continue_at(
+    saved: Saved, mine: dict, plan_for: Callable, rank: int, k: int, uneven: bool
+) -> tuple[np.ndarray | None, int, Plan | None]:
+    """Where this sampler continues a saved state: ``(excluded, start, plan)``, the samples
+    left out of epoch ``saved.epoch``'s plan, the micro-batch of this rank's stream to start
+    at, and that plan (None: not made yet). ``plan_for(excluded)`` makes the epoch's plan.
+
+    The same plan (``saved.fingerprint == mine``) replays from the saved position (with
+    uneven counts from the saved step, at this rank's place in it); other settings plan the
+    samples not yet consumed."""
+    excluded = saved.excluded if saved.excluded.any() else None
+    if saved.fingerprint != mine:
+        return (saved.consumed if saved.consumed.any() else None), 0, None
+    plan = plan_for(excluded)
+    n = len(saved.consumed)
+    if uneven:
+        steps = saved.steps
+        problem = None
+        if steps < 0 or saved.position != steps * k:
+            problem = "'steps_done' is missing or disagrees with 'micro_batches_done'"
+        elif steps > plan.num_steps:
+            problem = f"'steps_done' = {steps} is past the end of its plan"
+        elif not np.array_equal(saved.excluded | plan.consumed_steps(steps, n), saved.consumed):
+            problem = f"'consumed' does not match the samples of its plan up to step {steps}"
+        if problem:
+            raise ValueError(f"sampler state: {problem}: the state is corrupt")
+        return excluded, int(plan.rank_step_starts(rank)[steps]), plan
+    if saved.position > plan.micro_batches_per_rank:
+        raise ValueError(
+            f"sampler state: 'micro_batches_done' = {saved.position} is past the end of its "
+            f"plan ({plan.micro_batches_per_rank} micro-batches per rank)"
+        )
+    if not np.array_equal(saved.excluded | plan.consumed(saved.position, n), saved.consumed):
+        raise ValueError(
+            "sampler state: 'consumed' does not match the samples of its plan up to "
+            f"micro-batch {saved.position}: the state is corrupt"
+        )
+    return excluded, saved.position, plan

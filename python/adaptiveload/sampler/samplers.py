@@ -1,0 +1,215 @@
+"""The two samplers, thin fronts over ``PlannedBatchSampler``: ``AdaptiveBatchSampler``
+(dual caps, rank balancing, representative steps) and ``EqualTokenBatchSampler`` (the
+equal-token bucket baseline)."""
+
+from __future__ import annotations
+
+from adaptiveload.cost import CostModel
+from adaptiveload.memory import MemoryModel
+from adaptiveload.sampler.base import PlannedBatchSampler
+
+# The default mix_tolerance: the predicted imbalance a window's steps may take on to mix the
+# data's groups (docs/sampler.md, "Representative steps").
+MIX_TOLERANCE = 0.02
+# A compute cap that never binds (equal-token buckets have none).
+_NO_COST_CAP = 1e300
+
+
+class AdaptiveBatchSampler(PlannedBatchSampler):
+    """Dual-constraint, rank-balanced batch sampler.
+
+    Each micro-batch obeys ``sum_i S_i <= max_tokens`` (memory, M_mem) and
+    ``cost_model(batch) <= max_cost`` (compute, M_comp) and never mixes ``group_keys``.
+    Each optimizer step's ``W x K`` micro-batches come from a window of
+    ``lookahead_steps`` steps, mixed so that each step holds the window's groups in
+    proportion as far as the predicted imbalance stays within ``mix_tolerance`` (else steps of
+    similar cost), and are assigned to ranks (K each) by longest-processing-time first.
+
+    Args:
+        seq_lens: 1-D integer token counts, one per dataset index (list, numpy array or
+            tensor of any dtype).
+        max_tokens: memory cap, tokens per micro-batch.
+        max_cost: compute cap in the cost model's unit. Default (None):
+            ``max(cost of the heaviest sample alone, min over groups of the cost of a
+            micro-batch of that group filled to max_tokens)``: every sample fits, the
+            cheapest group is never cut below what memory allows, and heavier groups are
+            cut to about that cost, which is what lets steps balance.
+        cost_model: a ``CostModel``; default ``CostModel.default()`` (Wan 2.1 14B, H200).
+        group_keys: optional per-sample keys (e.g. ``(frames, h, w)`` rows, tuples or ints,
+            in a list, array or tensor); a micro-batch never mixes keys. Default: the
+            sequence length.
+        num_replicas, rank: data-parallel ranks and this rank. Default: from
+            ``process_group`` (the data-parallel group; every rank of a sequence-parallel
+            group then draws the same batches), else from ``torch.distributed`` when
+            initialized, else 1, 0.
+        micro_batches_per_step: K, micro-batches per rank per optimizer step.
+        shuffle, seed: deterministic shuffling from ``(seed, epoch)``; no global RNG. The
+            seed must be the same on every rank.
+        drop_last: drop the micro-batches that do not fill the last step (reported in the
+            plan) instead of halving the largest micro-batches to fill it (and repeating
+            samples only if nothing can be halved).
+        lookahead_steps: how far the order departs from a plain shuffle: micro-batches are
+            regrouped within windows of this many optimizer steps. 1 keeps the shuffled
+            step order; larger windows balance better.
+        mix_tolerance: the predicted imbalance (mean over a window's steps of 1 - mean/max
+            rank cost) that steps may take on to stay representative of the data: each
+            window's steps are drawn from the fewest cost strata (1: the whole window, every
+            step a proportional draw of its groups) that keep it within this; none does:
+            steps of similar cost. 0 gives the best balance, with steps that often hold one
+            or two shapes (the planner before 2026-12); 1 mixes every window whatever the
+            balance. ``plan().window_strata`` and ``step_composition`` report where each
+            plan landed. Default ``MIX_TOLERANCE`` (0.02): docs/sampler.md, "Representative
+            steps".
+        balance: False gives the paper's form: dual caps, no cross-rank balancing.
+        max_batch_size: at most this many samples per micro-batch (None: no limit beyond the
+            caps). ``max_batch_size=1`` is the batch-size-1 pipeline (DiffSynth-Studio's
+            trainer, one sample per micro-batch): steps of ``W x K`` single samples, still
+            balanced across ranks.
+        memory_model, memory_budget_gib: a ``MemoryModel`` and the budget (GiB) each
+            micro-batch's predicted peak must stay within: micro-batches are packed under the
+            budget, each checkpoints the fewest blocks that keep it there
+            (``plan().checkpointed``, ``checkpointed_blocks(indices)``, ``memory_policy()``),
+            and its cost is the cost model's (fully checkpointed) times the time it saves.
+            A micro-batch of two or more samples grows only while it needs no
+            recomputation (only a sample alone checkpoints), the default ``max_cost`` is
+            then one that never binds sooner (the heaviest group's micro-batch filled that
+            way), and a sample over ``max_cost`` runs alone.
+            ``max_tokens`` may then be None (the most tokens one sample fits at full
+            checkpointing). docs/sampler.md, "Memory budget and checkpointing per micro-batch".
+        on_oversize: 'error' (default) refuses, when the sampler is made, samples that alone
+            break a cap; 'skip' leaves them out with a warning (``plan().skipped``).
+        verify_ranks: with ``torch.distributed`` initialized, all ranks compare their plan
+            fingerprints at the start of each epoch and raise ``RuntimeError`` naming what
+            differs. Every process of the job must then iterate its sampler each epoch.
+        uneven_counts: for loops that synchronize gradients once per optimizer step (DDP
+            with ``no_sync`` or a manual all-reduce): each step's ``W x K`` micro-batches go
+            to ranks in any count >= 1 each (K is the average), so that a rank of several
+            cheap micro-batches and one of a single expensive one finish together. The loop
+            learns its counts from ``steps()`` / ``micro_batches_in_step(step)``; states go by
+            steps. FSDP2 only with parameters kept unsharded within a step
+            (``reshard_after_forward=False``), since its all-gathers run per forward:
+            docs/sampler.md, "Uneven micro-batch counts per rank".
+
+    ``record_time`` and ``update_cost_model`` refine the cost model with measured times,
+    epoch after epoch (docs/sampler.md, "Online refinement").
+    """
+
+    def __init__(
+        self,
+        seq_lens,
+        max_tokens: int | None,
+        max_cost: float | None = None,
+        cost_model: CostModel | None = None,
+        group_keys=None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        micro_batches_per_step: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        *,
+        lookahead_steps: int = 64,
+        balance: bool = True,
+        on_oversize: str = "error",
+        process_group=None,
+        verify_ranks: bool = True,
+        max_batch_size: int | None = None,
+        memory_model: MemoryModel | None = None,
+        memory_budget_gib: float | None = None,
+        uneven_counts: bool = False,
+        mix_tolerance: float = MIX_TOLERANCE,
+    ):
+        super().__init__(
+            seq_lens,
+            max_tokens,
+            max_cost=max_cost,
+            cost_model=cost_model,
+            group_keys=group_keys,
+            num_replicas=num_replicas,
+            rank=rank,
+            process_group=process_group,
+            micro_batches_per_step=micro_batches_per_step,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            balance=balance,
+            lookahead_steps=lookahead_steps,
+            on_oversize=on_oversize,
+            verify_ranks=verify_ranks,
+            max_batch_size=max_batch_size,
+            memory_model=memory_model,
+            memory_budget_gib=memory_budget_gib,
+            uneven_counts=uneven_counts,
+            mix_tolerance=mix_tolerance,
+        )
+
+    @property
+    def max_cost(self) -> float:
+        """The compute cap M_comp in use (the default is computed from the data)."""
+        return self._max_cost
+
+    def _compute_max_cost(self) -> float:
+        if self._max_cost_arg is not None:
+            return self._max_cost_arg
+        return float(self._table.default_max_cost(self.max_tokens, self.max_batch_size or 0))
+
+
+class EqualTokenBatchSampler(PlannedBatchSampler):
+    """The baseline video teams use today: same-key buckets, ``floor(max_tokens / S)``
+    samples per micro-batch, micro-batches in random order dealt to ranks round-robin
+    (each rank draws independently of the others' cost). Same interface as
+    ``AdaptiveBatchSampler``; ``cost_model`` only predicts costs for reports. With
+    ``max_batch_size=1`` it is the batch-size-1 pipeline's default: shuffled samples, one per
+    micro-batch, dealt to ranks in order."""
+
+    def __init__(
+        self,
+        seq_lens,
+        max_tokens: int,
+        group_keys=None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        micro_batches_per_step: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        *,
+        cost_model: CostModel | None = None,
+        on_oversize: str = "error",
+        process_group=None,
+        verify_ranks: bool = True,
+        max_batch_size: int | None = None,
+    ):
+        super().__init__(
+            seq_lens,
+            max_tokens,
+            max_cost=None,
+            cost_model=cost_model,
+            group_keys=group_keys,
+            num_replicas=num_replicas,
+            rank=rank,
+            process_group=process_group,
+            micro_batches_per_step=micro_batches_per_step,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            balance=False,
+            lookahead_steps=1,
+            on_oversize=on_oversize,
+            verify_ranks=verify_ranks,
+            max_batch_size=max_batch_size,
+            memory_model=None,
+            memory_budget_gib=None,
+            uneven_counts=False,
+            mix_tolerance=0.0,
+        )
+
+    @property
+    def max_cost(self) -> None:
+        return None
+
+    def _compute_max_cost(self) -> float:
+        return _NO_COST_CAP
+
+    def _reported_max_cost(self) -> None:
+        return None
