@@ -47,12 +47,12 @@ from datetime import date
 import numpy as np
 
 from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
-from adaptiveload.calibrate import calibrate_plan, kinds_of_plan, plan_kinds, wan_grid
+from adaptiveload.calibrate import calibrate_plan, grid, kinds_of_plan, plan_kinds
 from adaptiveload.composition import step_composition
 from adaptiveload.fit import Point, fit_cost_model
 from adaptiveload.metadata import Metadata, read_metadata
+from adaptiveload.models import family_of, resolve
 from adaptiveload.report import balance_report
-from adaptiveload.wan import wan_seq_len
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -71,7 +71,22 @@ HELD_OUT_MIX = [
 # The same mix with 77-frame 720p clips (72,000 tokens: outside the grid too) in place of the
 # 61-frame ones: attention's share is larger and equal-token buckets lose more.
 HELD_OUT_LONG_MIX = [*HELD_OUT_MIX[:-1], (77, 720, 1280, 0.05)]
-MIXES = {"held-out": HELD_OUT_MIX, "held-out-long": HELD_OUT_LONG_MIX}
+# LTX-Video's shapes (VAE strides 8, 32, 32: 8k + 1 frames, sides multiples of 32), none
+# of them in its calibration grid (adaptiveload.models.ltx_video.SHAPES).
+HELD_OUT_LTX_MIX = [
+    (1, 480, 704, 0.30),
+    (1, 640, 960, 0.25),
+    (33, 512, 768, 0.10),
+    (65, 480, 832, 0.10),
+    (89, 704, 1216, 0.08),
+    (145, 512, 768, 0.07),
+    (193, 480, 704, 0.05),
+    (161, 704, 1216, 0.05),
+]
+MIXES = {"held-out": HELD_OUT_MIX, "held-out-long": HELD_OUT_LONG_MIX,
+         "held-out-ltx": HELD_OUT_LTX_MIX}  # fmt: skip
+# The model family replayed (--model): its token count and calibration shapes.
+FAMILY = family_of("wan")
 ARMS = ["equal-token", "paper rule", "built-in", "grid", "plan-aware", "refined", "uneven"]
 
 
@@ -79,7 +94,9 @@ def held_out_metadata(n: int, seed: int = 7, mix: str = "held-out") -> Metadata:
     table = np.array([m[:3] for m in MIXES[mix]], dtype=np.int64)
     share = np.array([m[3] for m in MIXES[mix]])
     shapes = table[np.random.default_rng(seed).choice(len(table), n, p=share / share.sum())]
-    return Metadata(seq_lens=wan_seq_len(shapes[:, 0], shapes[:, 1], shapes[:, 2]), shapes=shapes)
+    return Metadata(
+        seq_lens=FAMILY.seq_len(shapes[:, 0], shapes[:, 1], shapes[:, 2]), shapes=shapes
+    )
 
 
 class FakeGPU:
@@ -91,7 +108,7 @@ class FakeGPU:
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, batch, shape):
-        s = wan_seq_len(*shape)
+        s = FAMILY.seq_len(*shape)
         work = batch * (0.5 + 1.6e-3 * s + 1.4e-7 * s * s) * (1 - 0.2 * (batch >= 8))
         return max(9.0, 1.5 + work) * (1 + 0.005 * self.rng.standard_normal()), 0
 
@@ -103,7 +120,7 @@ class Timings:
         self.timer, self.ms, self.seconds = timer, {}, 0.0
 
     def __call__(self, batch, shape):
-        key = (wan_seq_len(*shape), batch)
+        key = (FAMILY.seq_len(*shape), batch)
         if key not in self.ms:
             t0 = time.perf_counter()
             self.ms[key] = self.timer(batch, tuple(shape))[0]
@@ -120,16 +137,16 @@ def build_models(args, meta, timer, max_tokens):
     # grid: the fixed grid of `adaptiveload calibrate`, fitted (its form chosen by held-out error)
     t0 = time.perf_counter()
     points = []
-    for b, shape in wan_grid(max_tokens):
+    for b, shape in grid(max_tokens, FAMILY.shapes, FAMILY.seq_len):
         ms, _ = own(b, shape)
-        points.append(Point(b, wan_seq_len(*shape), ms, 0, shape))
-    grid = fit_cost_model(points)
-    info["grid"] = {"kinds": len(points), "seconds": time.perf_counter() - t0, "form": grid.meta}
+        points.append(Point(b, FAMILY.seq_len(*shape), ms, 0, shape))
+    fitted = fit_cost_model(points)
+    info["grid"] = {"kinds": len(points), "seconds": time.perf_counter() - t0, "form": fitted.meta}
     models = {"built-in": {}, "grid": {}, "plan-aware": {}, "refined": {}}
     for w in args.worlds:
         for k in args.ks:
             models["built-in"][(w, k)] = builtin
-            models["grid"][(w, k)] = grid
+            models["grid"][(w, k)] = fitted
 
             def make(model, w=w, k=k):
                 return sampler_of(meta, max_tokens, w, k, model)
@@ -287,7 +304,8 @@ def main(argv=None) -> int:
     ap.add_argument("--metadata", default=None, help="dataset file (default: the held-out mix)")
     ap.add_argument("--samples", type=int, default=100_000, help="of the held-out mix")
     ap.add_argument("--mix", default="held-out", choices=sorted(MIXES))
-    ap.add_argument("--config", default="wan2.1-1.3B")
+    ap.add_argument("--config", default="wan2.1-1.3B", help="Wan config (without --model)")
+    ap.add_argument("--model", default=None, help="FAMILY[/CONFIG] (adaptiveload.models)")
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--no-checkpointing", action="store_true")
     ap.add_argument("--worlds", type=parse_ints, default=[8, 64])
@@ -314,13 +332,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="out/replay")
     ap.add_argument("--write", action="store_true", help="store the CSV under benchmarks/results")
     args = ap.parse_args(argv)
-    global MAX_BATCH_SIZE, UNEVEN
+    global MAX_BATCH_SIZE, UNEVEN, FAMILY
+    FAMILY, config = resolve(args.model) if args.model else (family_of("wan"), args.config)
     MAX_BATCH_SIZE = args.max_batch_size
     UNEVEN = args.uneven
     os.makedirs(args.out, exist_ok=True)
 
     meta = (
-        read_metadata(args.metadata)
+        read_metadata(args.metadata, FAMILY.seq_len)
         if args.metadata
         else held_out_metadata(args.samples, mix=args.mix)
     )
@@ -330,14 +349,16 @@ def main(argv=None) -> int:
     else:
         import torch
 
-        from adaptiveload.calibrate import WanTimer
+        from adaptiveload.timing import ModelTimer, WanTimer
 
-        timer = WanTimer(
-            args.config, layers=args.layers, dtype=torch.bfloat16, fused=True,
+        make = WanTimer if FAMILY.name == "wan" else lambda *a, **kw: ModelTimer(FAMILY, *a, **kw)
+        timer = make(
+            config, layers=args.layers, dtype=torch.bfloat16, fused=True,
             warmup=args.warmup, repeat=args.repeat,
             activation_checkpointing=not args.no_checkpointing,
         )  # fmt: skip
     setup = {
+        "model": FAMILY.name,
         "data": args.metadata or args.mix,
         "samples": len(meta.seq_lens),
         "max_tokens": max_tokens,
@@ -530,16 +551,18 @@ def write(rows, setup, noise):
                     *err, f"{r['speedup_if_balanced']:.2f}x", f"{r['tv_tokens_ratio']:.2f}x",
                     f"{r['no_image']:.0%} (shuffle {r['shuffle_no_image']:.0%})"])  # fmt: skip
     gpu = "fake" if setup.get("device") == "fake" else "h200"
+    family = setup.get("model", "wan")
     meta = {
         "date": str(date.today()),
         "machine": setup.get("device", ""),
-        "command": "python benchmarks/replay_wan.py --write",
+        "command": "python benchmarks/replay_wan.py --write"
+        + ("" if family == "wan" else f" --model {family} --mix {setup['data']}"),
         "setup": f"{setup['data']}, {setup['samples']} samples, max_tokens {setup['max_tokens']}, "
         f"{setup['layers']} blocks, checkpointing {setup['checkpointing']}, "
         f"noise median {noise['median']:.2%} p90 {noise['p90']:.2%}",
     }
     # replay_wan[_<mix>][_b<max_batch_size>][_uneven].csv: one file per setup, the Ks as rows.
-    name = "replay_wan" if setup["data"] == "held-out" else f"replay_wan_{setup['data']}"
+    name = f"replay_{family}" if setup["data"] == "held-out" else f"replay_{family}_{setup['data']}"
     if setup.get("max_batch_size"):
         name += f"_b{setup['max_batch_size']}"
         meta["setup"] += f", max_batch_size {setup['max_batch_size']}"

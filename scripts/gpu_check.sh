@@ -4,7 +4,7 @@
 #
 #   bash scripts/gpu_check.sh [build] [test] [bench] [host] [tune] [profile] [e2e] [replay]
 #                             [uneven] [calibrate] [memory] [train_memory] [diffsynth_step]
-#                             [hostprof] [mix] [convergence]
+#                             [hostprof] [mix] [convergence] [families]
 #                                                             (default: build test bench host)
 #
 # Results go to $OUT (or ./out): logs, and the benchmarks' CSVs (copy them to
@@ -199,6 +199,21 @@ PY
       # wheel in .whl/; its model module loads without the package's data-pipeline imports).
       run_step diffsynth_step ours timeout "${DIFFSYNTH_TIMEOUT:-120}" $PY \
         benchmarks/diffsynth_step.py --csv "$OUT/diffsynth_step.csv" ${DIFFSYNTH_ARGS:-}
+      ;;
+    families)
+      # Issue 27: the family adapters on CUDA (parity of the patched models), the fused ops'
+      # share of a training step per family, and a replay of HunyuanVideo and LTX-Video.
+      run_step families_test ours timeout "${FAMILIES_TEST_TIMEOUT:-300}" $PY -m pytest \
+        tests/python/test_families.py -q -rs -p no:cacheprovider -m "not slow"
+      run_step family_step ours timeout "${FAMILY_STEP_TIMEOUT:-240}" $PY \
+        benchmarks/family_step.py --csv "$OUT/family_step.csv"
+      eval "extra=(${FAMILY_REPLAY_ARGS:---worlds 8 --samples 20000 --refine-epochs 1})"
+      run_step replay_hunyuanvideo ours timeout "${FAMILY_REPLAY_TIMEOUT:-420}" $PY \
+        benchmarks/replay_wan.py --model hunyuanvideo/hunyuanvideo-13B --layers 1 --ks 4 \
+        --out "$OUT/replay_hunyuanvideo" "${extra[@]}"
+      run_step replay_ltx ours timeout "${FAMILY_REPLAY_TIMEOUT:-420}" $PY \
+        benchmarks/replay_wan.py --model ltx-video/ltx-video-2B --mix held-out-ltx --layers 2 --ks 1,4 \
+        --out "$OUT/replay_ltx" "${extra[@]}"
       ;;
     hostprof)
       # Issue 17: where the host time of forward+backward goes (torch.profiler, tiny tensors).

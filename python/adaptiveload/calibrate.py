@@ -1,19 +1,23 @@
 """Calibrate the sampler's cost and memory models on the real GPU.
 
-Two ways, both timing forward+backward of micro-batches of B samples of S tokens of a
-randomly initialized Wan 2.1 configuration (``WanTimer``) and fitting with ``adaptiveload.fit``:
+Every way times forward+backward of micro-batches of B samples of one shape with a timer
+(``adaptiveload.timing``: ``StepTimer`` for any model given a function that runs one
+forward+backward, ``ModelTimer`` for a random model of a family ``adaptiveload.models``
+knows, ``WanTimer`` for Wan) and fits with ``adaptiveload.fit``:
 
-- ``calibrate_wan``: a fixed grid of shapes and batch sizes (``wan_grid``); the fitted form only.
+- ``calibrate_grid`` (``calibrate_model`` for any model, ``calibrate_family``,
+  ``calibrate_wan``): a fixed grid of shapes and batch sizes (``grid``); the fitted form only.
 - ``calibrate_plan``: plan-aware. Plans the user's own dataset with the sampler, measures the
   micro-batch kinds ``(S, B)`` the plan uses, re-plans with what was measured, measures the new
   kinds, and so on until the plan uses no kind left to measure. The model is exact on the
   measured kinds and falls back to a form fitted to them elsewhere. Resumable: every
   measurement is appended to a JSON-lines file as it is made.
 
-``adaptiveload calibrate`` is the command line of both (``--metadata`` selects the second).
+``adaptiveload calibrate`` is the command line of both (``--metadata`` selects the second,
+``--model FAMILY/CONFIG`` the model).
 
 ``measure_memory_points`` measures time and peak memory of micro-batch kinds with each number
-``n`` of activation-checkpointed blocks (``WanTimer(..., checkpointed=n)``), the points of the
+``n`` of activation-checkpointed blocks (``timer(..., checkpointed=n)``), the points of the
 memory model of a checkpointing policy.
 """
 
@@ -21,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -31,6 +34,7 @@ import torch
 
 from adaptiveload.cost import CostModel
 from adaptiveload.fit import Point, fit_cost_model, fit_memory_model, heldout_errors
+from adaptiveload.timing import ModelTimer, StepTimer, WanTimer, time_call  # noqa: F401
 from adaptiveload.wan import SHAPES, TEXT_LEN, wan_seq_len
 
 
@@ -75,162 +79,107 @@ class Calibration:
             f.write("\n")
 
 
-def time_call(
-    fn: Callable[[], None], device: torch.device, warmup: int = 2, repeat: int = 5
-) -> float:
-    """Median milliseconds of ``fn()`` (CUDA events on a GPU, a synchronized clock elsewhere)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
-
-
-def wan_grid(max_tokens: int, shapes=SHAPES) -> list[tuple[int, tuple[int, int, int]]]:
-    """(batch, shape) pairs: each shape at batch 1, 2, a quarter, half and all of max_tokens."""
-    grid = []
+def grid(max_tokens: int, shapes, seq_len=wan_seq_len) -> list[tuple[int, tuple[int, int, int]]]:
+    """(batch, shape) pairs: each shape at batch 1, 2, a quarter, half and all of max_tokens
+    (``seq_len``: tokens of a shape, the family's geometry)."""
+    pairs = []
     for shape in shapes:
-        s = wan_seq_len(*shape)
+        s = int(seq_len(*shape))
         full = max_tokens // s
         if full < 1:
             continue
         for b in sorted({1, 2, max(1, full // 4), max(1, full // 2), full}):
             if b <= full:
-                grid.append((b, shape))
-    return grid
+                pairs.append((b, tuple(shape)))
+    return pairs
 
 
-class WanTimer:
-    """Times forward+backward of one micro-batch of a randomly initialized Wan model:
-    ``timer(batch, shape, checkpointed=None) -> (ms, peak_bytes)``, the median of ``repeat``
-    timed calls after ``warmup`` untimed ones (the first call of a shape also builds its
-    kernels' plans).
+def wan_grid(max_tokens: int, shapes=SHAPES) -> list[tuple[int, tuple[int, int, int]]]:
+    """``grid`` of Wan 2.1 shapes."""
+    return grid(max_tokens, shapes, wan_seq_len)
 
-    ``checkpointed``: how many of the ``layers`` blocks run under activation checkpointing in
-    this call (the first ones, ``set_checkpointed_blocks``); ``None`` is the constructor's
-    choice, all blocks with ``activation_checkpointing`` and none without.
 
-    ``peak_bytes``: ``torch.cuda.max_memory_allocated`` over the timed calls (0 off CUDA),
-    which holds the weights, their gradients (allocated before the timed calls, as they are
-    in every micro-batch of an optimizer step but the first), the inputs, and the micro-batch's
-    activations and workspace at their highest; no optimizer state. The previous call's
-    gradients are freed before a call, and its own after it.
-    """
+def calibrate_grid(
+    timer, shapes, seq_len, *, max_tokens: int, progress: bool = True, source: str = "calibrate"
+) -> Calibration:
+    """Time ``timer`` (a ``StepTimer``: any model) over ``grid(max_tokens, shapes, seq_len)``
+    and fit the cost model and the memory model (peaks on CUDA only)."""
+    pairs = grid(max_tokens, shapes, seq_len)
+    if not pairs:
+        raise ValueError(f"calibrate: no shape fits max_tokens = {max_tokens}")
+    bar = _progress(len(pairs), progress)
+    points = []
+    for b, shape in pairs:
+        ms, peak = timer(b, shape)
+        points.append(Point(b, int(seq_len(*shape)), ms, peak, tuple(shape)))
+        bar(f"B={b} S={points[-1].seq_len}: {ms:.1f} ms")
+    cost = fit_cost_model(points)
+    m0, m1 = fit_memory_model(points) if timer.device.type == "cuda" else (0.0, 1.0)
+    cost.meta = {"source": source, **cost.meta, **timer.meta}
+    return Calibration(cost, m0, m1, points, dict(cost.meta))
 
-    def __init__(
-        self,
-        config: str = "wan2.1-1.3B",
-        *,
-        layers: int | None = None,
-        device="cuda",
-        dtype: torch.dtype = torch.bfloat16,
-        fused: bool = True,
-        text_len: int = TEXT_LEN,
-        warmup: int = 2,
-        repeat: int = 5,
-        activation_checkpointing: bool = False,
-    ):
-        from adaptiveload.integrations.diffusers import set_checkpointed_blocks
-        from adaptiveload.models.wan import build_wan
 
-        self.device = torch.device(device)
-        self.model = build_wan(config, layers=layers, device=self.device, dtype=dtype, fused=fused)
-        self.layers = len(self.model.blocks)
-        self.checkpointed = self.layers if activation_checkpointing else 0
-        set_checkpointed_blocks(self.model, self.checkpointed)
-        self.text_len, self.warmup, self.repeat = text_len, warmup, repeat
-        self.meta = {
-            "config": config,
-            "layers": layers,
-            "dtype": str(dtype),
-            "fused": fused,
-            "activation_checkpointing": activation_checkpointing,
-            "text_len": text_len,
-            "device": torch.cuda.get_device_name(self.device)
-            if self.device.type == "cuda"
-            else "cpu",
-        }
+def calibrate_model(
+    step: Callable[[int, tuple, int | None], object],
+    shapes,
+    seq_len: Callable,
+    *,
+    max_tokens: int,
+    device="cuda",
+    layers: int | None = None,
+    warmup: int = 2,
+    repeat: int = 5,
+    meta: dict | None = None,
+    progress: bool = True,
+) -> Calibration:
+    """Calibrate any model: ``step(batch, shape, checkpointed)`` runs one forward+backward of
+    ``batch`` samples of pixel shape ``shape`` (``checkpointed``: blocks under activation
+    checkpointing, or None), ``seq_len(frames, height, width)`` counts a sample's tokens.
+    Timed over ``grid(max_tokens, shapes, seq_len)``; returns the fitted ``Calibration``.
 
-    def __call__(self, batch: int, shape, checkpointed: int | None = None) -> tuple[float, int]:
-        from adaptiveload.integrations.diffusers import set_checkpointed_blocks
-        from adaptiveload.models.wan import random_batch
+    For plan-aware calibration give ``StepTimer(step, ...)`` to ``calibrate_plan`` as its
+    ``measure``; for the memory model of a checkpointing policy, ``StepTimer(step,
+    layers=L)`` to ``calibrate_memory``."""
+    timer = StepTimer(step, device=device, layers=layers, warmup=warmup, repeat=repeat,
+                      meta=meta)  # fmt: skip
+    return calibrate_grid(
+        timer, shapes, seq_len, max_tokens=max_tokens, progress=progress, source="calibrate_model"
+    )
 
-        set_checkpointed_blocks(
-            self.model, self.checkpointed if checkpointed is None else checkpointed
-        )
-        self.model.zero_grad(set_to_none=True)
-        inputs = random_batch(self.model, batch, *shape, text_len=self.text_len)
 
-        def step():
-            out = self.model(**inputs, return_dict=False)[0]
-            out.float().square().mean().backward()
-
-        cuda = self.device.type == "cuda"
-        try:
-            for _ in range(self.warmup):
-                step()
-            for p in self.model.parameters():
-                if p.requires_grad and p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            if cuda:
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats(self.device)
-            ms = time_call(step, self.device, warmup=0, repeat=self.repeat)
-            peak = torch.cuda.max_memory_allocated(self.device) if cuda else 0
-        finally:
-            self.model.zero_grad(set_to_none=True)
-        return ms, int(peak)
+def calibrate_family(
+    family,
+    config: str | None = None,
+    *,
+    max_tokens: int = 151_200,
+    shapes=None,
+    progress: bool = True,
+    **timer_args,
+) -> Calibration:
+    """Calibrate a randomly initialized model of a known family (``adaptiveload.models``) over
+    ``grid`` of ``shapes`` (default the family's); ``timer_args`` go to ``ModelTimer``."""
+    timer = ModelTimer(family, config, **timer_args)
+    f = timer.family
+    return calibrate_grid(
+        timer, f.shapes if shapes is None else shapes, f.seq_len, max_tokens=max_tokens,
+        progress=progress, source=f"calibrate_{f.name}",
+    )  # fmt: skip
 
 
 def calibrate_wan(
     config: str = "wan2.1-1.3B",
     *,
-    layers: int | None = None,
-    device="cuda",
-    dtype: torch.dtype = torch.bfloat16,
-    fused: bool = True,
     max_tokens: int = 151_200,
     shapes=SHAPES,
     text_len: int = TEXT_LEN,
-    warmup: int = 2,
-    repeat: int = 5,
-    activation_checkpointing: bool = False,
     progress: bool = True,
+    **timer_args,
 ) -> Calibration:
-    """Profile forward+backward of a randomly initialized Wan model over ``wan_grid`` and fit."""
-    timer = WanTimer(
-        config,
-        layers=layers,
-        device=device,
-        dtype=dtype,
-        fused=fused,
-        text_len=text_len,
-        warmup=warmup,
-        repeat=repeat,
-        activation_checkpointing=activation_checkpointing,
-    )
-    grid = wan_grid(max_tokens, shapes)
-    bar = _progress(len(grid), progress)
-    points = []
-    for b, shape in grid:
-        ms, peak = timer(b, shape)
-        points.append(Point(b, wan_seq_len(*shape), ms, peak, tuple(shape)))
-        bar(f"B={b} S={points[-1].seq_len}: {ms:.1f} ms")
-    cost = fit_cost_model(points)
-    m0, m1 = fit_memory_model(points) if timer.device.type == "cuda" else (0.0, 1.0)
-    cost.meta = {"source": "calibrate_wan", **cost.meta, **timer.meta}
-    return Calibration(cost, m0, m1, points, dict(cost.meta))
+    """Profile forward+backward of a randomly initialized Wan model over ``wan_grid`` and fit
+    (``timer_args``: layers, device, dtype, fused, warmup, repeat, activation_checkpointing)."""
+    timer = WanTimer(config, text_len=text_len, **timer_args)
+    return calibrate_grid(timer, shapes, wan_seq_len, max_tokens=max_tokens, progress=progress,
+                          source="calibrate_wan")  # fmt: skip
 
 
 def kinds_of_plan(plan, seq_lens, shapes) -> dict[tuple[int, int], tuple[int, ...]]:
@@ -427,7 +376,7 @@ def _model_of(points: list[Point], prior: CostModel) -> CostModel:
 
 
 def measure_memory_points(
-    timer: WanTimer,
+    timer: StepTimer,
     kinds: Mapping[tuple[int, int], tuple[int, ...]],
     checkpointed: Iterable[int] | None = None,
     *,
@@ -443,7 +392,7 @@ def measure_memory_points(
         {"seq_len": S, "batch": B, "tokens": S * B, "checkpointed": n, "layers": L,
          "shape": [frames, height, width], "ms": float, "peak_bytes": int, "oom": false}
 
-    ``peak_bytes`` as ``WanTimer`` accounts it (weights, gradients, inputs, activations; 0 off
+    ``peak_bytes`` as the timer accounts it (weights, gradients, inputs, activations; 0 off
     CUDA). A micro-batch that runs out of GPU memory is a row with ``"oom": true`` and
     ``ms``/``peak_bytes`` null, and the others go on.
 
@@ -494,7 +443,7 @@ def measure_memory_points(
     return rows
 
 
-def memory_kinds(shapes, max_tokens: int):
+def memory_kinds(shapes, max_tokens: int, seq_len=wan_seq_len):
     """The kinds a memory model is fitted on, as two maps ``(S, B) -> shape`` over the distinct
     pixel shapes: each shape alone and as 2 samples (``few``: measured at four ``n``), and as
     many samples as hold about 32k and 96k tokens (``many``: measured at ``n = 0`` and ``L``;
@@ -502,7 +451,7 @@ def memory_kinds(shapes, max_tokens: int):
     micro-batches of many images apart). Kinds over ``max_tokens`` are left out."""
     few, many = {}, {}
     for shape in sorted({tuple(int(v) for v in s) for s in shapes}):
-        s = wan_seq_len(*shape)
+        s = int(seq_len(*shape))
         for b in (1, 2):
             if b * s <= max_tokens:
                 few[(s, b)] = shape
@@ -513,15 +462,17 @@ def memory_kinds(shapes, max_tokens: int):
     return few, many
 
 
-def calibrate_memory(timer: WanTimer, shapes, max_tokens: int, *, points_file=None, log=print):
-    """Measure ``memory_kinds(shapes, max_tokens)`` (``measure_memory_points``; resumable
+def calibrate_memory(
+    timer: StepTimer, shapes, max_tokens: int, *, points_file=None, log=print, seq_len=None
+):
+    """Measure ``memory_kinds(shapes, max_tokens, seq_len)`` (``measure_memory_points``; resumable
     through ``points_file``) and fit the memory model with checkpointing
     (``fit.fit_checkpoint_memory_model``): a ``MemoryModel`` whose ``meta`` holds the fit's
     errors, the rows and the points that ran out of memory (left out of the fit)."""
     from adaptiveload.fit import fit_checkpoint_memory_model
 
     layers = timer.layers
-    few, many = memory_kinds(shapes, max_tokens)
+    few, many = memory_kinds(shapes, max_tokens, wan_seq_len if seq_len is None else seq_len)
     rows = measure_memory_points(
         timer, few, checkpointed=sorted({0, layers // 2, max(layers - 1, 0), layers}),
         points_file=points_file, log=log,

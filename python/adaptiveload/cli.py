@@ -14,6 +14,7 @@ import sys
 
 import numpy as np
 
+from adaptiveload.cli_calibrate import cmd_calibrate, model_of_args
 from adaptiveload.composition import steps_without
 from adaptiveload.cost import CostModel
 from adaptiveload.demo import MIXES, demo_metadata
@@ -21,7 +22,7 @@ from adaptiveload.figure import draw_plans, figure_groups
 from adaptiveload.metadata import Metadata, read_metadata
 from adaptiveload.report import compare_samplers
 from adaptiveload.sampler import MIX_TOLERANCE
-from adaptiveload.wan import CONFIGS, SHAPES, TEXT_LEN, wan_seq_len
+from adaptiveload.wan import CONFIGS, TEXT_LEN
 
 
 def _cost_model(spec: str) -> CostModel:
@@ -159,7 +160,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         meta = demo_metadata(args.demo_samples, args.demo_mix, seed=args.seed)
         source = f"demo mix '{args.demo_mix}' ({args.demo_samples} samples)"
     elif args.metadata:
-        meta = read_metadata(args.metadata)
+        family, _ = model_of_args(args)
+        meta = read_metadata(args.metadata, family.seq_len)
         source = args.metadata
     else:
         print("adaptiveload plan: give --metadata PATH or --demo", file=sys.stderr)
@@ -187,9 +189,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     unit = f" [{cost.unit}]" if cost.unit else ""
     print(f"data: {source}; {len(meta.seq_lens)} samples; cost model {cost!r}")
     if meta.seq_len_column and meta.shapes is not None:
-        own = wan_seq_len(meta.shapes[:, 0], meta.shapes[:, 1], meta.shapes[:, 2])
+        family, _ = model_of_args(args)
+        own = family.seq_len(meta.shapes[:, 0], meta.shapes[:, 1], meta.shapes[:, 2])
         differ = int(np.sum(own != meta.seq_lens))
-        note = f"; {differ} rows differ from Wan 2.1's token count of their shape" if differ else ""
+        model = "Wan 2.1" if family.name == "wan" else family.name
+        note = f"; {differ} rows differ from {model}'s token count of their shape" if differ else ""
         print(f"token counts from the seq_len column, shapes used as group keys{note}")
     print(
         f"caps: max_tokens = {max_tokens} tokens, max_cost = {ours.max_cost:.6g}{unit}; "
@@ -221,186 +225,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _shapes(spec: str | None):
-    if not spec:
-        return SHAPES
-    try:
-        shapes = [tuple(int(v) for v in item.lower().split("x")) for item in spec.split(",")]
-    except ValueError:
-        shapes = []
-    if not shapes or any(len(s) != 3 or min(s) < 1 for s in shapes):
-        raise ValueError(f"--shapes must be FxHxW[,FxHxW...] in pixels, got {spec!r}")
-    return shapes
-
-
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    import torch
-
-    from adaptiveload.calibrate import calibrate_wan
-
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print(
-            "adaptiveload calibrate: no CUDA GPU here (use --device cpu for a dry run)",
-            file=sys.stderr,
-        )
-        return 2
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
-    plan_aware = args.metadata is not None
-    if args.warmup is None:
-        args.warmup = 1 if plan_aware else 2
-    if args.repeat is None:
-        args.repeat = 2 if plan_aware else 5
-    if plan_aware:
-        cal = _calibrate_plan(args, dtype)
-    else:
-        if args.max_tokens is None:
-            args.max_tokens = 151_200
-        cal = calibrate_wan(
-            args.config,
-            max_tokens=args.max_tokens,
-            shapes=_shapes(args.shapes),
-            progress=not args.no_progress,
-            **_timer_args(args, dtype),
-        )
-    print(
-        f"\n{'shape':>12} {'B':>4} {'S':>7} {'measured ms':>12} {'predicted':>10} {'error':>7} {'peak GiB':>9}"
-    )
-    for p in cal.points:
-        shape = "x".join(map(str, p.shape)) if p.shape else "-"
-        print(
-            f"{shape:>12} {p.batch:>4} {p.seq_len:>7} {p.ms:>12.2f} {p.predicted_ms:>10.2f} "
-            f"{p.rel_error:>+7.1%} {p.peak_bytes / 2**30:>9.2f}"
-        )
-    summary = cal.summary()
-    print(f"\ncost model: {cal.cost_model!r}")
-    if args.metadata is not None:
-        m = cal.meta
-        print(
-            f"plan-aware: {m['kinds_measured']} kinds measured ({m['kinds_resumed']} read back "
-            f"from {args.points}) in {len(m['rounds'])} rounds, "
-            f"{'converged' if m['converged'] else 'NOT converged (raise --max-rounds)'}; "
-            f"measuring took {m['measure_seconds']:.0f} s"
-        )
-        if "fallback_heldout_p90" in m:
-            print(
-                f"fallback form {m['form']!r}, held-out error on measured kinds: median "
-                f"{m['fallback_heldout_median']:.1%}, 90th percentile {m['fallback_heldout_p90']:.1%}"
-                " (the fit errors below are the fallback's; measured kinds are exact)"
-            )
-    print(
-        f"fit error: median {summary['median_abs_rel_error']:.1%}, 90th percentile "
-        f"{summary['p90_abs_rel_error']:.1%}, max {summary['max_abs_rel_error']:.1%}"
-    )
-    print(
-        f"memory model: peak = {cal.memory_m0 / 2**30:.2f} GiB + {cal.memory_m1 / 2**10:.1f} KiB x tokens"
-    )
-    if args.memory_budget and cal.memory_m1 > 0 and args.device != "cpu":
-        tokens = cal.suggest_max_tokens(args.memory_budget * 2**30)
-        cal.meta["suggested_max_tokens"] = tokens
-        print(f"suggested max_tokens for a {args.memory_budget:g} GiB budget: {tokens}")
-    cal.to_json(args.out)
-    print(f"wrote {args.out} (load it with CostModel.from_json or --cost-model)")
-    if args.memory_model:
-        _calibrate_memory(args, dtype)
-    return 0
-
-
-def _calibrate_memory(args: argparse.Namespace, dtype) -> None:
-    """The memory model with activation checkpointing, for AdaptiveBatchSampler(memory_model=)."""
-    from adaptiveload.calibrate import WanTimer, calibrate_memory
-
-    if not args.device.startswith("cuda"):
-        print("memory model: peak memory is measured on CUDA only; no memory model written")
-        return
-    if args.metadata is not None:
-        meta = read_metadata(args.metadata)
-        shapes = meta.shapes
-        max_tokens = args.max_tokens or int(2 * meta.seq_lens.max())
-    else:
-        shapes = _shapes(args.shapes)
-        max_tokens = args.max_tokens or 151_200
-    timer = WanTimer(args.config, **_timer_args(args, dtype))
-    points = os.path.splitext(args.memory_model)[0] + ".points.jsonl"
-    log = None if args.no_progress else print
-    model, rows = calibrate_memory(timer, shapes, max_tokens, points_file=points, log=log)
-    m = model.meta
-    print(
-        f"\nmemory model ({len(rows)} points, {m['out_of_memory']} out of memory): {model!r}\n"
-        f"fit error: median {m['error_median']:.1%}, max {m['error_max']:.1%}; worst "
-        f"leave-one-out under-prediction {m['loo_under_max']:.1%}, so margin {model.margin:.1%}; "
-        f"recompute share {model.recompute_share:.1%}"
-    )
-    model.save(args.memory_model)
-    print(
-        f"wrote {args.memory_model} (AdaptiveBatchSampler(memory_model=MemoryModel.load(...), "
-        "memory_budget_gib=...))"
-    )
-
-
-def _timer_args(args: argparse.Namespace, dtype) -> dict:
-    """How each micro-batch is timed: the same for grid and plan-aware calibration."""
-    return dict(
-        layers=args.layers,
-        device=args.device,
-        dtype=dtype,
-        fused=args.fused,
-        text_len=args.text_len,
-        warmup=args.warmup,
-        repeat=args.repeat,
-        activation_checkpointing=args.activation_checkpointing,
-    )
-
-
-def _calibrate_plan(args: argparse.Namespace, dtype):
-    """Plan-aware calibration of ``args.metadata`` with the sampler settings of ``args``."""
-    from adaptiveload.calibrate import WanTimer, calibrate_plan
-    from adaptiveload.sampler import AdaptiveBatchSampler
-
-    meta = read_metadata(args.metadata)
-    if meta.shapes is None:
-        raise ValueError(
-            f"{args.metadata}: plan-aware calibration needs each sample's pixel shape "
-            "(columns num_frames, height, width) to build its micro-batches"
-        )
-    max_tokens = args.max_tokens if args.max_tokens is not None else int(2 * meta.seq_lens.max())
-    # The first plan's model: the built-in profile of the same size (1.3B's for other configs);
-    # only its ratios matter, and only until 8 kinds are measured.
-    size = args.config.rsplit("-", 1)[-1]
-    prior = CostModel.wan21_h200(size if size in ("1.3B", "14B") else "1.3B", layers=args.layers)
-    keys = meta.group_keys()
-
-    def make_sampler(model):
-        return AdaptiveBatchSampler(
-            meta.seq_lens,
-            max_tokens,
-            cost_model=model,
-            group_keys=keys,
-            num_replicas=args.num_replicas,
-            rank=0,
-            micro_batches_per_step=args.micro_batches_per_step,
-            lookahead_steps=args.lookahead_steps,
-            seed=args.seed,
-            on_oversize="skip",
-            max_batch_size=args.max_batch_size,
-        )
-
-    timer = WanTimer(args.config, **_timer_args(args, dtype))
-    if args.points is None:
-        args.points = os.path.splitext(args.out)[0] + ".points.jsonl"
-    header = {**timer.meta, "max_tokens": max_tokens}
-    return calibrate_plan(
-        make_sampler,
-        prior,
-        meta.shapes,
-        timer,
-        epochs=tuple(range(args.epochs)),
-        points_file=args.points,
-        header=header,
-        max_rounds=args.max_rounds,
-        progress=not args.no_progress,
-    )
-
-
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -421,6 +245,14 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _model_help() -> str:
+    from adaptiveload.models import FAMILIES
+
+    return "FAMILY[/CONFIG] of " + "; ".join(
+        f"{name}: {', '.join(sorted(f.configs))}" for name, f in sorted(FAMILIES.items())
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="adaptiveload", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -430,6 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--metadata", help="CSV, JSONL or Parquet with seq_len or num_frames,height,width"
     )
     src.add_argument("--demo", action="store_true", help="use a built-in image+video mix")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="count the tokens of shapes as this family does: " + _model_help(),
+    )
     p.add_argument("--demo-mix", default="joint-pretrain", choices=sorted(MIXES))
     p.add_argument("--demo-samples", type=int, default=20_000)
     p.add_argument(
@@ -466,9 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan)
 
     c = sub.add_parser(
-        "calibrate", help="profile a Wan model on this GPU and fit the cost and memory models"
+        "calibrate", help="profile a video DiT on this GPU and fit the cost and memory models"
     )
-    c.add_argument("--config", default="wan2.1-1.3B", help=", ".join(sorted(CONFIGS)))
+    c.add_argument("--model", default=None, help=_model_help() + " (default: Wan, --config)")
+    c.add_argument(
+        "--config", default="wan2.1-1.3B", help="Wan config: " + ", ".join(sorted(CONFIGS))
+    )
     c.add_argument(
         "--layers", type=int, default=None, help="blocks to build (default: the full model)"
     )

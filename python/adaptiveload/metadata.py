@@ -152,8 +152,10 @@ def _int_column(path: str, name: str, values: list, rows: np.ndarray | None) -> 
     )
 
 
-def read_metadata(path: str | os.PathLike) -> Metadata:
-    """Read per-sample metadata; see the module docstring for the accepted formats."""
+def read_metadata(path: str | os.PathLike, seq_len=None) -> Metadata:
+    """Read per-sample metadata; see the module docstring for the accepted formats.
+    ``seq_len(frames, height, width)``: tokens of a shape where there is no ``seq_len`` column
+    (default ``wan_seq_len``; a family's ``ModelFamily.seq_len`` for another model)."""
     path = os.fspath(path)
     if os.path.isdir(path):
         raise ValueError(
@@ -192,4 +194,5 @@ def read_metadata(path: str | os.PathLike) -> Metadata:
     if has_seq:
         seq = _int_column(path, "seq_len", cols["seq_len"], rows)
         return Metadata(seq_lens=seq, shapes=shapes, seq_len_column=True)
-    return Metadata(seq_lens=wan_seq_len(shapes[:, 0], shapes[:, 1], shapes[:, 2]), shapes=shapes)
+    count = wan_seq_len if seq_len is None else seq_len
+    return Metadata(seq_lens=count(shapes[:, 0], shapes[:, 1], shapes[:, 2]), shapes=shapes)

@@ -174,7 +174,7 @@ def test_bad_n_is_refused_and_none_restores_the_prior_setting():
     assert model.gradient_checkpointing and model._gradient_checkpointing_func is prior
     assert checkpointed_blocks(model) == L
 
-    with pytest.raises(ValueError, match="holds 0 WanTransformer3DModel"):
+    with pytest.raises(ValueError, match="holds 0 video transformers of a known family"):
         set_checkpointed_blocks(torch.nn.Linear(2, 2), 0)
 
 

@@ -16,7 +16,8 @@ to the block (not a bound method, which pickles as a lookup by name that fails o
 so a patched model survives ``torch.save``/``torch.load`` and ``copy.deepcopy``.
 
 ``set_checkpointed_blocks(model, n)`` chooses, per micro-batch, how many blocks run under
-activation checkpointing: the first ``n`` of ``model.blocks``, in training only.
+activation checkpointing: the first ``n`` of the model's blocks, in training only (any family of
+``adaptiveload.models``).
 """
 
 from __future__ import annotations
@@ -136,32 +137,30 @@ def _checkpoint_marked_block(block: nn.Module, *args):
     return block(*args)
 
 
-def _wan_model(model: nn.Module):
+def _checkpointed_model(model: nn.Module) -> tuple[nn.Module, list]:
+    """The diffusers video transformer of ``model`` (itself, in a DDP wrapper's ``module``,
+    or its one submodule of a known family) and its blocks in order."""
     try:
-        from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
+        import diffusers  # noqa: F401
     except ImportError as e:  # pragma: no cover - exercised only without diffusers
-        raise ImportError(
-            "set_checkpointed_blocks needs diffusers (pip install 'adaptiveload[wan]')"
-        ) from e
-    # The model itself, or inside a wrapper's ``module`` (DDP), before searching every module.
-    for candidate in (model, getattr(model, "module", None)):
-        if isinstance(candidate, WanTransformer3DModel):
-            return candidate
-    found = [m for m in model.modules() if isinstance(m, WanTransformer3DModel)]
-    if len(found) != 1:
-        raise ValueError(
-            f"set_checkpointed_blocks: {type(model).__name__} holds {len(found)} "
-            "WanTransformer3DModel, expected one"
-        )
-    return found[0]
+        raise ImportError("set_checkpointed_blocks needs diffusers (pip install diffusers)") from e
+    from adaptiveload.models import family_for
+
+    try:
+        family, root = family_for(model)
+    except ValueError as e:
+        raise ValueError(f"set_checkpointed_blocks: {e}") from None
+    return root, family.blocks(root)
 
 
 def set_checkpointed_blocks(model: nn.Module, n: int | None) -> nn.Module:
-    """From now on the first ``n`` blocks of ``model.blocks`` run under activation
+    """From now on the first ``n`` blocks of the model run under activation
     checkpointing (``torch.utils.checkpoint``, non-reentrant) when grad is enabled, the
     other ``L - n`` without; ``n = 0`` checkpoints none, ``n = L`` all. Returns ``model``.
 
-    ``model`` is a ``WanTransformer3DModel`` or a module holding one (a DDP wrapper). Call
+    ``model`` is a diffusers video transformer of a family ``adaptiveload.models`` knows
+    (``WanTransformer3DModel``, ``HunyuanVideoTransformer3DModel`` (its dual-stream blocks, then
+    its single-stream ones), ``LTXVideoTransformer3DModel``), or a module holding one. Call
     it before each micro-batch's forward with that micro-batch's ``n``; a call sets ``L``
     flags and wraps nothing. The model keeps diffusers' block loop: it sets
     ``gradient_checkpointing`` and a ``_gradient_checkpointing_func`` that checkpoints the
@@ -171,8 +170,7 @@ def set_checkpointed_blocks(model: nn.Module, n: int | None) -> nn.Module:
     ``n = None`` removes the policy and restores the checkpointing setting the model had
     before the first call. Raises ``ValueError`` for ``n`` outside ``[0, L]``.
     """
-    wan = _wan_model(model)
-    blocks = list(wan.blocks)
+    wan, blocks = _checkpointed_model(model)
     if n is None:
         prior = wan.__dict__.pop(_PRIOR, None)
         if prior is not None and wan._gradient_checkpointing_func is _checkpoint_marked_block:
@@ -202,9 +200,9 @@ def checkpointed_blocks(model: nn.Module) -> int:
     """How many blocks run under activation checkpointing in training: the ``n`` of the last
     ``set_checkpointed_blocks``, or, without one, ``L`` or ``0`` as diffusers'
     ``gradient_checkpointing`` says."""
-    wan = _wan_model(model)
+    wan, blocks = _checkpointed_model(model)
     if not wan.gradient_checkpointing:
         return 0
     if wan._gradient_checkpointing_func is not _checkpoint_marked_block:
-        return len(wan.blocks)
-    return sum(bool(getattr(b, _CHECKPOINT_MARK, False)) for b in wan.blocks)
+        return len(blocks)
+    return sum(bool(getattr(b, _CHECKPOINT_MARK, False)) for b in blocks)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from adaptiveload.wan import CONFIGS, PATCH, TEXT_LEN, VAE_STRIDE, latent_shape
+from adaptiveload.models.family import ModelFamily
+from adaptiveload.wan import CONFIGS, GEOMETRY, PATCH, SHAPES, TEXT_LEN, VAE_STRIDE, latent_shape
 
 # Modules diffusers keeps in fp32 when the rest of the model is bf16.
 _FP32_KEYS = ("scale_shift_table", "norm1", "norm2", "norm3", "time_embedder", "rope")
@@ -71,8 +72,34 @@ def random_batch(
     }
 
 
+def _build(cfg: dict, device: torch.device):
+    from diffusers import WanTransformer3DModel
+
+    return WanTransformer3DModel(patch_size=PATCH, **cfg).to(device)
+
+
+def _batch(model, batch: int, frames: int, height: int, width: int, generator) -> dict:
+    return random_batch(model, batch, frames, height, width, generator=generator)
+
+
+# Wan 2.1 and 2.2 in diffusers (``build_wan`` builds the same models).
+FAMILY = ModelFamily(
+    name="wan",
+    model_class="WanTransformer3DModel",
+    geometry=GEOMETRY,
+    configs=CONFIGS,
+    default_config="wan2.1-1.3B",
+    build_model=_build,
+    batch=_batch,
+    blocks=lambda model: list(model.blocks),
+    shapes=tuple(SHAPES),
+    patch="adaptiveload.integrations.diffusers",
+    fp32_keys=_FP32_KEYS,
+)
+
 __all__ = [
     "CONFIGS",
+    "FAMILY",
     "PATCH",
     "TEXT_LEN",
     "VAE_STRIDE",
