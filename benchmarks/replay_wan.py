@@ -308,6 +308,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None, help="FAMILY[/CONFIG] (adaptiveload.models)")
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--no-checkpointing", action="store_true")
+    ap.add_argument("--no-fused", action="store_true", help="diffusers' blocks, not the fused ops")
     ap.add_argument("--worlds", type=parse_ints, default=[8, 64])
     ap.add_argument("--ks", type=parse_ints, default=[1, 4])
     ap.add_argument("--max-tokens", type=int, default=None, help="default 2x the longest sample")
@@ -353,7 +354,7 @@ def main(argv=None) -> int:
 
         make = WanTimer if FAMILY.name == "wan" else lambda *a, **kw: ModelTimer(FAMILY, *a, **kw)
         timer = make(
-            config, layers=args.layers, dtype=torch.bfloat16, fused=True,
+            config, layers=args.layers, dtype=torch.bfloat16, fused=not args.no_fused,
             warmup=args.warmup, repeat=args.repeat,
             activation_checkpointing=not args.no_checkpointing,
         )  # fmt: skip
