@@ -420,6 +420,29 @@ SECTIONS = [
         ),
     ),
     (
+        "And for other video DiTs: HunyuanVideo and LTX-Video?",
+        lambda: (
+            copied(
+                "h200/replay_hunyuanvideo.csv",
+                "Measured balance: HunyuanVideo",
+                "The replay above for HunyuanVideo-13B (benchmarks/replay_wan.py --model "
+                "hunyuanvideo/hunyuanvideo-13B --layers 1 --ks 4 --no-fused: one dual-stream and "
+                "one single-stream block, bf16, diffusers' blocks, activation checkpointing), 8 "
+                "ranks, 20,000 samples of the held-out mix; a sample's tokens count its 256 text "
+                "tokens (joint attention). The built-in arm uses the Wan-2.1 H200 profile, the "
+                "default a user gets before calibrating.",
+            )
+            + copied(
+                "h200/replay_ltx-video_held-out-ltx.csv",
+                "Measured balance: LTX-Video",
+                "LTX-Video-2B (--model ltx-video/ltx-video-2B --layers 2 --no-fused), 8 ranks, "
+                "20,000 samples of benchmarks/replay_wan.py HELD_OUT_LTX_MIX (LTX-Video's "
+                "shapes, none in its calibration grid): its VAE compresses 8 x 32 x 32, so "
+                "samples are 300 to 12,000 tokens and attention's share is smaller than Wan's.",
+            )
+        ),
+    ),
+    (
         "What does balancing give a batch-size-1 pipeline (DiffSynth-Studio's trainer)?",
         lambda: copied(
             "h200/replay_wan_b1.csv",

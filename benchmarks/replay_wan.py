@@ -560,6 +560,7 @@ def write(rows, setup, noise):
         + ("" if family == "wan" else f" --model {family} --mix {setup['data']}"),
         "setup": f"{setup['data']}, {setup['samples']} samples, max_tokens {setup['max_tokens']}, "
         f"{setup['layers']} blocks, checkpointing {setup['checkpointing']}, "
+        f"{'fused ops' if setup.get('fused', True) else 'unfused'}, "
         f"noise median {noise['median']:.2%} p90 {noise['p90']:.2%}",
     }
     # replay_wan[_<mix>][_b<max_batch_size>][_uneven].csv: one file per setup, the Ks as rows.
