@@ -4,7 +4,7 @@ gated_residual_rms_norm_modulate.
 The accuracy rule, helpers and tolerance table are test_ops.py's (the LayerNorm ops): the op's
 error against a float64 reference at most ~2x the error of the same formula run by PyTorch eager
 in the op's low precision, with a small floor; every output and every gradient is checked. The
-CUDA tuning-table tests of test_ops.py cover the RMS rows too (each row chosen for a problem of
+CUDA tuning-table tests of test_ops_cuda.py cover the RMS rows too (each row chosen for a problem of
 its key and right, with other settings, on small groups).
 """
 
