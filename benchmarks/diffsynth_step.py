@@ -120,12 +120,12 @@ def time_steps(model, inputs, dy, warmup, steps):
     return statistics.median(times)
 
 
-def fused_kernel_share(model, inputs, dy):
-    """GPU time of our kernels / all kernels in one fused step (torch.profiler)."""
+def kernel_share(run) -> float:
+    """GPU time of our kernels (the fused ops) / all kernels in one ``run()`` (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run_step(model, *inputs, dy)
+        run()
         torch.cuda.synchronize()
     ours = total = 0.0
     for e in prof.key_averages():
@@ -133,9 +133,14 @@ def fused_kernel_share(model, inputs, dy):
         if t <= 0 or e.device_type != torch.autograd.DeviceType.CUDA:
             continue
         total += t
-        if "adaptiveload" in e.key or "layer_norm_modulate" in e.key:
+        if "adaptiveload" in e.key or "norm_modulate" in e.key:
             ours += t
     return ours / total if total else float("nan")
+
+
+def fused_kernel_share(model, inputs, dy):
+    """``kernel_share`` of one fused step."""
+    return kernel_share(lambda: run_step(model, *inputs, dy))
 
 
 def main(argv=None) -> int:

@@ -52,22 +52,13 @@ def time_steps(model, inputs, warmup: int, steps: int) -> float:
 
 
 def fused_kernel_share(model, inputs) -> float:
-    """GPU time of our kernels / all kernels in one fused step (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
+    """GPU time of our kernels / all kernels in one fused step (diffsynth_step.kernel_share)."""
+    sys.path.insert(0, HERE)
+    from diffsynth_step import kernel_share
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step(model, inputs)
-        torch.cuda.synchronize()
+    share = kernel_share(lambda: step(model, inputs))
     model.zero_grad(set_to_none=True)
-    ours = total = 0.0
-    for e in prof.key_averages():
-        t = e.device_time_total
-        if t <= 0 or e.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        total += t
-        if "norm_modulate" in e.key or "adaptiveload" in e.key:
-            ours += t
-    return ours / total if total else float("nan")
+    return share
 
 
 def measure(spec: str, shape, layers: int, warmup: int, steps: int) -> dict:
