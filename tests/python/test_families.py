@@ -15,7 +15,8 @@ from adaptiveload.models import FAMILIES, family_of, resolve  # noqa: E402
 
 PATCHED = sorted(name for name, f in FAMILIES.items() if f.patch is not None)
 # (frames, height, width) in pixels of one small clip per family (its VAE's strides).
-CLIP = {"wan": (9, 64, 96), "hunyuanvideo": (9, 64, 96), "ltx-video": (17, 128, 192)}
+CLIP = {"wan": (9, 64, 96), "hunyuanvideo": (9, 64, 96), "ltx-video": (17, 128, 192),
+        "cogvideox": (9, 64, 96), "mochi": (13, 64, 96), "skyreels-v2": (9, 64, 96)}  # fmt: skip
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
@@ -54,7 +55,8 @@ def test_resolve_names_the_family_and_config():
 
 # Whose self-attention runs over the text tokens too (an MMDiT's joint attention); the
 # others take text by cross-attention.
-JOINT_ATTENTION = {"wan": False, "hunyuanvideo": True, "ltx-video": False}
+JOINT_ATTENTION = {"wan": False, "hunyuanvideo": True, "ltx-video": False, "cogvideox": True,
+                   "mochi": True, "skyreels-v2": False}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

@@ -7,12 +7,17 @@ when a model is built."""
 
 from __future__ import annotations
 
+from adaptiveload.models.cogvideox import FAMILY as COGVIDEOX
 from adaptiveload.models.family import ModelFamily
 from adaptiveload.models.hunyuan_video import FAMILY as HUNYUAN_VIDEO
 from adaptiveload.models.ltx_video import FAMILY as LTX_VIDEO
+from adaptiveload.models.mochi import FAMILY as MOCHI
+from adaptiveload.models.skyreels_v2 import FAMILY as SKYREELS_V2
 from adaptiveload.models.wan import FAMILY as WAN
 
-FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (WAN, HUNYUAN_VIDEO, LTX_VIDEO)}
+FAMILIES: dict[str, ModelFamily] = {
+    f.name: f for f in (WAN, HUNYUAN_VIDEO, LTX_VIDEO, COGVIDEOX, MOCHI, SKYREELS_V2)
+}
 
 
 def family_of(name: str) -> ModelFamily:
