@@ -174,3 +174,42 @@ def test_patched_model_compiles(name):
         eager = model(**inputs, return_dict=False)[0]
         compiled = torch.compile(model, fullgraph=False)(**inputs, return_dict=False)[0]
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hunyuanvideo_15_blocks_take_the_patch(device, seed):
+    """HunyuanVideo 1.5's dual-stream block has 1.0's structure: the patch applies to a model
+    holding it, with the same parity (outputs and every gradient, fp32)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from diffusers.models.transformers.transformer_hunyuan_video15 import (
+        HunyuanVideo15TransformerBlock,
+    )
+
+    torch.manual_seed(seed % 1000)
+    holder = torch.nn.ModuleList([HunyuanVideo15TransformerBlock(2, 16, 2.0) for _ in range(2)])
+    holder = holder.to(device)
+    g = torch.Generator(device).manual_seed(seed)
+    x, c = (torch.randn(2, n, 32, generator=g, device=device, requires_grad=True) for n in (40, 7))
+    temb = torch.randn(2, 32, generator=g, device=device)
+    mask = torch.ones(2, 7, dtype=torch.bool, device=device)
+    mask[1, 5:] = False  # the second sample's prompt is shorter
+
+    def run():
+        holder.zero_grad(set_to_none=True)
+        h, e = x, c
+        for block in holder:
+            h, e = block(h, e, temb, mask)
+        w = torch.linspace(-1, 1, h.numel() + e.numel(), device=device)
+        (torch.cat([h.flatten(), e.flatten()]) * w).sum().backward()
+        grads = {n: p.grad.clone() for n, p in holder.named_parameters()}
+        return h.detach(), e.detach(), grads
+
+    want = run()
+    family_of("hunyuanvideo").apply_fused_ops(holder)
+    assert family_of("hunyuanvideo").is_fused(holder)
+    got = run()
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+    for n in want[2]:
+        torch.testing.assert_close(got[2][n], want[2][n], rtol=1e-4, atol=1e-5, msg=n)

@@ -1,7 +1,8 @@
 """Route diffusers' HunyuanVideo blocks through AdaptiveLoad's fused ops.
 
 ``apply_fused_ops(model)`` rebinds ``forward`` of every dual-stream block
-(``HunyuanVideoTransformerBlock``) and single-stream block
+(``HunyuanVideoTransformerBlock``, and HunyuanVideo 1.5's ``HunyuanVideo15TransformerBlock``,
+whose structure is the same) and single-stream block
 (``HunyuanVideoSingleTransformerBlock``), for the video and the text stream alike:
 
 - ``norm1`` / ``norm1_context`` (``AdaLayerNormZero``: LayerNorm without affine, then
@@ -98,16 +99,35 @@ def _fused_single_forward(
     return joint[:, :-text], joint[:, -text:]
 
 
+def _dual_classes() -> tuple:
+    """HunyuanVideo 1.0's dual-stream block and 1.5's (the same structure and attribute names),
+    where this diffusers has it."""
+    from diffusers.models.transformers.transformer_hunyuan_video import (
+        HunyuanVideoTransformerBlock,
+    )
+
+    classes = [HunyuanVideoTransformerBlock]
+    try:
+        from diffusers.models.transformers.transformer_hunyuan_video15 import (
+            HunyuanVideo15TransformerBlock,
+        )
+
+        classes.append(HunyuanVideo15TransformerBlock)
+    except ImportError:  # a diffusers before HunyuanVideo 1.5
+        pass
+    return tuple(classes)
+
+
 def _blocks(model: nn.Module) -> tuple[list, list]:
     try:
         from diffusers.models.transformers.transformer_hunyuan_video import (
             HunyuanVideoSingleTransformerBlock,
-            HunyuanVideoTransformerBlock,
         )
     except ImportError as e:  # pragma: no cover - exercised only without diffusers
         raise ImportError("apply_fused_ops needs diffusers (pip install diffusers)") from e
+    dual_classes = _dual_classes()
     # Exact classes: the token-replace subclasses' forwards take other arguments.
-    dual = [m for m in model.modules() if type(m) is HunyuanVideoTransformerBlock]
+    dual = [m for m in model.modules() if type(m) in dual_classes]
     single = [m for m in model.modules() if type(m) is HunyuanVideoSingleTransformerBlock]
     return dual, single
 
