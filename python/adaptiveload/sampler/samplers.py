@@ -56,7 +56,7 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
             window's steps are drawn from the fewest cost strata (1: the whole window, every
             step a proportional draw of its groups) that keep it within this; none does:
             steps of similar cost. 0 gives the best balance, with steps that often hold one
-            or two shapes (the planner before 2026-12); 1 mixes every window whatever the
+            or two shapes; 1 mixes every window whatever the
             balance. ``plan().window_strata`` and ``step_composition`` report where each
             plan landed. Default ``MIX_TOLERANCE`` (0.02): docs/sampler.md, "Representative
             steps".
