@@ -56,9 +56,8 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
             window's steps are drawn from the fewest cost strata (1: the whole window, every
             step a proportional draw of its groups) that keep it within this; none does:
             steps of similar cost. 0 gives the best balance, with steps that often hold one
-            or two shapes; 1 mixes every window whatever the
-            balance. ``plan().window_strata`` and ``step_composition`` report where each
-            plan landed. Default ``MIX_TOLERANCE`` (0.02): docs/sampler.md, "Representative
+            or two shapes; 1 mixes every window whatever the balance.
+            ``plan().window_strata`` and ``step_composition`` report where each plan landed. Default ``MIX_TOLERANCE`` (0.02): docs/sampler.md, "Representative
             steps".
         balance: False gives the paper's form: dual caps, no cross-rank balancing.
         max_batch_size: at most this many samples per micro-batch (None: no limit beyond the
