@@ -1,5 +1,6 @@
 """Wan 2.1's geometry in one place: VAE stride, patch size, text length, the transformer
-configurations, and the token count of a sample.
+configurations, and the token count of a sample (``wan_seq_len``; ``token_count`` for any
+VAE stride and patch, which ``adaptiveload.geometry`` uses for the other families).
 
 Plain Python and numpy (no torch, no diffusers): the metadata readers, the demo mixes and
 calibration count tokens with ``wan_seq_len``; ``adaptiveload.models.wan`` builds diffusers
@@ -8,7 +9,7 @@ models from ``CONFIGS``.
 
 from __future__ import annotations
 
-from adaptiveload.geometry import Geometry, seq_len
+import numpy as np
 
 # Pixels per latent element, (frames, height, width): the VAE keeps the first frame and
 # compresses each further 4 frames into one, and 8 x 8 pixels into one element.
@@ -17,8 +18,6 @@ VAE_STRIDE = (4, 8, 8)
 PATCH = (1, 2, 2)
 # Text tokens per sample (umT5 embeddings, padded to this length).
 TEXT_LEN = 512
-# Text enters by cross-attention: no extra tokens in the video's sequence.
-GEOMETRY = Geometry("wan", VAE_STRIDE, PATCH)
 
 # Keyword arguments of diffusers' WanTransformer3DModel (patch_size=PATCH besides).
 CONFIGS: dict[str, dict] = {
@@ -79,6 +78,36 @@ def latent_shape(frames: int, height: int, width: int, channels: int) -> tuple[i
     )
 
 
+def token_count(frames, height, width, vae_stride, patch, extra=0, *, name="token_count"):
+    """Tokens of samples of a video DiT whose VAE keeps the first frame and compresses each
+    further ``vt`` frames into one and ``vh x vw`` pixels into one element, cut into
+    ``pt x ph x pw`` patches, plus ``extra`` tokens per sample (see adaptiveload.geometry),
+    vectorized over numpy arrays; ``ValueError`` names the sample (``name`` in messages).
+    Here, not in geometry.py, so that this file needs nothing but numpy."""
+    f = np.asarray(frames)
+    h = np.asarray(height)
+    w = np.asarray(width)
+    for what, a in (("frames", f), ("height", h), ("width", w)):
+        if a.dtype.kind not in "iu":
+            if a.dtype.kind != "f" or not np.all(np.isfinite(a)) or np.any(a != np.floor(a)):
+                raise ValueError(f"{name}: {what} must hold integers, got dtype {a.dtype}")
+        if np.any(a < 1):
+            bad = np.flatnonzero(np.atleast_1d(a) < 1)[0]
+            raise ValueError(f"{name}: {what}[{bad}] = {np.atleast_1d(a)[bad]} must be >= 1")
+    vt, vh, vw = vae_stride
+    pt, ph, pw = patch
+    f, h, w = (a.astype(np.int64) for a in (f, h, w))
+    seq = ((f - 1) // vt + 1) // pt * (h // vh // ph) * (w // vw // pw)
+    if np.any(seq < 1):
+        bad = np.flatnonzero(np.atleast_1d(seq) < 1)[0]
+        raise ValueError(
+            f"{name}: sample {bad} ({np.atleast_1d(f)[bad]}x{np.atleast_1d(h)[bad]}x"
+            f"{np.atleast_1d(w)[bad]}) is smaller than one patch"
+        )
+    seq = seq + extra
+    return int(seq) if seq.ndim == 0 else seq
+
+
 def wan_seq_len(frames, height, width, *, vae_stride=VAE_STRIDE, patch_size=PATCH):
     """Sequence length S of Wan 2.1 samples, vectorized over numpy arrays.
 
@@ -88,16 +117,16 @@ def wan_seq_len(frames, height, width, *, vae_stride=VAE_STRIDE, patch_size=PATC
     a 480x832 image is 1,560 tokens, a 480x832 81-frame video 32,760, a 720x1280
     81-frame video 75,600. Returns an int64 array (a Python int for scalar inputs).
     """
-    return seq_len(frames, height, width, vae_stride, patch_size, name="wan_seq_len")
+    return token_count(frames, height, width, vae_stride, patch_size, name="wan_seq_len")
 
 
 __all__ = [
     "CONFIGS",
-    "GEOMETRY",
     "PATCH",
     "SHAPES",
     "TEXT_LEN",
     "VAE_STRIDE",
     "latent_shape",
+    "token_count",
     "wan_seq_len",
 ]

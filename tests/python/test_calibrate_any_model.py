@@ -127,10 +127,11 @@ def test_calibrate_cli_with_model(family, tmp_path, capsys):
     from adaptiveload.models import family_of
 
     out = tmp_path / "cost.json"
+    # Token counts an order of magnitude apart, so that time grows with them on a busy CPU.
     shapes = (
-        "1x64x96,9x64x96,17x64x96"
+        "1x128x192,17x256x384,33x256x384"
         if family == "hunyuanvideo"
-        else "1x128x192,17x128x192,33x128x192"
+        else "1x256x384,65x256x384,129x512x768"
     )
     args = f"calibrate --model {family}/tiny --device cpu --dtype fp32 --max-tokens 8000"
     args += f" --shapes {shapes} --repeat 2 --warmup 1 --no-progress"

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import torch
 
+from adaptiveload.geometry import Geometry
 from adaptiveload.models.family import ModelFamily
-from adaptiveload.wan import CONFIGS, GEOMETRY, PATCH, SHAPES, TEXT_LEN, VAE_STRIDE, latent_shape
+from adaptiveload.wan import CONFIGS, PATCH, SHAPES, TEXT_LEN, VAE_STRIDE, latent_shape
+
+# Text enters by cross-attention: no extra tokens in the video's sequence.
+GEOMETRY = Geometry("wan", VAE_STRIDE, PATCH)
 
 # Modules diffusers keeps in fp32 when the rest of the model is bf16.
 _FP32_KEYS = ("scale_shift_table", "norm1", "norm2", "norm3", "time_embedder", "rope")
