@@ -213,3 +213,35 @@ def test_hunyuanvideo_15_blocks_take_the_patch(device, seed):
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
     for n in want[2]:
         torch.testing.assert_close(got[2][n], want[2][n], rtol=1e-4, atol=1e-5, msg=n)
+
+
+def swap_classes(model, blocks):
+    """What FSDP2's fully_shard does to a module: its class becomes a subclass named
+    FSDP<class> (the model's and each block's)."""
+    for m in [model, *blocks]:
+        kind = type(m)
+        m.__class__ = type(f"FSDP{kind.__name__}", (kind,), {})
+
+
+@pytest.mark.parametrize("name", PATCHED)
+def test_models_and_blocks_of_fsdp2_subclasses_are_found(name):
+    from adaptiveload.integrations.diffusers import checkpointed_blocks, set_checkpointed_blocks
+    from adaptiveload.models import family_for
+
+    family = family_of(name)
+    model = build(name)
+    inputs = batch(name, model, 2)
+    with torch.no_grad():
+        want = model(**inputs, return_dict=False)[0]
+    swap_classes(model, family.blocks(model))
+    assert type(model).__name__.startswith("FSDP")
+    found, root = family_for(torch.nn.ModuleList([model]))
+    assert found is family and root is model
+    family.apply_fused_ops(model)
+    assert family.is_fused(model)
+    set_checkpointed_blocks(model, 1)
+    assert checkpointed_blocks(model) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(**inputs, return_dict=False)[0], want, rtol=1e-5, atol=1e-5
+        )

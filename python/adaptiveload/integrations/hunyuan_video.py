@@ -126,9 +126,10 @@ def _blocks(model: nn.Module) -> tuple[list, list]:
     except ImportError as e:  # pragma: no cover - exercised only without diffusers
         raise ImportError("apply_fused_ops needs diffusers (pip install diffusers)") from e
     dual_classes = _dual_classes()
-    # Exact classes: the token-replace subclasses' forwards take other arguments.
-    dual = [m for m in model.modules() if type(m) in dual_classes]
-    single = [m for m in model.modules() if type(m) is HunyuanVideoSingleTransformerBlock]
+    # isinstance: FSDP2's fully_shard swaps a block's class for a subclass of it. (The
+    # token-replace blocks, whose forwards take other arguments, are classes of their own.)
+    dual = [m for m in model.modules() if isinstance(m, dual_classes)]
+    single = [m for m in model.modules() if isinstance(m, HunyuanVideoSingleTransformerBlock)]
     return dual, single
 
 

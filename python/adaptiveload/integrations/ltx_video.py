@@ -61,7 +61,8 @@ def _blocks(model: nn.Module) -> list:
         from diffusers.models.transformers.transformer_ltx import LTXVideoTransformerBlock
     except ImportError as e:  # pragma: no cover - exercised only without diffusers
         raise ImportError("apply_fused_ops needs diffusers (pip install diffusers)") from e
-    return [m for m in model.modules() if type(m) is LTXVideoTransformerBlock]
+    # isinstance: FSDP2's fully_shard swaps a block's class for a subclass of it.
+    return [m for m in model.modules() if isinstance(m, LTXVideoTransformerBlock)]
 
 
 def apply_fused_ops(model: nn.Module) -> nn.Module:

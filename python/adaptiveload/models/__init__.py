@@ -26,20 +26,32 @@ def family_of(name: str) -> ModelFamily:
     return FAMILIES[name]
 
 
+def _family_of_class(kind: type) -> ModelFamily | None:
+    """The family whose model class ``kind`` is or derives from (FSDP2's ``fully_shard``
+    swaps a module's class for a subclass of it), by class name: diffusers is imported only
+    where a model is built."""
+    by_class = {f.model_class: f for f in FAMILIES.values()}
+    for base in kind.__mro__:
+        if base.__name__ in by_class:
+            return by_class[base.__name__]
+    return None
+
+
 def family_for(model) -> tuple[ModelFamily, object]:
     """The family of ``model`` and its diffusers model: ``model`` itself, inside a wrapper's
     ``module`` (DDP), or its one submodule of a known class; ``ValueError`` otherwise."""
-    by_class = {f.model_class: f for f in FAMILIES.values()}
     for candidate in (model, getattr(model, "module", None)):
-        if type(candidate).__name__ in by_class:
-            return by_class[type(candidate).__name__], candidate
-    found = [m for m in model.modules() if type(m).__name__ in by_class]
+        family = _family_of_class(type(candidate))
+        if family is not None:
+            return family, candidate
+    found = [m for m in model.modules() if _family_of_class(type(m)) is not None]
     if len(found) != 1:
+        names = ", ".join(sorted(f.model_class for f in FAMILIES.values()))
         raise ValueError(
             f"{type(model).__name__} holds {len(found)} video transformers of a known family "
-            f"({', '.join(sorted(by_class))}), expected one"
+            f"({names}), expected one"
         )
-    return by_class[type(found[0]).__name__], found[0]
+    return _family_of_class(type(found[0])), found[0]
 
 
 def resolve(spec: str) -> tuple[ModelFamily, str]:
