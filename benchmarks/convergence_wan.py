@@ -15,8 +15,8 @@ modality against samples seen and against replayed GPU time.
 - **Arms** (``ARMS``), each planning the same dataset for 8 ranks x K micro-batches with
   ``max_tokens`` = 2x the longest sample and the run's seed: ``shuffled_b1`` (shuffled samples
   one per micro-batch, DiffSynth-Studio's default), ``equal_token`` (equal-token buckets),
-  ``segregated`` (``AdaptiveBatchSampler(mix_tolerance=0.0)``: the cost-sorted planner before
-  2026-12, whose steps hold one or two shapes), ``default`` (``AdaptiveBatchSampler()``, steps
+  ``segregated`` (``AdaptiveBatchSampler(mix_tolerance=0.0)``: the cost-sorted planner, whose steps hold
+  one or two shapes), ``default`` (``AdaptiveBatchSampler()``, steps
   mixed within the default tolerance) and ``b1_segregated`` (the segregating planner at batch
   size 1: the same step structure as ``shuffled_b1``, so the two differ in order only). The
   adaptive arms plan with the built-in cost model, whose ratios are Wan 14B's on real shapes.
@@ -60,7 +60,7 @@ import os
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 
 import numpy as np
@@ -70,6 +70,18 @@ from adaptiveload import AdaptiveBatchSampler, EqualTokenBatchSampler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from convergence_data import (  # noqa: E402
+    MODALITIES,
+    PATCH,
+    SETUPS,
+    Setup,
+    SyntheticMix,
+    TrainSet,
+    ValSet,
+    build_model,
+    loss_sum,
+    tokens_of,
+)
 from make_results import write_csv  # noqa: E402
 
 # Sampler arms: class and keyword arguments (besides the data, ranks, K, max_tokens and seed).
@@ -81,277 +93,6 @@ ARMS: dict[str, tuple[type, dict]] = {
     "b1_segregated": (AdaptiveBatchSampler, {"max_batch_size": 1, "mix_tolerance": 0.0}),
 }
 NORMALIZATIONS = ("tokens", "samples")
-VAL_T = (0.2, 0.5, 0.8)
-PATCH = (1, 2, 2)
-MODALITIES = ("image", "clip")
-
-
-@dataclass(frozen=True)
-class Setup:
-    """Model, data and schedule of one benchmark size."""
-
-    #: WanTransformer3DModel keyword arguments (patch (1, 2, 2) besides)
-    model: dict
-    #: ((frames, height, width) of the latent, share of samples); one frame: an image
-    mix: tuple
-    samples: int
-    epochs: int
-    val_images: int
-    val_clips: int
-    evals_per_epoch: int
-    lr: float
-    #: K, micro-batches per rank per step
-    micro_batches: int = 4
-    text_len: int = 4
-    #: pattern ids per modality, and waves per pattern
-    patterns: int = 4
-    waves: int = 3
-    #: wavelengths (latent pixels) and clip speeds (latent pixels per frame)
-    wavelength: tuple = (5.0, 16.0)
-    speed: tuple = (0.5, 2.0)
-
-
-SETUPS = {
-    # One H200: about 23,000 micro-batches in 24 runs, most bound by the host's launches
-    # (120-2,040 tokens, fp32).
-    "full": Setup(
-        model=dict(
-            num_attention_heads=4,
-            attention_head_dim=64,
-            in_channels=16,
-            out_channels=16,
-            text_dim=64,
-            freq_dim=64,
-            ffn_dim=512,
-            num_layers=2,
-        ),
-        mix=(
-            ((1, 16, 32), 0.35),
-            ((1, 24, 20), 0.25),
-            ((9, 24, 20), 0.16),
-            ((13, 16, 32), 0.14),
-            ((17, 24, 20), 0.10),
-        ),
-        samples=1536,
-        epochs=1,
-        val_images=32,
-        val_clips=16,
-        evals_per_epoch=16,
-        lr=1e-3,
-    ),
-    # CPU, seconds: the end-to-end check of the tests.
-    "quick": Setup(
-        model=dict(
-            num_attention_heads=2,
-            attention_head_dim=16,
-            in_channels=16,
-            out_channels=16,
-            text_dim=16,
-            freq_dim=16,
-            ffn_dim=64,
-            num_layers=2,
-        ),
-        mix=(
-            ((1, 8, 8), 0.35),
-            ((1, 8, 12), 0.25),
-            ((3, 8, 8), 0.16),
-            ((5, 8, 8), 0.14),
-            ((5, 8, 12), 0.10),
-        ),
-        samples=48,
-        epochs=2,
-        val_images=4,
-        val_clips=3,
-        evals_per_epoch=2,
-        lr=1e-3,
-        micro_batches=1,
-        wavelength=(3.0, 8.0),
-    ),
-}
-
-
-# -- data -------------------------------------------------------------------------------------
-
-
-class Inputs:
-    """One micro-batch on the device: noisy latents, timesteps (0-1000), text, velocity target."""
-
-    __slots__ = ("x_t", "timestep", "text", "target")
-
-    def __init__(self, x_t, timestep, text, target):
-        self.x_t, self.timestep, self.text, self.target = x_t, timestep, text, target
-
-
-def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """One generator seed per (run seed, epoch, sample), distinct for epochs and samples
-    below a million: every arm draws the same t and noise for a sample."""
-    return ((seed * 1_000_003 + epoch) * 1_000_033 + index) % (2**63 - 1)
-
-
-def modality_of(shape) -> str:
-    return "image" if shape[0] == 1 else "clip"
-
-
-def tokens_of(shape) -> int:
-    return math.prod(s // p for s, p in zip(shape, PATCH, strict=True))
-
-
-class SyntheticMix:
-    """Latents of smooth waves: ``x0[c, f, y, x] = sum_j a_j load_j[c] cos(k_j . (p - v_j f) +
-    phi_j)``, ``p = (y, x)``, with the waves ``(k_j, v_j, phi_j, load_j)`` of the sample's pattern
-    id and random amplitudes ``a_j``; ``v_j = 0`` for images. Image ids are ``[0, P)``, clip ids
-    ``[P, 2P)``; the text embedding of a sample is its id's fixed random embedding."""
-
-    def __init__(self, setup: Setup, device, seed: int = 1234):
-        self.setup, self.device = setup, device
-        rng = np.random.default_rng(seed)
-        p, j = 2 * setup.patterns, setup.waves
-        c = setup.model["in_channels"]
-        angle = rng.uniform(0, 2 * np.pi, (p, j))
-        k = 2 * np.pi / rng.uniform(*setup.wavelength, (p, j))
-        self.k = np.stack([k * np.sin(angle), k * np.cos(angle)], -1)  # (ids, waves, 2)
-        heading = rng.uniform(0, 2 * np.pi, (p, j))
-        speed = rng.uniform(*setup.speed, (p, j))
-        speed[: setup.patterns] = 0.0  # images do not move
-        self.v = np.stack([speed * np.sin(heading), speed * np.cos(heading)], -1)
-        self.phase = rng.uniform(0, 2 * np.pi, (p, j))
-        load = rng.standard_normal((p, j, c))
-        self.load = load / np.linalg.norm(load, axis=-1, keepdims=True) * math.sqrt(c)
-        text = rng.standard_normal((p, setup.text_len, setup.model["text_dim"]))
-        self.text = torch.tensor(text, dtype=torch.float32, device=device)
-        self.seed = seed
-
-    def latents(self, shape, ids, amplitudes) -> torch.Tensor:
-        """(n, C, F, H, W) latents of one shape, unit variance on average."""
-        dev = self.device
-
-        def on(a):
-            return torch.as_tensor(a, dtype=torch.float32, device=dev)
-
-        f, y, x = (torch.arange(n, dtype=torch.float32, device=dev) for n in shape)
-        k, kv, phase = on(self.k[ids]), on((self.k * self.v).sum(-1)[ids]), on(self.phase[ids])
-        # k . (p - v f) + phi over (n, waves, F, H, W)
-        arg = (
-            k[..., 0, None, None, None] * y[:, None]
-            + k[..., 1, None, None, None] * x
-            - kv[..., None, None, None] * f[:, None, None]
-            + phase[..., None, None, None]
-        )
-        x0 = torch.einsum("nj,njc,njfhw->ncfhw", on(amplitudes), on(self.load[ids]), arg.cos())
-        return x0 / math.sqrt(self.setup.waves / 2)
-
-    def draw(self, shapes, rng) -> tuple[np.ndarray, np.ndarray]:
-        """Pattern ids and wave amplitudes for samples of the given shapes."""
-        n, pat = len(shapes), self.setup.patterns
-        clip = np.array([modality_of(s) == "clip" for s in shapes], dtype=np.int64)
-        return rng.integers(0, pat, n) + pat * clip, rng.standard_normal((n, self.setup.waves))
-
-
-class TrainSet:
-    """The training samples: shape, pattern id and latent of each, stored per shape."""
-
-    def __init__(self, mix: SyntheticMix, n: int):
-        rng = np.random.default_rng(mix.seed + 1)
-        table = [s for s, _ in mix.setup.mix]
-        share = np.array([w for _, w in mix.setup.mix])
-        pick = rng.choice(len(table), n, p=share / share.sum())
-        self.shapes = np.array([table[i] for i in pick], dtype=np.int64)  # (n, 3)
-        self.ids, amplitudes = mix.draw(self.shapes, rng)
-        self.seq_lens = np.array([tokens_of(s) for s in self.shapes], dtype=np.int64)
-        self.mix = mix
-        self.row = np.zeros(n, dtype=np.int64)  # position within its shape's tensor
-        self.x0 = {}
-        for i, shape in enumerate(table):
-            members = np.flatnonzero(pick == i)
-            self.row[members] = np.arange(len(members))
-            if len(members):
-                self.x0[shape] = mix.latents(shape, self.ids[members], amplitudes[members])
-        self._gen = torch.Generator(device=mix.device)
-
-    def __len__(self):
-        return len(self.seq_lens)
-
-    def inputs(self, indices, epoch: int, seed: int) -> Inputs:
-        """Flow-matching inputs of one micro-batch (one shape: the samplers group by shape)."""
-        shape = tuple(int(v) for v in self.shapes[indices[0]])
-        dev = self.mix.device
-        x0 = self.x0[shape][torch.as_tensor(self.row[indices], device=dev)]
-        t = torch.empty(len(indices), device=dev)
-        noise = torch.empty_like(x0)
-        for b, i in enumerate(indices):  # in place: the same draws in any batch position
-            self._gen.manual_seed(sample_seed(seed, epoch, int(i)))
-            t[b : b + 1].uniform_(generator=self._gen)
-            noise[b].normal_(generator=self._gen)
-        tb = t.view(-1, 1, 1, 1, 1)
-        text = self.mix.text[torch.as_tensor(self.ids[indices], device=dev)]
-        return Inputs((1 - tb) * x0 + tb * noise, t * 1000, text, noise - x0)
-
-
-class ValSet:
-    """A fixed set of images and clips (shapes in turn), each at every t of ``VAL_T``."""
-
-    def __init__(self, mix: SyntheticMix):
-        setup = mix.setup
-        by_modality = {m: [s for s, _ in setup.mix if modality_of(s) == m] for m in MODALITIES}
-        count = {"image": setup.val_images, "clip": setup.val_clips}
-        shapes = [
-            by_modality[m][i % len(by_modality[m])] for m in MODALITIES for i in range(count[m])
-        ]
-        ids, amplitudes = mix.draw(shapes, np.random.default_rng(mix.seed + 2))
-        gen = torch.Generator().manual_seed(mix.seed + 2)
-        self.groups = []  # (modality, Inputs over samples x VAL_T)
-        for shape in dict.fromkeys(shapes):
-            sel = np.array([s == shape for s in shapes])
-            x0 = mix.latents(shape, ids[sel], amplitudes[sel])
-            t = torch.tensor(VAL_T, device=mix.device).repeat_interleave(len(x0))
-            noise = torch.randn((len(t), *x0.shape[1:]), generator=gen).to(mix.device)
-            x0 = x0.repeat(len(VAL_T), 1, 1, 1, 1)
-            tb = t.view(-1, 1, 1, 1, 1)
-            text = mix.text[torch.as_tensor(ids[sel], device=mix.device)].repeat(len(VAL_T), 1, 1)
-            self.groups.append(
-                (modality_of(shape), Inputs((1 - tb) * x0 + tb * noise, t * 1000, text, noise - x0))
-            )
-
-    @torch.no_grad()
-    def loss(self, model) -> dict[str, float]:
-        """Mean over samples and timesteps of each sample's mean squared error, per modality."""
-        sums = {m: 0.0 for m in MODALITIES}
-        counts = {m: 0 for m in MODALITIES}
-        for modality, inputs in self.groups:
-            err = (forward(model, inputs) - inputs.target).square().flatten(1).mean(1)
-            sums[modality] += float(err.sum())
-            counts[modality] += len(err)
-        return {m: sums[m] / counts[m] for m in MODALITIES if counts[m]}
-
-
-# -- model and one step -----------------------------------------------------------------------
-
-
-def build_model(setup: Setup, seed: int, device):
-    """A randomly initialized WanTransformer3DModel, the same for the same seed on any device
-    (initialized on the CPU, without touching the global generator)."""
-    from diffusers import WanTransformer3DModel
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = WanTransformer3DModel(patch_size=PATCH, **setup.model)
-    return model.to(device).train()
-
-
-def forward(model, inputs: Inputs) -> torch.Tensor:
-    return model(
-        hidden_states=inputs.x_t,
-        timestep=inputs.timestep,
-        encoder_hidden_states=inputs.text,
-        return_dict=False,
-    )[0]
-
-
-def loss_sum(model, inputs: Inputs, normalization: str) -> torch.Tensor:
-    """The micro-batch's share of the step's loss before normalization: its squared errors
-    summed (``tokens``), or each sample's mean squared error summed (``samples``)."""
-    err = (forward(model, inputs).float() - inputs.target).square()
-    return err.sum() if normalization == "tokens" else err.flatten(1).mean(1).sum()
 
 
 def step_normalizer(plan, step: int, normalization: str, elements_per_token: int) -> float:

@@ -116,3 +116,14 @@ def model_dtype(model: nn.Module) -> torch.dtype:
         if p.dtype in (torch.bfloat16, torch.float16):
             return p.dtype
     return next(model.parameters()).dtype
+
+
+def random_source(model: nn.Module, generator: torch.Generator | None):
+    """``(randn, device)``: ``randn(*shape)`` draws from ``generator`` on the model's device, in
+    its dtype (``model_dtype``) -- what a family's random batch is made of."""
+    device, dtype = next(model.parameters()).device, model_dtype(model)
+
+    def randn(*shape):
+        return torch.randn(*shape, device=device, generator=generator).to(dtype)
+
+    return randn, device

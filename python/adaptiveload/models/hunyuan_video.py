@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from adaptiveload.geometry import Geometry
-from adaptiveload.models.family import ModelFamily, model_dtype
+from adaptiveload.models.family import ModelFamily, model_dtype, random_source
 
 TEXT_LEN = 256
 GEOMETRY = Geometry("hunyuanvideo", (4, 8, 8), (1, 2, 2), extra_tokens=TEXT_LEN)
@@ -48,11 +48,8 @@ def _build(cfg: dict, device: torch.device):
 
 def _batch(model, batch: int, frames: int, height: int, width: int, generator) -> dict:
     cfg = model.config
-    device, dtype = next(model.parameters()).device, model_dtype(model)
+    randn, device = random_source(model, generator)
     f, h, w = GEOMETRY.latent_shape(frames, height, width)
-
-    def randn(*shape):
-        return torch.randn(*shape, device=device, generator=generator).to(dtype)
 
     return {
         "hidden_states": randn(batch, cfg.in_channels, f, h, w),
@@ -60,7 +57,7 @@ def _batch(model, batch: int, frames: int, height: int, width: int, generator) -
         "encoder_hidden_states": randn(batch, TEXT_LEN, cfg.text_embed_dim),
         "encoder_attention_mask": torch.ones(batch, TEXT_LEN, device=device, dtype=torch.int64),
         "pooled_projections": randn(batch, cfg.pooled_projection_dim),
-        "guidance": torch.full((batch,), 6000.0, device=device, dtype=dtype),
+        "guidance": torch.full((batch,), 6000.0, device=device, dtype=model_dtype(model)),
     }
 
 

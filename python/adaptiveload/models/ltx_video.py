@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from adaptiveload.geometry import Geometry
-from adaptiveload.models.family import ModelFamily, model_dtype
+from adaptiveload.models.family import ModelFamily, random_source
 
 # T5 prompt tokens (the pipeline's max_sequence_length), by cross-attention.
 TEXT_LEN = 128
@@ -53,17 +53,13 @@ def _build(cfg: dict, device: torch.device):
 
 def _batch(model, batch: int, frames: int, height: int, width: int, generator) -> dict:
     cfg = model.config
-    device, dtype = next(model.parameters()).device, model_dtype(model)
+    randn, device = random_source(model, generator)
     f, h, w = GEOMETRY.latent_shape(frames, height, width)
     vt, vh, vw = GEOMETRY.vae_stride
     return {
         # Latents packed as tokens (patch 1): (B, F' H' W', C).
-        "hidden_states": torch.randn(
-            batch, f * h * w, cfg.in_channels, device=device, generator=generator
-        ).to(dtype),  # fmt: skip
-        "encoder_hidden_states": torch.randn(
-            batch, TEXT_LEN, cfg.caption_channels, device=device, generator=generator
-        ).to(dtype),
+        "hidden_states": randn(batch, f * h * w, cfg.in_channels),
+        "encoder_hidden_states": randn(batch, TEXT_LEN, cfg.caption_channels),
         "timestep": torch.rand(batch, device=device, generator=generator) * 1000,
         "encoder_attention_mask": torch.ones(batch, TEXT_LEN, device=device, dtype=torch.int64),
         "num_frames": f,

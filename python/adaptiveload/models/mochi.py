@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from adaptiveload.geometry import Geometry
-from adaptiveload.models.family import ModelFamily, model_dtype
+from adaptiveload.models.family import ModelFamily, random_source
 
 TEXT_LEN = 256
 GEOMETRY = Geometry("mochi", (6, 8, 8), (1, 2, 2), extra_tokens=TEXT_LEN)
@@ -39,11 +39,8 @@ def _build(cfg: dict, device: torch.device):
 
 def _batch(model, batch: int, frames: int, height: int, width: int, generator) -> dict:
     cfg = model.config
-    device, dtype = next(model.parameters()).device, model_dtype(model)
+    randn, device = random_source(model, generator)
     f, h, w = GEOMETRY.latent_shape(frames, height, width)
-
-    def randn(*shape):
-        return torch.randn(*shape, device=device, generator=generator).to(dtype)
 
     return {
         "hidden_states": randn(batch, cfg.in_channels, f, h, w),
