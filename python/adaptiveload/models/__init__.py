@@ -26,14 +26,17 @@ def family_of(name: str) -> ModelFamily:
     return FAMILIES[name]
 
 
+# Families by the name of their diffusers model class.
+_BY_CLASS: dict[str, ModelFamily] = {f.model_class: f for f in FAMILIES.values()}
+
+
 def _family_of_class(kind: type) -> ModelFamily | None:
     """The family whose model class ``kind`` is or derives from (FSDP2's ``fully_shard``
     swaps a module's class for a subclass of it), by class name: diffusers is imported only
     where a model is built."""
-    by_class = {f.model_class: f for f in FAMILIES.values()}
     for base in kind.__mro__:
-        if base.__name__ in by_class:
-            return by_class[base.__name__]
+        if base.__name__ in _BY_CLASS:
+            return _BY_CLASS[base.__name__]
     return None
 
 
@@ -46,7 +49,7 @@ def family_for(model) -> tuple[ModelFamily, object]:
             return family, candidate
     found = [m for m in model.modules() if _family_of_class(type(m)) is not None]
     if len(found) != 1:
-        names = ", ".join(sorted(f.model_class for f in FAMILIES.values()))
+        names = ", ".join(sorted(_BY_CLASS))
         raise ValueError(
             f"{type(model).__name__} holds {len(found)} video transformers of a known family "
             f"({names}), expected one"

@@ -185,17 +185,19 @@ class Refinement:
         before = set(self.pending)
         self.pending = {kind: lower_median(t) for kind, t in sorted(self.history.items())}
         model, held = self.model(self.pending)
-        self._warn(held, "refit" in model.meta)
+        ratio = self.measured_over_fitted()
+        self._warn(held, ratio, "refit" in model.meta)
         return {
             "records": folded,
             "kinds": len(self.pending),
             "new_kinds": len(set(self.pending) - before),
-            "measured_over_fitted": self.measured_over_fitted(),
+            "measured_over_fitted": ratio,
         }
 
-    def _warn(self, held: list, refits: bool) -> None:
+    def _warn(self, held: list, ratio: float | None, refits: bool) -> None:
         """Warnings of an update, each once: learned kinds held back by ``max_cost``, and
-        measured times on another scale than the base model's (with no refit to follow)."""
+        measured times on another scale than the base model's (``ratio``, with no refit to
+        follow)."""
         if any(kind not in self._warned_held for kind, _ in held):
             self._warned_held.update(kind for kind, _ in held)
             (s, _), cost = held[0]
@@ -206,7 +208,6 @@ class Refinement:
                 "max_cost to plan with them)",
                 stacklevel=4,
             )
-        ratio = self.measured_over_fitted()
         if ratio is not None and not 0.5 <= ratio <= 2 and not refits and not self._warned_scale:
             self._warned_scale = True
             warnings.warn(
