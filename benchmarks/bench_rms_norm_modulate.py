@@ -12,9 +12,10 @@ token, as LTX-Video's blocks make it: views of ada_values of shape (B, S, 6, D) 
 implementations get the same views. Gradients are taken with respect to x and the two views.
 
 Byte model (per element of x): forward reads x, shift and scale and writes y; backward reads x,
-dy and scale and writes dx, dshift and dscale (the backward never reads shift). bf16 modulation:
-forward 8 bytes, backward 12; fp32 modulation: forward 12, backward 18. Per-sample modulation
-adds B * D elements (negligible): forward 4, backward 6.
+dy and scale and writes dx and dscale, and dshift unless it is dy itself (per-token shift of
+dy's dtype: autograd can pass dy on unchanged; the backward never reads shift). bf16
+modulation: forward 8 bytes, backward 10; fp32 modulation: forward 12, backward 18. Per-sample
+modulation adds B * D elements (negligible): forward 4, backward 6.
 
     python benchmarks/bench_rms_norm_modulate.py [--quick] [--no-compile] [--csv FILE] [--label L]
 
@@ -83,7 +84,11 @@ class Case:
         x, shift, scale, dy = self.sets[0]
         mod_bytes = shift.numel() * shift.element_size() if mod == "per_token" else 0
         self.fwd_bytes = blm.nbytes(x) + blm.nbytes(dy) + 2 * mod_bytes
-        self.bwd_bytes = 2 * blm.nbytes(x) + blm.nbytes(dy) + 3 * mod_bytes
+        # dshift is dy itself when the shift is per token and of dy's dtype: nothing to write.
+        self.dshift_is_dy = mod == "per_token" and mod_dtype == self.out_dtype
+        self.bwd_bytes = (
+            2 * blm.nbytes(x) + blm.nbytes(dy) + (2 if self.dshift_is_dy else 3) * mod_bytes
+        )
 
 
 def rows_of(case):

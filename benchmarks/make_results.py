@@ -299,18 +299,53 @@ def rms_bandwidth() -> list[str]:
         [
             "## rms_norm_modulate at LTX-Video's shapes",
             "",
-            f"benchmarks/bench_rms_norm_modulate.py --no-autotune: {provenance(rows)}. Hidden "
+            f"benchmarks/bench_rms_norm_modulate.py: {provenance(rows)}. Hidden "
             "size 2048, per-token modulation read in place from `ada_values` (B, S, 6, D) views, "
             "per-sample modulation; % of the copy bandwidth measured in the same run "
             f"({float(rows[0]['ceiling_gbs']):.0f} GB/s) for the bytes each implementation must "
-            "move at least (above 100%: it moved fewer than that model assumes). compile: "
-            "torch.compile's default mode of the eager formula; liger: Liger-Kernel's "
-            "LigerModulatedRMSNorm.",
+            "move at least (a per-token shift of dy's dtype has dy as its gradient: nothing to "
+            "write; above 100%: it moved fewer than that model assumes). compile: "
+            "torch.compile's default mode of the eager formula; max-autotune: "
+            "`max-autotune-no-cudagraphs` (bf16 per-token shapes); liger: Liger-Kernel's "
+            "LigerModulatedRMSNorm. This run's backward launched a block per row; the token "
+            "kernel now takes rows in turn with a GPU-filling grid, which the sweep below "
+            "measured 4-5 points faster at 24k-41k rows.",
             "",
         ]
         + table(
             ["shape", "impl", "fwd us", "fwd % copy", "bwd us", "bwd % copy", "fwd+bwd us"], body
         )
+        + [""]
+    )
+
+
+def rms_tuning() -> list[str]:
+    rows = read("h200/tune_rms.csv")
+    if not rows:
+        return []
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    pct = {(r["direction"], r["config"], r["shape"]): float(r["pct"]) for r in rows}
+    configs = [
+        (d, c) for d, c in dict.fromkeys((r["direction"], r["config"]) for r in rows)
+        if "loop" not in c and (";" not in c or c.endswith("teams=1;stages=2"))
+    ]  # fmt: skip
+    body = [
+        [d, c] + [f"{pct[(d, c, s)]:.1f}" if (d, c, s) in pct else "-" for s in shapes]
+        for d, c in configs
+    ]
+    return (
+        [
+            "## rms_norm_modulate: which kernel at LTX-Video's shapes",
+            "",
+            f"benchmarks/tune_layer_norm_modulate.py --rms-token: {provenance(rows)}. % of copy "
+            "bandwidth of every RMSNorm row that can run each shape (run explicitly, "
+            "graph-timed); the backward as autograd asks for it (dx and dscale; dshift too for "
+            "fp32 modulation). Candidates measured here and not kept: the scale16 backward rows "
+            "(scale as raw 16-bit words) and token1/token4 (256 and 64 threads a row); the "
+            "table keeps token16.block1 forward and token2 backward.",
+            "",
+        ]
+        + table(["direction", "row"] + shapes, body)
         + [""]
     )
 
@@ -554,6 +589,19 @@ SECTIONS = [
     ),
     ("What does the step order do to training?", convergence),
     ("How fast is rms_norm_modulate (LTX-Video's adaLN)?", rms_bandwidth),
+    ("Which rms_norm_modulate kernel is fastest at LTX-Video's shapes?", rms_tuning),
+    (
+        "What do the fused ops save in a training step of each model family?",
+        lambda: copied(
+            "h200/family_step.csv",
+            "Fused ops in a training step, per model family",
+            "benchmarks/family_step.py: a random model of each family at a real training shape "
+            "(bf16, activation checkpointing), forward and backward of the whole model with "
+            "diffusers' blocks and with apply_fused_ops; fused_kernels_share_of_step: our "
+            "kernels' GPU time over the fused step's (torch.profiler).",
+            "Measured with the per-token kernels before the token16 forward rows.",
+        ),
+    ),
     (
         "How do the samplers compare under the cost model calibrated on the GPU?",
         lambda: copied(

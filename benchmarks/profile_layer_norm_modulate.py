@@ -29,7 +29,7 @@ def main() -> None:
         metavar="ROW[;name=value...]",
         help="also profile the forward alone under these tuning-table rows, one launch each "
         "(e.g. 'fwd.bf16.plain.block.warp6x2x1' 'fwd.bf16.plain.block.ring6x2.full;stages=3'; "
-        "torch.ops.adaptiveload._tuning_table() lists the rows)",
+        "adaptiveload.ops._tuning_table() lists the rows)",
     )
     parser.add_argument(
         "--copy",

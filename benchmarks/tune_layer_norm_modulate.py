@@ -10,6 +10,10 @@ configuration timed twice differs by up to 1-1.5 points between runs (benchmarks
 a candidate within that is noise; rerun before editing the table.
 
     python benchmarks/tune_layer_norm_modulate.py [--quick] [--csv FILE] [--margin 1.0]
+
+--rms-token: the RMSNorm rows instead, at LTX-Video's shapes (bench_rms_norm_modulate.py's
+cases: hidden size 2048, per-token bf16 modulation read in place from ada_values views); the
+backward as autograd asks for it there (dx and dscale: dshift is dy itself).
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ def bwd_candidates(table, x, dy):
             and row["op"] != "gated"
             and row.get("affine", 0) != 1
         ):
-            for s in BWD_SETTINGS if row["vector"] else [""]:
+            for s in BWD_SETTINGS if row["vector"] and not row["token"] else [""]:
                 yield row["id"] + s
 
 
@@ -92,6 +96,47 @@ def time_backward(case, config):
         return bench(run, saved)
 
 
+def time_forward_rms(case, config):
+    def run(x, shift, scale, dy):
+        torch.ops.adaptiveload._rms_norm_modulate_with_config(
+            x, None, None, shift, scale, None, EPS, case.out_dtype, config
+        )
+
+    with torch.no_grad():
+        run(*case.sets[0])  # raises RuntimeError for a row that cannot run this shape
+        return bench(run, case.sets)
+
+
+def time_backward_rms(case, config):
+    saved = []
+    with torch.no_grad():
+        for x, shift, scale, dy in case.sets:
+            _, rstd = torch.ops.adaptiveload.rms_norm_modulate.default(
+                x, shift, scale, None, EPS, case.out_dtype
+            )
+            saved.append((x.detach(), shift.detach(), scale.detach(), dy, rstd))
+    # dx, dscale, and dshift unless it is dy itself (then autograd does not ask for it)
+    mask = [True, False, False, not case.dshift_is_dy, True, False]
+
+    def run(x, shift, scale, dy, rstd):
+        torch.ops.adaptiveload._rms_norm_modulate_backward_with_config(
+            None, dy, x, None, None, shift, scale, None, rstd, mask, config
+        )
+
+    with torch.no_grad():
+        run(*saved[0])  # raises RuntimeError for a row that cannot run this shape
+        return bench(run, saved)
+
+
+def table_rows_rms(case):
+    from adaptiveload import ops
+
+    x, shift, scale, dy = case.sets[0]
+    y = ops.rms_norm_modulate(x, shift, scale, out_dtype=case.out_dtype)
+    torch.autograd.grad(y, (x, shift, scale), dy)
+    return ops._last_configs()
+
+
 def table_rows(case):
     """The rows the table picks for this case (forward, backward)."""
     from adaptiveload import ops
@@ -102,36 +147,52 @@ def table_rows(case):
     return ops._last_configs()
 
 
+def cases(args):
+    """(case, x dtype name) per shape, built one at a time."""
+    if args.rms_token:
+        from bench_rms_norm_modulate import Case as RmsCase
+
+        for s in [24576] if args.quick else [10240, 24576, 40960]:
+            yield RmsCase(1, s, "per_token", torch.bfloat16, copies=2), "bf16"
+        yield RmsCase(1, 24576, "per_token", torch.float32, copies=2), "bf16"
+        return
+    dims = [1536, 5120] if args.quick else [1536, 3072, 5120]
+    streams = ["bf16"] if args.quick else ["bf16", "fp32"]
+    for stream, d, s in itertools.product(streams, dims, [32760, 75600]):
+        yield Case(1, s, d, stream, "per_sample", copies=2), "bf16" if stream == "bf16" else "f32"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--csv", help="append every timing to this CSV")
     parser.add_argument("--margin", type=float, default=1.0, help="points of copy bandwidth")
+    parser.add_argument("--rms-token", action="store_true", help="RMSNorm rows, LTX-Video shapes")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("tune_layer_norm_modulate.py needs a CUDA GPU", file=sys.stderr)
         return 1
     from adaptiveload import ops
 
-    # The LayerNorm rows; the RMSNorm rows are their twins (docs/ops.md), run by other ops.
-    table = [row for row in ops._tuning_table() if row["norm"] == "layer"]
     ceiling = copy_ceiling_gbs()
     print(f"GPU {torch.cuda.get_device_name()}, copy ceiling {ceiling:.0f} GB/s")
-    dims = [1536, 5120] if args.quick else [1536, 3072, 5120]
-    tokens = [32760, 75600]
-    streams = ["bf16"] if args.quick else ["bf16", "fp32"]
+    norm = "rms" if args.rms_token else "layer"
+    table = [row for row in ops._tuning_table() if row["norm"] == norm]
+    fwd_timer, bwd_timer, picker = (
+        (time_forward_rms, time_backward_rms, table_rows_rms)
+        if args.rms_token
+        else (time_forward, time_backward, table_rows)
+    )
     records, proposals = [], []
-    for stream, d, s in itertools.product(streams, dims, tokens):
-        case = Case(1, s, d, stream, "per_sample", copies=2)
-        x_name = "bf16" if stream == "bf16" else "f32"
-        picked_fwd, picked_bwd = table_rows(case)
+    for case, x_name in cases(args):
+        picked_fwd, picked_bwd = picker(case)
         for direction in ("forward", "backward"):
             results = {}
             if direction == "forward":
-                configs, timer, nbytes = fwd_candidates(table, x_name), time_forward, case.fwd_bytes
+                configs, timer, nbytes = fwd_candidates(table, x_name), fwd_timer, case.fwd_bytes
             else:
                 configs = bwd_candidates(table, x_name, "bf16")
-                timer, nbytes = time_backward, case.bwd_bytes
+                timer, nbytes = bwd_timer, case.bwd_bytes
             for config in configs:
                 try:
                     ms = timer(case, config)

@@ -4,7 +4,7 @@
 #
 #   bash scripts/gpu_check.sh [build] [test] [bench] [host] [tune] [profile] [e2e] [replay]
 #                             [uneven] [calibrate] [memory] [train_memory] [diffsynth_step]
-#                             [hostprof] [mix] [convergence] [families]
+#                             [hostprof] [mix] [convergence] [families] [rms]
 #                                                             (default: build test bench host)
 #
 # Results go to $OUT (or ./out): logs, and the benchmarks' CSVs (copy them to
@@ -106,6 +106,12 @@ PY
           benchmarks/bench_layer_norm_modulate.py --csv "$OUT/layer_norm_modulate.csv" \
           --label baseline "${extra[@]}"
       fi
+      ;;
+    rms)
+      # Issue 27: rms_norm_modulate at LTX-Video's shapes against torch.compile and Liger-Kernel.
+      eval "extra=(${RMS_ARGS:-})"
+      run_step rms ours timeout "${RMS_TIMEOUT:-360}" $PY benchmarks/bench_rms_norm_modulate.py \
+        --csv "$OUT/rms_norm_modulate.csv" --label ours "${extra[@]}"
       ;;
     host)
       run_step host ours $PY benchmarks/bench_host_overhead.py --csv "$OUT/host_overhead.csv" --label ours ${HOST_ARGS:-}

@@ -69,6 +69,8 @@ def forward_rows(dtype: str) -> list[str]:
         rid, arch, norm, op, mod, vector, dmin, dmax, rmin, rmax, kernel, settings = f
         op = OP[op]
         mod = mod.replace("Mod::k", "").lower()
+        if ",raw16" in kernel:  # needs the modulation of x's own 16-bit type
+            mod += ", x's type"
         d = d_range(vector, dmin, dmax)
         rows_ = "any" if rmax == "kNoLimit" else f"{rmin}-{rmax}"
         arch = f">= sm_{arch}" if arch != "0" else "any"
@@ -86,7 +88,7 @@ def backward_rows(dtype: str) -> list[str]:
         dy = {"-1": "any", "kF32": "f32", "kBF16": "bf16", "kF16": "f16"}[dy]
         op = OP[op]
         affine = {"kEither": "any", "0": "no", "1": "yes"}[affine]
-        case = "lean case" if lean == "true" else ""
+        case = "lean case" if lean == "true" else "token case" if "bwd_token<" in kernel else ""
         d = d_range(vector, dmin, dmax)
         rows.append(
             f"| {dtype} | {NORM[norm]} | {dy} | {op} | {affine} {case} | {d} | "

@@ -207,8 +207,8 @@ PYBIND11_MODULE(_sampler, m) {
           "skip_oversize",
           [](const PlanOptions& o) { return o.oversize == adaptiveload::OversizePolicy::kSkip; },
           [](PlanOptions& o, bool skip) {
-            o.oversize = skip ? adaptiveload::OversizePolicy::kSkip
-                              : adaptiveload::OversizePolicy::kError;
+            o.oversize =
+                skip ? adaptiveload::OversizePolicy::kSkip : adaptiveload::OversizePolicy::kError;
           });
 
   m.def(

@@ -31,6 +31,13 @@ using torch::autograd::Node;
 using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
+// Whether the gradient of shift is dy itself: shift per token (x's shape, so nothing is summed)
+// and of dy's dtype. The backward then neither computes nor writes it (a sixth of the bytes a
+// per-token backward moves); autograd passes dy on, as it does for an addition.
+bool shift_grad_is_dy(bool wanted, const at::Tensor& shift, const at::Tensor& dy) {
+  return wanted && shift.sizes() == dy.sizes() && shift.scalar_type() == dy.scalar_type();
+}
+
 at::ScalarType acc_type(const at::Tensor& x) {
   return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
@@ -121,6 +128,11 @@ struct LayerNormModulateBackward final : public Node {
       auto g = backward_graph(x_, shift_, scale_, weight_, bias_, grads[0], eps, mask, false);
       for (int i = 0; i < 5; ++i) out[i] = std::move(g[i]);
       return out;
+    }
+    if (shift_grad_is_dy(mask[1], shift_, grads[0])) {
+      out[1] = grads[0];
+      mask[1] = false;
+      if (!mask[0] && !mask[2] && !mask[3] && !mask[4]) return out;
     }
     at::AutoDispatchBelowADInplaceOrView below;
     auto [dx, dshift, dscale, dweight, dbias] = layer_norm_modulate_backward_handle().call(
@@ -280,6 +292,11 @@ struct RmsNormModulateBackward final : public Node {
                               {mask[0], mask[1], mask[2], mask[3], false}, true);
       for (int i = 0; i < 4; ++i) out[i] = std::move(g[i]);
       return out;
+    }
+    if (shift_grad_is_dy(mask[1], shift_, grads[0])) {
+      out[1] = grads[0];
+      mask[1] = false;
+      if (!mask[0] && !mask[2] && !mask[3]) return out;
     }
     at::AutoDispatchBelowADInplaceOrView below;
     auto [dx, dshift, dscale, dweight] = rms_norm_modulate_backward_handle().call(

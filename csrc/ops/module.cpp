@@ -2,13 +2,17 @@
 // registrations make the ops available under torch.ops.adaptiveload. It also holds direct
 // callers of the four forward ops, which adaptiveload.ops uses outside torch.compile: they call
 // the same dispatcher ops (autograd, CUDA graphs and dispatch modes included), but skip the
-// boxed argument conversion of torch.ops, a large part of a small call's host time.
+// boxed argument conversion of torch.ops, a large part of a small call's host time. CUDA builds
+// also expose the tuning tables as structured rows (_tuning_table).
 #include <torch/extension.h>
 
 #include <optional>
 #include <tuple>
 
 #include "op_handles.h"
+#ifdef ADAPTIVELOAD_WITH_CUDA
+#include "tuning_table.h"
+#endif
 
 namespace {
 
@@ -54,4 +58,22 @@ PYBIND11_MODULE(_C, m) {
   m.def("gated_residual_layer_norm_modulate", &gated_residual_layer_norm_modulate);
   m.def("rms_norm_modulate", &rms_norm_modulate);
   m.def("gated_residual_rms_norm_modulate", &gated_residual_rms_norm_modulate);
+#ifdef ADAPTIVELOAD_WITH_CUDA
+  // Private: the CUDA tuning tables, one dict of named fields per row, in table order.
+  m.def("_tuning_table", [] {
+    pybind11::list rows;
+    for (const auto& row : adaptiveload::tuning_table_rows()) {
+      pybind11::dict d;
+      for (const auto& f : row) {
+        if (f.text != nullptr) {
+          d[f.name] = pybind11::str(f.text);
+        } else {
+          d[f.name] = pybind11::int_(f.number);
+        }
+      }
+      rows.append(d);
+    }
+    return rows;
+  });
+#endif
 }

@@ -10,8 +10,6 @@ See ``docs/ops.md`` for the math, the supported broadcast patterns and the kerne
 
 from __future__ import annotations
 
-import json
-
 import torch
 
 from adaptiveload import _C  # loads the TORCH_LIBRARY registrations
@@ -304,8 +302,9 @@ def _gated_rms_backward_fake(dr, dy, r, h, gate, shift, scale, weight, rstd, mas
 
 
 def _tuning_table() -> list[dict]:
-    """Every row of the CUDA tuning tables (csrc/ops/cuda/tuned_*.cu), in table order."""
-    return [json.loads(line) for line in torch.ops.adaptiveload._tuning_table().splitlines()]
+    """Every row of the CUDA tuning tables (csrc/ops/cuda/tuned_*.cu), in table order, as a
+    dict of its fields; empty for a build without CUDA."""
+    return list(_C._tuning_table()) if hasattr(_C, "_tuning_table") else []
 
 
 def _last_configs() -> tuple[str, str]:

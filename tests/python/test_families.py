@@ -22,6 +22,17 @@ CLIP = {"wan": (9, 64, 96), "hunyuanvideo": (9, 64, 96), "ltx-video": (17, 128, 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
+@pytest.fixture(autouse=True)
+def fp32_without_tf32():
+    """fp32 parity on CUDA compares fp32 arithmetic: cuDNN's convolutions (the patch embedding)
+    default to TF32, whose 10-bit mantissa turns last-bit differences upstream into 1e-3 in
+    their weight gradients."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 def build(name, dtype=torch.float32, seed=0, device="cpu"):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs CUDA")

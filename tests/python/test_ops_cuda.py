@@ -59,11 +59,19 @@ def row_problems(row):
     affine = row.get("affine", 0) == 1
     if row["direction"] == "forward":
         mod = {"block": "per_sample", "token": "per_token", "any": "per_sample"}[row["mod"]]
+        if row["mod16"]:  # modulation of x's own 16-bit type
+            mod = "per_token16"
         out = None
     else:
-        # The lean kernel's case: plain op, no affine, per-sample modulation; the general
-        # rows of the plain op without affine get per-token scale, which is not its case.
-        mod = "per_sample" if row["lean"] or gated or affine else "per_token"
+        # The lean kernel's case: plain op, no affine, per-sample modulation; the token
+        # kernel's: per-token modulation, no gradient summed over rows; the general rows of the
+        # plain op without affine get a per-token scale and a per-sample shift, neither case.
+        if row["token"]:
+            mod = "per_token"
+        elif row["lean"] or gated or affine:
+            mod = "per_sample"
+        else:
+            mod = "token_scale"
         wide = dtype if dtype != torch.float32 else torch.bfloat16
         out = {"any": None, "f32": torch.float32}.get(row["dy"], wide)
     norm = row["norm"]
@@ -143,9 +151,15 @@ def make_problem(shape, dtype, mod_kind, affine, gated, seed, norm="layer"):
     d = shape[-1]
     x = rand(shape, dtype, "cuda", gen, 2.0, 0.3).requires_grad_()
     h = rand(shape, dtype, "cuda", gen).requires_grad_() if gated else None
-    gate = make_mod(mod_kind, shape, torch.float32, "cuda", gen).requires_grad_() if gated else None
-    shift = make_mod(mod_kind, shape, torch.float32, "cuda", gen).requires_grad_()
-    scale = make_mod(mod_kind, shape, torch.float32, "cuda", gen).requires_grad_()
+    # token_scale: a per-token scale beside a per-sample shift (and gate); per_token16: per-token
+    # modulation of x's own dtype (fp32 otherwise).
+    mod_dtype = dtype if mod_kind == "per_token16" else torch.float32
+    mod_kind = "per_token" if mod_kind == "per_token16" else mod_kind
+    scale_kind = "per_token" if mod_kind == "token_scale" else mod_kind
+    mod_kind = "per_sample" if mod_kind == "token_scale" else mod_kind
+    gate = make_mod(mod_kind, shape, mod_dtype, "cuda", gen).requires_grad_() if gated else None
+    shift = make_mod(mod_kind, shape, mod_dtype, "cuda", gen).requires_grad_()
+    scale = make_mod(scale_kind, shape, mod_dtype, "cuda", gen).requires_grad_()
     w = b = None
     if affine:
         w = rand((d,), torch.float32, "cuda", gen, 0.2, 1.0).requires_grad_()
@@ -302,6 +316,8 @@ def test_backward_rows_on_small_groups(row, lead, mod):
     shape, dtype, _, out, affine, gated, norm = row_problem(row)
     if row["lean"] and affine:
         pytest.skip("the lean kernel has no affine case")
+    if row["token"]:
+        pytest.skip("the token kernel sums no gradient over rows")
     _, bwd_ran = check_problem(
         (*lead, shape[-1]), dtype, mod, out, affine, gated, norm, bwd=row["id"]
     )

@@ -25,6 +25,7 @@ from test_ops import (
     f64,
     make_mod,
     rand,
+    reference,
     reference_gated_rms,
     reference_rms,
 )
@@ -549,3 +550,44 @@ def test_backward_subsets_of_gradients(device, shift_kind, scale_kind, wanted):
     for grads in got:
         for name, g, r, lp in zip(names, grads, ref, lowp, strict=True):
             assert_close("d" + name, g, r, lp, torch.bfloat16)
+
+
+# A per-token shift of dy's dtype has dy itself as its gradient: the backward neither computes
+# nor writes it (autograd passes dy on), whichever other gradients are asked for. Both norms.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("wanted", ["shift", "x,shift", "shift,scale", "x,shift,scale"])
+def test_per_token_shift_gradient_is_dy(device, norm, wanted):
+    gen = torch.Generator().manual_seed(len(wanted) + 11 * len(norm))
+    shape = (2, 37, 2048)
+    x = rand(shape, torch.bfloat16, device, gen, 2.0, 0.3)
+    shift = mod("ltx_token", shape, torch.bfloat16, device, gen, 0)
+    scale = mod("ltx_token", shape, torch.bfloat16, device, gen, 1)
+    names = wanted.split(",")
+    inputs = {"x": x, "shift": shift, "scale": scale}
+    for name in names:
+        inputs[name].requires_grad_()
+    op, ref_fn = (
+        (ops.layer_norm_modulate, reference)
+        if norm == "layer"
+        else (ops.rms_norm_modulate, reference_rms)
+    )
+    y = op(inputs["x"], inputs["shift"], inputs["scale"])
+    dy = rand(shape, torch.bfloat16, device, gen)
+    got = torch.autograd.grad(y, [inputs[n] for n in names], dy)
+    assert torch.equal(got[names.index("shift")], dy)
+    if device == "cuda" and names != ["shift"]:
+        dt = "bf16.rms" if norm == "rms" else "bf16"
+        assert ops._last_configs()[1] == f"bwd.{dt}.dy16.token2"
+    lowp_in = {k: v.detach().clone().requires_grad_(v.requires_grad) for k, v in inputs.items()}
+    lowp = torch.autograd.grad(
+        ref_fn(lowp_in["x"], lowp_in["shift"], lowp_in["scale"]), [lowp_in[n] for n in names], dy
+    )
+    ref_in = dict(zip(inputs, f64(*inputs.values()), strict=True))
+    ref = torch.autograd.grad(
+        ref_fn(ref_in["x"], ref_in["shift"], ref_in["scale"]),
+        [ref_in[n] for n in names],
+        dy.double(),
+    )
+    for name, g, r, lp in zip(names, got, ref, lowp, strict=True):
+        assert_close("d" + name, g, r, lp, torch.bfloat16)

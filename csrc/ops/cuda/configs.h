@@ -59,6 +59,7 @@ struct FwdKernel {
   int op;              // kEither, or the one op it is compiled for
   int warps_per_row;   // warp kernels: warps per block must be a multiple (1 otherwise)
   Norm norm;           // the norm it is compiled for
+  bool mod16 = false;  // needs every modulation operand of x's own 16-bit type
 };
 
 struct FwdRow {
@@ -107,6 +108,7 @@ struct BwdKernel {
   int fused;   // kEither, 0, 1
   int affine;  // kEither, 0, 1
   Norm norm;
+  bool token = false;  // needs the token case: no gradient summed over rows (dispatch.cu)
 };
 
 struct BwdRow {

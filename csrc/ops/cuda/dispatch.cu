@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../entry_points.h"
+#include "../tuning_table.h"
 #include "configs.h"
 #include "device.cuh"
 #include "reduce_partials.cuh"
@@ -93,35 +94,36 @@ struct FwdKey {
   Norm norm;
   int arch, x, op;
   Mod mod;
-  bool vector;
+  bool mod16, vector;
   int64_t D;
   bool operator==(const FwdKey& o) const {
     return norm == o.norm && arch == o.arch && x == o.x && op == o.op && mod == o.mod &&
-           vector == o.vector && D == o.D;
+           mod16 == o.mod16 && vector == o.vector && D == o.D;
   }
   uint64_t hash() const {
     return (static_cast<uint64_t>(D) << 16) ^ (static_cast<uint64_t>(norm) << 15) ^
            (static_cast<uint64_t>(arch) << 6) ^ (static_cast<uint64_t>(x) << 4) ^
            (static_cast<uint64_t>(op) << 3) ^ (static_cast<uint64_t>(mod) << 1) ^
-           static_cast<uint64_t>(vector);
+           (static_cast<uint64_t>(mod16) << 14) ^ static_cast<uint64_t>(vector);
   }
 };
 
 struct BwdKey {
   Norm norm;
   int arch, x, dy, op, affine;
-  bool lean, vector;
+  bool lean, token, vector;
   int64_t D;
   bool operator==(const BwdKey& o) const {
     return norm == o.norm && arch == o.arch && x == o.x && dy == o.dy && op == o.op &&
-           affine == o.affine && lean == o.lean && vector == o.vector && D == o.D;
+           affine == o.affine && lean == o.lean && token == o.token && vector == o.vector &&
+           D == o.D;
   }
   uint64_t hash() const {
     return (static_cast<uint64_t>(D) << 16) ^ (static_cast<uint64_t>(norm) << 15) ^
            (static_cast<uint64_t>(arch) << 8) ^ (static_cast<uint64_t>(x) << 6) ^
            (static_cast<uint64_t>(dy) << 4) ^ (static_cast<uint64_t>(op) << 3) ^
            (static_cast<uint64_t>(affine) << 2) ^ (static_cast<uint64_t>(lean) << 1) ^
-           static_cast<uint64_t>(vector);
+           (static_cast<uint64_t>(token) << 14) ^ static_cast<uint64_t>(vector);
   }
 };
 
@@ -135,14 +137,15 @@ const Table<BwdRow>& bwd_table(int x) {
 
 bool matches(const FwdRow& r, const FwdKey& k) {
   return r.norm == k.norm && k.arch >= r.arch_min && (r.op == kEither || r.op == k.op) &&
-         (r.mod == Mod::kAny || r.mod == k.mod) && r.vector == k.vector && k.D >= r.d_min &&
-         k.D <= r.d_max;
+         (r.mod == Mod::kAny || r.mod == k.mod) && (!r.kernel.mod16 || k.mod16) &&
+         r.vector == k.vector && k.D >= r.d_min && k.D <= r.d_max;
 }
 
 bool matches(const BwdRow& r, const BwdKey& k) {
   return r.norm == k.norm && k.arch >= r.arch_min && (r.dy == -1 || r.dy == k.dy) &&
          (r.op == kEither || r.op == k.op) && (r.affine == kEither || r.affine == k.affine) &&
-         (!r.lean || k.lean) && r.vector == k.vector && k.D >= r.d_min && k.D <= r.d_max;
+         (!r.lean || k.lean) && (!r.kernel.token || k.token) && r.vector == k.vector &&
+         k.D >= r.d_min && k.D <= r.d_max;
 }
 
 // The rows that match a key, in table order, looked up once per key and thread.
@@ -176,7 +179,7 @@ const Row& find_row(const Table<Row>& table, const std::string& id) {
   for (int i = 0; i < table.size; ++i)
     if (id == table.rows[i].id) return table.rows[i];
   TORCH_CHECK(false, "layer_norm_modulate: no tuning-table row '", id,
-              "' for this dtype (torch.ops.adaptiveload._tuning_table() lists them)");
+              "' for this dtype (adaptiveload.ops._tuning_table() lists them)");
 }
 
 // Splits a configuration into its row id and name=value settings.
@@ -268,6 +271,9 @@ void fwd_cuda(const ForwardProblem& prob, const std::string* config) {
       vector_ok(vec, {&x, prob.y, prob.h, prob.r, &w, &b}, {prob.shift, prob.scale, prob.gate});
   const int64_t group = staging_group({prob.shift, prob.scale, prob.gate}, p.rows);
   key.mod = group > 0 ? Mod::kBlock : Mod::kToken;
+  // Every modulation operand of x's own 16-bit type: the rows that keep it as raw words.
+  key.mod16 = x.element_size() == 2 && p.shift.kind == key.x && p.scale.kind == key.x &&
+              (!gated || p.gate.kind == key.x);
   key.D = D;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
@@ -279,10 +285,11 @@ void fwd_cuda(const ForwardProblem& prob, const std::string* config) {
                 ") is compiled for ", norm_name(k.norm), ", not ", norm_name(key.norm));
     TORCH_CHECK((!k.vector || key.vector) && nvec <= k.max_nvec &&
                     (k.exact_nvec == 0 || nvec == k.exact_nvec) && (!k.needs_group || group > 0) &&
-                    (k.op == kEither || k.op == key.op),
+                    (k.op == kEither || k.op == key.op) && (!k.mod16 || key.mod16),
                 "layer_norm_modulate: row '", row.id, "' (", k.name, ") cannot run D = ", D,
                 gated ? " (gated op)" : "", key.vector ? "" : " without the vector path",
-                group > 0 ? "" : " with per-token modulation");
+                group > 0 ? "" : " with per-token modulation",
+                key.mod16 ? "" : " with modulation of another type than x");
     TORCH_CHECK(k.launch(p, group, override_settings(row.settings, kv), stream), "row '", row.id,
                 "': its shared memory does not fit this GPU");
     last_fwd_row = row.id;
@@ -443,6 +450,10 @@ void bwd_cuda(const BackwardProblem& prob, const std::string* config) {
     if (lean) gmin_lean = lo;
   }
   key.lean = lean;
+  // The token case: no gradient summed over rows, and not the lean kernel's (per-token scale).
+  key.token = key.vector && !lean && !gated && !affine &&
+              prob.targets[kTargetShift]->mode != GradMode::kGrouped &&
+              prob.targets[kTargetScale]->mode != GradMode::kGrouped;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   GridPlan plan{&prob, gmin, at::Tensor()};
   BwdGrid grid{&plan, &plan_chunks, 0};
@@ -458,13 +469,13 @@ void bwd_cuda(const BackwardProblem& prob, const std::string* config) {
     const BwdKernel& k = row.kernel;
     TORCH_CHECK(k.norm == key.norm, "layer_norm_modulate backward: row '", row.id, "' (", k.name,
                 ") is compiled for ", norm_name(k.norm), ", not ", norm_name(key.norm));
-    TORCH_CHECK((!k.vector || key.vector) && nvec <= k.max_nvec && (!k.lean || key.lean) &&
-                    (k.fused == kEither || k.fused == key.op) &&
-                    (k.affine == kEither || k.affine == key.affine) &&
-                    (row.dy == -1 || row.dy == key.dy),
-                "layer_norm_modulate backward: row '", row.id, "' (", k.name,
-                ") cannot run this problem (D = ", D, gated ? ", gated op" : "",
-                affine ? ", affine" : "", key.lean ? "" : ", not the lean case", ")");
+    TORCH_CHECK(
+        (!k.vector || key.vector) && nvec <= k.max_nvec && (!k.lean || key.lean) &&
+            (!k.token || key.token) && (k.fused == kEither || k.fused == key.op) &&
+            (k.affine == kEither || k.affine == key.affine) && (row.dy == -1 || row.dy == key.dy),
+        "layer_norm_modulate backward: row '", row.id, "' (", k.name,
+        ") cannot run this problem (D = ", D, gated ? ", gated op" : "", affine ? ", affine" : "",
+        key.lean ? "" : ", not the lean case", key.token ? "" : ", not the token case", ")");
     TORCH_CHECK(run(row, override_settings(row.settings, kv)), "row '", row.id,
                 "': its shared memory does not fit this GPU");
     last_bwd_row = row.id;
@@ -481,6 +492,7 @@ void bwd_cuda(const BackwardProblem& prob, const std::string* config) {
       BwdKey any = key;
       any.vector = false;
       any.lean = false;
+      any.token = false;
       for (const BwdRow* row : candidates(bwd_table(key.x), any)) {
         if (run(*row, row->settings)) {
           last_bwd_row = row->id;
@@ -580,44 +592,58 @@ const char* op_name(int op) { return op == kEither ? "any" : op == 1 ? "gated" :
 const char* mod_name(Mod m) {
   return m == Mod::kBlock ? "block" : m == Mod::kToken ? "token" : "any";
 }
-int64_t json_limit(int64_t v) { return v == kNoLimit ? -1 : v; }
+int64_t limit_of(int64_t v) { return v == kNoLimit ? -1 : v; }
 
-// One JSON object per line, per row of every table (-1 for "no limit" or "either").
-std::string tuning_table() {
-  std::ostringstream os;
+}  // namespace
+
+// Every row of every table as named fields (-1 for "no limit" or "either").
+std::vector<TableRow> tuning_table_rows() {
+  std::vector<TableRow> rows;
   const char* dtypes[3] = {"f32", "bf16", "f16"};
+  auto text = [](const char* name, const char* v) { return TableField{name, 0, v}; };
+  auto num = [](const char* name, int64_t v) { return TableField{name, v, nullptr}; };
   for (int x = 0; x < 3; ++x) {
     const Table<FwdRow>& ft = fwd_table(x);
     for (int i = 0; i < ft.size; ++i) {
       const FwdRow& r = ft.rows[i];
-      os << "{\"id\": \"" << r.id << "\", \"direction\": \"forward\", \"x\": \"" << dtypes[x]
-         << "\", \"norm\": \"" << norm_name(r.norm) << "\", \"arch_min\": " << r.arch_min
-         << ", \"op\": \"" << op_name(r.op) << "\", \"mod\": \"" << mod_name(r.mod)
-         << "\", \"vector\": " << (r.vector ? 1 : 0) << ", \"d_min\": " << r.d_min
-         << ", \"d_max\": " << json_limit(r.d_max) << ", \"rows_min\": " << r.rows_min
-         << ", \"rows_max\": " << json_limit(r.rows_max) << ", \"kernel\": \"" << r.kernel.name
-         << "\", \"max_nvec\": " << json_limit(r.kernel.max_nvec)
-         << ", \"exact_nvec\": " << r.kernel.exact_nvec << ", \"warps\": " << r.settings.warps
-         << ", \"stages\": " << r.settings.stages
-         << ", \"y_words\": " << (r.settings.y_words ? 1 : 0)
-         << ", \"interleave\": " << (r.settings.interleave ? 1 : 0) << "}\n";
+      rows.push_back({text("id", r.id),
+                      text("direction", "forward"),
+                      text("x", dtypes[x]),
+                      text("norm", norm_name(r.norm)),
+                      num("arch_min", r.arch_min),
+                      text("op", op_name(r.op)),
+                      text("mod", mod_name(r.mod)),
+                      num("mod16", r.kernel.mod16),
+                      num("vector", r.vector),
+                      num("d_min", r.d_min),
+                      num("d_max", limit_of(r.d_max)),
+                      num("rows_min", r.rows_min),
+                      num("rows_max", limit_of(r.rows_max)),
+                      text("kernel", r.kernel.name),
+                      num("max_nvec", limit_of(r.kernel.max_nvec)),
+                      num("exact_nvec", r.kernel.exact_nvec),
+                      num("warps", r.settings.warps),
+                      num("stages", r.settings.stages),
+                      num("y_words", r.settings.y_words),
+                      num("interleave", r.settings.interleave)});
     }
     const Table<BwdRow>& bt = bwd_table(x);
     for (int i = 0; i < bt.size; ++i) {
       const BwdRow& r = bt.rows[i];
-      os << "{\"id\": \"" << r.id << "\", \"direction\": \"backward\", \"x\": \"" << dtypes[x]
-         << "\", \"norm\": \"" << norm_name(r.norm) << "\", \"arch_min\": " << r.arch_min
-         << ", \"dy\": \"" << (r.dy == -1 ? "any" : dtypes[r.dy]) << "\", \"op\": \""
-         << op_name(r.op) << "\", \"affine\": " << r.affine << ", \"lean\": " << (r.lean ? 1 : 0)
-         << ", \"vector\": " << (r.vector ? 1 : 0) << ", \"d_min\": " << r.d_min
-         << ", \"d_max\": " << json_limit(r.d_max) << ", \"kernel\": \"" << r.kernel.name
-         << "\", \"max_nvec\": " << json_limit(r.kernel.max_nvec)
-         << ", \"teams\": " << r.settings.teams << ", \"stages\": " << r.settings.stages
-         << ", \"interleave\": " << (r.settings.interleave ? 1 : 0) << "}\n";
+      rows.push_back({text("id", r.id), text("direction", "backward"), text("x", dtypes[x]),
+                      text("norm", norm_name(r.norm)), num("arch_min", r.arch_min),
+                      text("dy", r.dy == -1 ? "any" : dtypes[r.dy]), text("op", op_name(r.op)),
+                      num("affine", r.affine), num("lean", r.lean), num("token", r.kernel.token),
+                      num("vector", r.vector), num("d_min", r.d_min),
+                      num("d_max", limit_of(r.d_max)), text("kernel", r.kernel.name),
+                      num("max_nvec", limit_of(r.kernel.max_nvec)), num("teams", r.settings.teams),
+                      num("stages", r.settings.stages), num("interleave", r.settings.interleave)});
     }
   }
-  return os.str();
+  return rows;
 }
+
+namespace {
 
 std::string last_configs() { return std::string(last_fwd_row.load()) + " " + last_bwd_row.load(); }
 
@@ -645,8 +671,7 @@ TORCH_LIBRARY_FRAGMENT(adaptiveload, m) {
       "Tensor? gate, Tensor shift, Tensor scale, Tensor? weight, Tensor rstd, "
       "bool[6] output_mask, str config) -> (Tensor dx, Tensor dh, Tensor dgate, "
       "Tensor dshift, Tensor dscale, Tensor dweight)");
-  // The tuning tables, one JSON object per row and line; the rows this thread ran last.
-  m.def("_tuning_table() -> str", &tuning_table);
+  // The rows this thread ran last (the tables themselves: adaptiveload._C._tuning_table).
   m.def("_last_configs() -> str", &last_configs);
 }
 

@@ -14,10 +14,17 @@ namespace {
 // registers of fp32 for 16-bit x): thread t owns vectors t, t + blockDim.x, ..., at most VPT.
 // Note: the register cap (64 for VPT <= 2, 85 for VPT 4) keeps 4+ blocks, i.e. rows in flight, per
 // SM; left alone the compiler spends registers on hoisting every modulation load.
-template <typename T, int VPT, bool FUSED, Norm N>
-__global__ void __launch_bounds__(VPT <= 4 ? 256 : 512, VPT <= 2   ? 4
-                                                        : VPT == 4 ? 3
-                                                                   : 1)
+// HOIST: where shift and scale are loaded. 0: after the row's reductions. 1 and 2: with x, before
+// them, so that a row costs one round trip to memory instead of two (per-token modulation, where
+// they are as large as x): 1 as floats of any kind, 2 as raw 16-bit words of x's own type (the
+// token16 rows), which takes a third of the registers, so more rows are in flight per SM. At
+// VPT 2 the floats spilled under the cap of 64, hence 3 blocks (85 registers) there.
+template <typename T, int VPT, bool FUSED, Norm N, int HOIST>
+__global__ void __launch_bounds__(VPT <= 4 ? 256 : 512, HOIST == 2 && VPT == 1   ? 8
+                                                        : HOIST == 1 && VPT == 2 ? 3
+                                                        : VPT <= 2               ? 4
+                                                        : VPT == 4               ? 3
+                                                                                 : 1)
     layer_norm_modulate_fwd_kernel(const FwdParams p) {
   constexpr int VEC = 16 / sizeof(T);
   constexpr int XK = KindOf<T>::value;
@@ -32,6 +39,23 @@ __global__ void __launch_bounds__(VPT <= 4 ? 256 : 512, VPT <= 2   ? 4
 #pragma unroll
       for (int k = 0; k < Raw<VEC, sizeof(T)>::kWords; ++k) xr[i].w[k] = 0u;
       if (c < nvec) load_raw(xr[i], p.x, XK, base + c * VEC);
+    }
+    float hsh[HOIST == 1 ? VPT : 1][VEC], hsc[HOIST == 1 ? VPT : 1][VEC];
+    Raw<VEC, sizeof(T)> rsh[HOIST == 2 ? VPT : 1], rsc[HOIST == 2 ? VPT : 1];
+    if constexpr (HOIST != 0) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+        if (c < nvec) {
+          if constexpr (HOIST == 1) {
+            load_vec(hsh[i], p.shift.ptr, p.shift.kind, p.shift.map(row) + c * VEC);
+            load_vec(hsc[i], p.scale.ptr, p.scale.kind, p.scale.map(row) + c * VEC);
+          } else {
+            load_raw(rsh[i], p.shift.ptr, XK, p.shift.map(row) + c * VEC);
+            load_raw(rsc[i], p.scale.ptr, XK, p.scale.map(row) + c * VEC);
+          }
+        }
+      }
     }
     if constexpr (FUSED) {
       // r = residual + gate * h, rounded to T: the rounded r is what gets normalized, returned
@@ -84,8 +108,16 @@ __global__ void __launch_bounds__(VPT <= 4 ? 256 : 512, VPT <= 2   ? 4
       if (c < nvec) {
         float v[VEC], sh[VEC], sc[VEC];
         unpack(xr[i], XK, v);
-        load_vec(sh, p.shift.ptr, p.shift.kind, p.shift.map(row) + c * VEC);
-        load_vec(sc, p.scale.ptr, p.scale.kind, p.scale.map(row) + c * VEC);
+        if constexpr (HOIST == 1) {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) sh[k] = hsh[i][k], sc[k] = hsc[i][k];
+        } else if constexpr (HOIST == 2) {
+          unpack(rsh[i], XK, sh);
+          unpack(rsc[i], XK, sc);
+        } else {
+          load_vec(sh, p.shift.ptr, p.shift.kind, p.shift.map(row) + c * VEC);
+          load_vec(sc, p.scale.ptr, p.scale.kind, p.scale.map(row) + c * VEC);
+        }
 #pragma unroll
         for (int k = 0; k < VEC; ++k) v[k] = (v[k] - mean) * rstd;
         if (p.weight != nullptr) {

@@ -113,10 +113,10 @@ RowChunks fwd_row_chunks(int64_t rows, int64_t group, int64_t target, int64_t te
 }
 
 // Block per row (grid-stride), any modulation; VPT vectors per thread.
-template <typename T, int VPT, bool FUSED, Norm N>
+template <typename T, int VPT, bool FUSED, Norm N, int HOIST>
 bool launch_fwd_block(const FwdParams& p, int64_t, const FwdSettings&, cudaStream_t stream) {
   const int64_t nvec = p.D / (16 / sizeof(T));
-  layer_norm_modulate_fwd_kernel<T, VPT, FUSED, N>
+  layer_norm_modulate_fwd_kernel<T, VPT, FUSED, N, HOIST>
       <<<grid_for_rows(p.rows), threads_for(nvec, VPT), 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
@@ -178,18 +178,20 @@ constexpr int64_t vec_of() {
   return 16 / sizeof(T);
 }
 
-template <typename T, int VPT, bool FUSED, Norm N>
+// HOIST: where the modulation is loaded (see the kernel); 2 needs it of x's 16-bit type.
+template <typename T, int VPT, bool FUSED, Norm N, int HOIST = 0>
 constexpr FwdKernel fwd_block(const char* name) {
   // At most 256 threads for VPT <= 4 (the kernel's launch bounds), 512 for VPT 8.
   return {name,
-          &launch_fwd_block<T, VPT, FUSED, N>,
+          &launch_fwd_block<T, VPT, FUSED, N, HOIST>,
           int64_t{VPT} * (VPT <= 4 ? 256 : 512),
           0,
           true,
           false,
           FUSED ? 1 : 0,
           1,
-          N};
+          N,
+          HOIST == 2};
 }
 
 template <typename T, int VPW, int R, int WPR, bool FUSED, Norm N>
@@ -294,6 +296,20 @@ bool launch_bwd_vector(BwdParams& p, const BwdSettings& s, BwdGrid& grid, cudaSt
   return true;
 }
 
+// The token kernel: blocks enough to fill the GPU once, each taking rows in turn.
+// Note: H200, bf16, D = 2048, 24k-41k rows: a block per row instead ran 4-5 points of copy
+// bandwidth slower (87-89% against 92-94%).
+template <typename T, int VPT, int DYK, Norm N>
+bool launch_bwd_token(BwdParams& p, const BwdSettings&, BwdGrid&, cudaStream_t stream) {
+  auto kernel = layer_norm_modulate_bwd_token_kernel<T, VPT, DYK, N>;
+  const int64_t nvec = p.D / (16 / sizeof(T));
+  const int threads = static_cast<int>(threads_for(nvec, VPT));
+  const int64_t blocks = std::min(p.rows, resident_grid(as_ptr(kernel), threads, 0));
+  kernel<<<std::max<int64_t>(1, blocks), threads, 0, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
+}
+
 template <typename T, Norm N>
 bool launch_bwd_loop(BwdParams& p, const BwdSettings&, BwdGrid& grid, cudaStream_t stream) {
   const int sms = device_props().multiProcessorCount;
@@ -330,6 +346,13 @@ constexpr BwdKernel bwd_lean(const char* name) {
 template <typename T, Norm N>
 constexpr BwdKernel bwd_loop(const char* name) {
   return {name, &launch_bwd_loop<T, N>, kNoLimit, false, false, kEither, kEither, N};
+}
+
+// Rows of the token case only (see dispatch.cu: bwd_problem): the plain op without weight or
+// bias, with no gradient summed over rows.
+template <typename T, int VPT, int DYK, Norm N>
+constexpr BwdKernel bwd_token(const char* name) {
+  return {name, &launch_bwd_token<T, VPT, DYK, N>, int64_t{VPT} * 256, true, false, 0, 0, N, true};
 }
 
 }  // namespace
