@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -41,6 +42,34 @@ const int64_t* checked_1d(const Int64Array& a, const char* name, py::ssize_t n) 
                           " entries, expected " + std::to_string(n));
   return a.data();
 }
+
+// A plan's layout (plan_layout.h) for Python's Plan, over its own copy of the rank offsets.
+struct BoundLayout {
+  int64_t num_replicas, micro_batches_per_step, num_steps;
+  std::vector<int64_t> rank_offsets;  // empty: K each
+
+  adaptiveload::PlanLayout get() const {
+    return {num_replicas, micro_batches_per_step, num_steps,
+            rank_offsets.empty() ? nullptr : rank_offsets.data()};
+  }
+  void check(int64_t step, int64_t rank) const {
+    if (step < 0 || step >= num_steps || rank < 0 || rank >= num_replicas)
+      throw py::index_error("step " + std::to_string(step) + " or rank " + std::to_string(rank) +
+                            " out of range (" + std::to_string(num_steps) + " steps, " +
+                            std::to_string(num_replicas) + " ranks)");
+  }
+  template <typename T>
+  py::array_t<T> rank_sums(const py::array_t<T, py::array::c_style>& values) const {
+    const int64_t ids = num_steps * num_replicas * micro_batches_per_step;
+    if (values.ndim() != 1 || values.shape(0) != ids)
+      throw py::value_error("rank_sums takes one value per micro-batch (" + std::to_string(ids) +
+                            ")");
+    py::array_t<T> out(
+        {static_cast<py::ssize_t>(num_steps), static_cast<py::ssize_t>(num_replicas)});
+    get().rank_sums(values.data(), out.mutable_data());
+    return out;
+  }
+};
 
 }  // namespace
 
@@ -244,6 +273,79 @@ PYBIND11_MODULE(_sampler, m) {
         return out;
       },
       py::arg("table"), py::arg("options"), py::arg("exclude") = py::none());
+
+  // The plan's index arithmetic (plan_layout.h), for adaptiveload.sampler.Plan.
+  py::class_<BoundLayout>(m, "PlanLayout")
+      .def(py::init([](int64_t w, int64_t k, int64_t steps, std::optional<Int64Array> offsets) {
+             if (w < 1 || k < 1 || steps < 0)
+               throw py::value_error(
+                   "PlanLayout needs num_replicas >= 1, "
+                   "micro_batches_per_step >= 1 and num_steps >= 0");
+             BoundLayout b{w, k, steps, {}};
+             if (offsets) {
+               const int64_t* p = checked_1d(*offsets, "rank_offsets", steps * w + 1);
+               b.rank_offsets.assign(p, p + steps * w + 1);
+             }
+             return b;
+           }),
+           py::arg("num_replicas"), py::arg("micro_batches_per_step"), py::arg("num_steps"),
+           py::arg("rank_offsets") = py::none())
+      .def(
+          "micro_batches_in_step",
+          [](const BoundLayout& b, int64_t step, int64_t rank) {
+            b.check(step, rank);
+            return b.get().micro_batches_in_step(step, rank);
+          },
+          py::arg("step"), py::arg("rank"))
+      .def(
+          "micro_batch_id",
+          [](const BoundLayout& b, int64_t step, int64_t rank, int64_t k) {
+            b.check(step, rank);
+            if (k < 0 || k >= b.get().micro_batches_in_step(step, rank))
+              throw py::index_error("micro-batch " + std::to_string(k) + " out of range");
+            return b.get().micro_batch_id(step, rank, k);
+          },
+          py::arg("step"), py::arg("rank"), py::arg("k"))
+      .def(
+          "rank_step_starts",
+          [](const BoundLayout& b, int64_t rank) {
+            if (rank < 0 || rank >= b.num_replicas)
+              throw py::index_error("rank " + std::to_string(rank) + " out of range");
+            return to_numpy(b.get().rank_step_starts(rank));
+          },
+          py::arg("rank"))
+      .def("rank_sums", &BoundLayout::rank_sums<int64_t>, py::arg("values").noconvert())
+      .def("rank_sums", &BoundLayout::rank_sums<double>, py::arg("values"))
+      .def(
+          "first_of_every_rank",
+          [](const BoundLayout& b, int64_t done) {
+            if (done > b.num_steps * b.micro_batches_per_step || !b.rank_offsets.empty())
+              throw py::value_error(
+                  "first_of_every_rank: K-each layouts, at most all micro-batches");
+            return to_numpy(b.get().first_of_every_rank(done));
+          },
+          py::arg("done"));
+
+  m.def(
+      "mark_samples",
+      [](Int64Array ids, Int64Array offsets, Int64Array samples, UInt8Array padding, int64_t n) {
+        checked_1d(offsets, "offsets", -1);
+        const int64_t m = offsets.shape(0) - 1;
+        if (m < 0 || padding.ndim() != 1 || padding.shape(0) != m)
+          throw py::value_error("mark_samples: one padding flag per micro-batch expected");
+        const int64_t* id = checked_1d(ids, "ids", -1);
+        const int64_t* s = checked_1d(samples, "samples", offsets.data()[m]);
+        for (py::ssize_t j = 0; j < ids.shape(0); ++j)
+          if (id[j] < 0 || id[j] >= m) throw py::index_error("micro-batch id out of range");
+        for (int64_t i = 0; i < offsets.data()[m]; ++i)
+          if (s[i] < 0 || s[i] >= n) throw py::index_error("sample index out of range");
+        py::array_t<bool> out(static_cast<py::ssize_t>(n));
+        std::fill(out.mutable_data(), out.mutable_data() + n, false);
+        adaptiveload::mark_samples(id, ids.shape(0), offsets.data(), s, padding.data(),
+                                   reinterpret_cast<uint8_t*>(out.mutable_data()));
+        return out;
+      },
+      py::arg("ids"), py::arg("offsets"), py::arg("samples"), py::arg("padding"), py::arg("n"));
 
   m.def(
       "assign_to_ranks",

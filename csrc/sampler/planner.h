@@ -48,6 +48,7 @@
 
 #include "sampler/cost_model.h"
 #include "sampler/memory_model.h"
+#include "sampler/plan_layout.h"
 
 namespace adaptiveload {
 
@@ -184,14 +185,17 @@ struct EpochPlan {
   std::vector<int64_t> window_strata;
 
   int64_t num_micro_batches() const { return static_cast<int64_t>(offsets.size()) - 1; }
+  /// The plan's index arithmetic (plan_layout.h), over its own arrays.
+  PlanLayout layout() const {
+    return {num_replicas, micro_batches_per_step, num_steps,
+            rank_offsets.empty() ? nullptr : rank_offsets.data()};
+  }
   /// Micro-batches of rank r in step t: K, or any count >= 1 with uneven_counts.
   int64_t micro_batches_in_step(int64_t step, int64_t rank) const {
-    if (rank_offsets.empty()) return micro_batches_per_step;
-    return rank_offsets[step * num_replicas + rank + 1] - rank_offsets[step * num_replicas + rank];
+    return layout().micro_batches_in_step(step, rank);
   }
   int64_t micro_batch_id(int64_t step, int64_t rank, int64_t k) const {
-    if (rank_offsets.empty()) return (step * num_replicas + rank) * micro_batches_per_step + k;
-    return rank_offsets[step * num_replicas + rank] + k;
+    return layout().micro_batch_id(step, rank, k);
   }
 };
 

@@ -177,3 +177,31 @@ def test_plans_are_pinned(case):
 if __name__ == "__main__":  # prints the table above, to update it on purpose
     for case in sorted(CASES):
         print(f"    {case!r}: {digests(case)!r},")
+
+
+# The plan's index arithmetic is the C++ planner's (_sampler.PlanLayout): out-of-range steps,
+# ranks and micro-batches are refused, never wrapped as numpy's negative indices would be.
+@pytest.mark.parametrize("uneven", [False, True])
+def test_plan_index_arithmetic_refuses_what_is_out_of_range(uneven):
+    s = AdaptiveBatchSampler(
+        dataset(), 160_000, num_replicas=4, rank=0, micro_batches_per_step=2, uneven_counts=uneven
+    )
+    plan = s.plan()
+    t = plan.num_steps - 1
+    last = plan.micro_batches_in_step(t, 3) - 1
+    assert plan.micro_batch_id(t, 3, last) < plan.num_micro_batches
+    for step, rank, k in [
+        (-1, 0, 0),
+        (plan.num_steps, 0, 0),
+        (0, 4, 0),
+        (0, -1, 0),
+        (t, 3, last + 1),
+    ]:
+        with pytest.raises(IndexError, match="out of range"):
+            plan.micro_batch_id(step, rank, k)
+    with pytest.raises(IndexError, match="rank 4 out of range"):
+        plan.rank_step_starts(4)
+    with pytest.raises(ValueError, match="one value per micro-batch"):
+        plan.rank_sums(np.ones(plan.num_micro_batches - 1))
+    counts = plan.rank_sums(np.ones(plan.num_micro_batches, dtype=np.int64))
+    assert counts.dtype == np.int64 and counts.sum() == plan.num_micro_batches

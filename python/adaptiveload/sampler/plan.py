@@ -1,6 +1,7 @@
 """The plan of one epoch for all ranks (``Plan``), and one batch of a loader with where it
-stands in its optimizer step (``MicroBatch``). Index arithmetic of the plan's arrays lives
-here and nowhere else in Python."""
+stands in its optimizer step (``MicroBatch``). The index arithmetic of the plan's arrays is the
+C++ planner's (csrc/sampler/plan_layout.h, bound as ``_sampler.PlanLayout``): ``Plan`` holds the
+arrays and asks it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from adaptiveload import _sampler
 
 
 class MicroBatch(NamedTuple):
@@ -66,6 +69,11 @@ class Plan:
     #: were mixed from (1: the whole window mixed; its step count: steps of similar cost)
     window_strata: np.ndarray | None = None
 
+    def __post_init__(self) -> None:
+        self._layout = _sampler.PlanLayout(
+            self.num_replicas, self.micro_batches_per_step, self.num_steps, self.rank_offsets
+        )
+
     @property
     def uneven_counts(self) -> bool:
         return self.rank_offsets is not None
@@ -82,19 +90,12 @@ class Plan:
 
     def micro_batches_in_step(self, step: int, rank: int) -> int:
         """Micro-batches of ``rank`` in ``step``: K, or any count >= 1 with uneven counts."""
-        if self.rank_offsets is None:
-            return self.micro_batches_per_step
-        t = step * self.num_replicas + rank
-        return int(self.rank_offsets[t + 1] - self.rank_offsets[t])
+        return self._layout.micro_batches_in_step(step, rank)
 
     def rank_step_starts(self, rank: int) -> np.ndarray:
         """``num_steps + 1`` positions in ``rank``'s stream: its micro-batches before each
         step, and in all."""
-        if self.rank_offsets is None:
-            return np.arange(self.num_steps + 1, dtype=np.int64) * self.micro_batches_per_step
-        w = self.num_replicas
-        counts = self.rank_offsets[rank + 1 :: w] - self.rank_offsets[rank:-1:w]
-        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return self._layout.rank_step_starts(rank)
 
     def num_rank_micro_batches(self, rank: int) -> int:
         return int(self.rank_step_starts(rank)[-1])
@@ -102,10 +103,7 @@ class Plan:
     def micro_batch_id(self, step: int, rank: int, k: int = 0) -> int:
         """Index ``m`` (into ``costs``, ``tokens``, ``offsets``) of ``rank``'s ``k``-th
         micro-batch of ``step``."""
-        t = step * self.num_replicas + rank
-        if self.rank_offsets is None:
-            return t * self.micro_batches_per_step + k
-        return int(self.rank_offsets[t]) + k
+        return self._layout.micro_batch_id(step, rank, k)
 
     def micro_batch(self, step: int, rank: int, k: int = 0) -> np.ndarray:
         m = self.micro_batch_id(step, rank, k)
@@ -121,13 +119,12 @@ class Plan:
 
     def rank_sums(self, values: np.ndarray) -> np.ndarray:
         """Sums of ``values`` (one per micro-batch) per step and rank, shape (num_steps, W), in
-        either layout (``rank_sums(np.ones(num_micro_batches))``: the counts)."""
-        if self.rank_offsets is None:
-            return values.reshape(
-                self.num_steps, self.num_replicas, self.micro_batches_per_step
-            ).sum(axis=2)
-        sums = np.add.reduceat(values, self.rank_offsets[:-1]) if len(values) else values
-        return sums.reshape(self.num_steps, self.num_replicas)
+        either layout (``rank_sums(np.ones(num_micro_batches))``: the counts); int64 values
+        give int64 sums, any other float64."""
+        values = np.asarray(values)
+        if values.dtype != np.int64:
+            values = np.ascontiguousarray(values, dtype=np.float64)
+        return self._layout.rank_sums(np.ascontiguousarray(values))
 
     def rank_costs(self) -> np.ndarray:
         """Predicted cost of each rank in each step, shape (num_steps, W)."""
@@ -148,13 +145,7 @@ class Plan:
     def consumed(self, micro_batches_done: int, n: int) -> np.ndarray:
         """Samples of the first ``micro_batches_done`` micro-batches of every rank (padding
         repeats excluded), as ``n`` flags."""
-        if micro_batches_done <= 0:
-            return np.zeros(n, dtype=bool)
-        w, k = self.num_replicas, self.micro_batches_per_step
-        i = np.arange(micro_batches_done, dtype=np.int64)
-        ranks = np.arange(w, dtype=np.int64)
-        slots = (((i // k)[:, None] * w + ranks[None, :]) * k + (i % k)[:, None]).ravel()
-        return self._sample_flags(slots, n)
+        return self._sample_flags(self._layout.first_of_every_rank(micro_batches_done), n)
 
     def consumed_steps(self, steps_done: int, n: int) -> np.ndarray:
         """Samples of the first ``steps_done`` steps of all ranks (padding repeats excluded),
@@ -162,12 +153,7 @@ class Plan:
         end = steps_done * self.num_replicas * self.micro_batches_per_step
         return self._sample_flags(np.arange(end, dtype=np.int64), n)
 
-    def _sample_flags(self, slots: np.ndarray, n: int) -> np.ndarray:
-        """``n`` flags, set for the samples of micro-batches ``slots`` (padding repeats
+    def _sample_flags(self, ids: np.ndarray, n: int) -> np.ndarray:
+        """``n`` flags, set for the samples of micro-batches ``ids`` (padding repeats
         excluded)."""
-        out = np.zeros(n, dtype=bool)
-        slots = slots[self.padding[slots] == 0]
-        sizes = self.offsets[slots + 1] - self.offsets[slots]
-        within = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        out[self.samples[np.repeat(self.offsets[slots], sizes) + within]] = True
-        return out
+        return _sampler.mark_samples(ids, self.offsets, self.samples, self.padding, n)
