@@ -173,23 +173,30 @@ def fit_cost_model(points: Iterable[Point], form: str = "auto", folds: int = 5) 
     coefficients >= 0 to the points' relative error ``(predicted - measured) / measured`` by
     ``nnls``. ``cs`` is work per sample that does not grow with S (e.g. the text
     conditioning). Fills each point's ``predicted_ms``; the model's ``meta`` records the form
-    and, for ``"auto"``, each form's held-out median and 90th percentile error."""
+    and, for ``"auto"``, each form's held-out median and 90th percentile error (``None``, with
+    the reason under ``"failed"``, for a form that one of the folds cannot fit: such a form
+    loses; when every form fails there, the additive form is fitted to all points)."""
     pts = list(points)
     b, s, t = _arrays(pts)
     meta: dict = {}
     if form == "auto":
-        scores = {}
+        scores, held = {}, {}
         for f in COST_FORMS:
             if len(pts) < 8:
                 break
-            e = np.abs(heldout_errors(pts, f, folds))
+            try:
+                e = np.abs(heldout_errors(pts, f, folds))
+            except ValueError as err:  # a fold's points do not grow with tokens (noisy times)
+                held[f] = {"p90": None, "median": None, "failed": str(err)}
+                continue
             scores[f] = (float(np.percentile(e, 90)), float(np.median(e)))
+            held[f] = {"p90": scores[f][0], "median": scores[f][1]}
         form = (
             min(scores, key=lambda f: scores[f][0] * (1 + 1e-9 * COST_FORMS.index(f)))
             if scores
             else "additive"
         )
-        meta["heldout"] = {f: {"p90": v[0], "median": v[1]} for f, v in scores.items()}
+        meta["heldout"] = held
     model = _fit_form(form, b, s, t)
     model.meta = {"form": form, **meta}
     for p, pred in zip(pts, _predict(model, b, s), strict=True):
