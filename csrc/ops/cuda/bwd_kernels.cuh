@@ -512,21 +512,16 @@ __global__ void __launch_bounds__(256, VPT == 1 ? 4 : 3)
     const int64_t scale_row = p.scale.map(row);
     XRaw xr[VPT];
     DyRaw dr[VPT];
-    float sc[VPT][VEC];
+    float s1[VPT][VEC];  // scale, then 1 + scale
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
       if (c < nvec) {
         load_raw(xr[i], p.x, XK, base + c * VEC);
         load_raw(dr[i], p.dy, DYK, base + c * VEC);
-        load_vec(sc[i], p.scale.ptr, p.scale.kind, scale_row + c * VEC);
+        load_vec(s1[i], p.scale.ptr, p.scale.kind, scale_row + c * VEC);
       }
     }
-    // 1 + scale of vector i.
-    auto one_plus_scale = [&](int i, float(&s1)[VEC]) {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) s1[k] = 1.f + sc[i][k];
-    };
     const float mean = kMean ? p.mean[row] : 0.f;
     const float rstd = p.rstd[row];
     const float neg_mean_rstd = -mean * rstd;
@@ -535,13 +530,13 @@ __global__ void __launch_bounds__(256, VPT == 1 ? 4 : 3)
     for (int i = 0; i < VPT; ++i) {
       const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
       if (c < nvec) {
-        float xh[VEC], dy[VEC], s1[VEC];
+        float xh[VEC], dy[VEC];
         unpack(xr[i], XK, xh);
         unpack(dr[i], DYK, dy);
-        one_plus_scale(i, s1);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const float g = dy[k] * s1[k];
+          s1[i][k] += 1.f;
+          const float g = dy[k] * s1[i][k];
           if constexpr (kMean) sg += g;
           sgx = fmaf(g, fmaf(xh[k], rstd, neg_mean_rstd), sgx);
         }
@@ -566,10 +561,8 @@ __global__ void __launch_bounds__(256, VPT == 1 ? 4 : 3)
 #pragma unroll
       for (int k = 0; k < VEC; ++k) xh[k] = fmaf(xh[k], rstd, neg_mean_rstd);
       if (p.dx != nullptr) {
-        float s1[VEC];
-        one_plus_scale(i, s1);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) out[k] = fmaf(dy[k] * s1[k], rstd, fmaf(xh[k], c1, c0));
+        for (int k = 0; k < VEC; ++k) out[k] = fmaf(dy[k] * s1[i][k], rstd, fmaf(xh[k], c1, c0));
         store_vec(p.dx, XK, idx, out);
       }
       if (want_scale) {
