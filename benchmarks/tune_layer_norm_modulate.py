@@ -65,15 +65,21 @@ def bwd_candidates(table, x, dy):
                 yield row["id"] + s
 
 
+def timed(run, sets):
+    """Graph-timed ms of one ``run`` over input sets used in turn; a first plain call raises
+    RuntimeError for a row that cannot run this shape."""
+    with torch.no_grad():
+        run(*sets[0])
+        return bench(run, sets)
+
+
 def time_forward(case, config):
     def run(x, shift, scale, dy):
         torch.ops.adaptiveload._layer_norm_modulate_with_config(
             x, None, None, shift, scale, None, None, EPS, case.out_dtype, config
         )
 
-    with torch.no_grad():
-        run(*case.sets[0])  # raises RuntimeError for a row that cannot run this shape
-        return bench(run, case.sets)
+    return timed(run, case.sets)
 
 
 def time_backward(case, config):
@@ -91,9 +97,7 @@ def time_backward(case, config):
             None, dy, x, None, None, shift, scale, None, None, mean, rstd, mask, config
         )
 
-    with torch.no_grad():
-        run(*saved[0])  # raises RuntimeError for a row that cannot run this shape
-        return bench(run, saved)
+    return timed(run, saved)
 
 
 def time_forward_rms(case, config):
@@ -102,9 +106,7 @@ def time_forward_rms(case, config):
             x, None, None, shift, scale, None, EPS, case.out_dtype, config
         )
 
-    with torch.no_grad():
-        run(*case.sets[0])  # raises RuntimeError for a row that cannot run this shape
-        return bench(run, case.sets)
+    return timed(run, case.sets)
 
 
 def time_backward_rms(case, config):
@@ -123,26 +125,16 @@ def time_backward_rms(case, config):
             None, dy, x, None, None, shift, scale, None, rstd, mask, config
         )
 
-    with torch.no_grad():
-        run(*saved[0])  # raises RuntimeError for a row that cannot run this shape
-        return bench(run, saved)
+    return timed(run, saved)
 
 
-def table_rows_rms(case):
-    from adaptiveload import ops
-
-    x, shift, scale, dy = case.sets[0]
-    y = ops.rms_norm_modulate(x, shift, scale, out_dtype=case.out_dtype)
-    torch.autograd.grad(y, (x, shift, scale), dy)
-    return ops._last_configs()
-
-
-def table_rows(case):
+def table_rows(case, norm="layer"):
     """The rows the table picks for this case (forward, backward)."""
     from adaptiveload import ops
 
+    op = ops.rms_norm_modulate if norm == "rms" else ops.layer_norm_modulate
     x, shift, scale, dy = case.sets[0]
-    y = ops.layer_norm_modulate(x, shift, scale, out_dtype=case.out_dtype)
+    y = op(x, shift, scale, out_dtype=case.out_dtype)
     torch.autograd.grad(y, (x, shift, scale), dy)
     return ops._last_configs()
 
@@ -178,14 +170,12 @@ def main() -> int:
     print(f"GPU {torch.cuda.get_device_name()}, copy ceiling {ceiling:.0f} GB/s")
     norm = "rms" if args.rms_token else "layer"
     table = [row for row in ops._tuning_table() if row["norm"] == norm]
-    fwd_timer, bwd_timer, picker = (
-        (time_forward_rms, time_backward_rms, table_rows_rms)
-        if args.rms_token
-        else (time_forward, time_backward, table_rows)
+    fwd_timer, bwd_timer = (
+        (time_forward_rms, time_backward_rms) if args.rms_token else (time_forward, time_backward)
     )
     records, proposals = [], []
     for case, x_name in cases(args):
-        picked_fwd, picked_bwd = picker(case)
+        picked_fwd, picked_bwd = table_rows(case, norm)
         for direction in ("forward", "backward"):
             results = {}
             if direction == "forward":

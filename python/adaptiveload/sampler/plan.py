@@ -122,9 +122,8 @@ class Plan:
         either layout (``rank_sums(np.ones(num_micro_batches))``: the counts); int64 values
         give int64 sums, any other float64."""
         values = np.asarray(values)
-        if values.dtype != np.int64:
-            values = np.ascontiguousarray(values, dtype=np.float64)
-        return self._layout.rank_sums(np.ascontiguousarray(values))
+        dtype = np.int64 if values.dtype == np.int64 else np.float64
+        return self._layout.rank_sums(np.ascontiguousarray(values, dtype=dtype))
 
     def rank_costs(self) -> np.ndarray:
         """Predicted cost of each rank in each step, shape (num_steps, W)."""
