@@ -170,18 +170,18 @@ PYBIND11_MODULE(_sampler, m) {
       .def("__repr__", &MemoryModel::describe);
 
   py::class_<SampleTable>(m, "SampleTable")
-      .def(py::init([](const Int64Array& seq_lens, std::optional<Int64Array> group_keys,
+      .def(py::init([](const Int64Array& seq_lens, std::optional<Int64Array> group_ids,
                        const CostModel& cost, std::optional<MemoryModel> memory_model,
                        double memory_budget) {
              const int64_t* lens = checked_1d(seq_lens, "seq_lens", -1);
-             const int64_t* keys =
-                 group_keys ? checked_1d(*group_keys, "group_keys", seq_lens.shape(0)) : nullptr;
+             const int64_t* ids =
+                 group_ids ? checked_1d(*group_ids, "group_ids", seq_lens.shape(0)) : nullptr;
              if (!memory_model)
-               return std::make_unique<SampleTable>(lens, seq_lens.shape(0), keys, cost);
+               return std::make_unique<SampleTable>(lens, seq_lens.shape(0), ids, cost);
              const MemoryPolicy policy{*memory_model, memory_budget};
-             return std::make_unique<SampleTable>(lens, seq_lens.shape(0), keys, cost, &policy);
+             return std::make_unique<SampleTable>(lens, seq_lens.shape(0), ids, cost, &policy);
            }),
-           py::arg("seq_lens"), py::arg("group_keys"), py::arg("cost_model"),
+           py::arg("seq_lens"), py::arg("group_ids"), py::arg("cost_model"),
            py::arg("memory_model") = py::none(), py::arg("memory_budget") = 0.0)
       .def("__len__", &SampleTable::size)
       .def_property_readonly("num_groups", &SampleTable::num_groups)

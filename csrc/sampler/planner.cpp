@@ -7,7 +7,6 @@
 #include <queue>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 
 #include "sampler/rng.h"
 
@@ -297,7 +296,7 @@ double assign_window(const std::vector<Item>& arranged, int64_t steps, int64_t W
 
 }  // namespace
 
-SampleTable::SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* group_keys,
+SampleTable::SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* group_ids,
                          CostModel cost, const MemoryPolicy* memory)
     : cost_(cost) {
   cost_.validate();
@@ -320,38 +319,40 @@ SampleTable::SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* grou
     total += seq_lens[i];
   }
 
-  // Dense group ids, numbered in increasing key order so plans do not depend on
-  // hash-map iteration order.
-  const int64_t* keys = group_keys ? group_keys : seq_lens;
-  std::unordered_map<int64_t, int32_t> first_id;
-  std::vector<int64_t> distinct;
   group_.resize(n);
-  for (int64_t i = 0; i < n; ++i) {
-    auto it = first_id.find(keys[i]);
-    if (it == first_id.end()) {
-      if (distinct.size() >= static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-        invalid("too many distinct group keys");
-      it = first_id.emplace(keys[i], static_cast<int32_t>(distinct.size())).first;
-      distinct.push_back(keys[i]);
+  if (group_ids) {
+    // The caller's dense ids (the Python sampler numbers its keys in sorted key order):
+    // validated, not renumbered.
+    for (int64_t i = 0; i < n; ++i) {
+      if (group_ids[i] < 0 || group_ids[i] >= n ||
+          group_ids[i] > std::numeric_limits<int32_t>::max())
+        invalid("group_ids[" + std::to_string(i) + "] = " + std::to_string(group_ids[i]) +
+                ": group ids must be dense, in [0, number of groups)");
+      group_[i] = static_cast<int32_t>(group_ids[i]);
+      num_groups_ = std::max<int64_t>(num_groups_, group_ids[i] + 1);
     }
-    group_[i] = it->second;
+  } else {
+    // The key is the sequence length: distinct lengths numbered in increasing order.
+    std::vector<int64_t> distinct(seq_lens, seq_lens + n);
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    for (int64_t i = 0; i < n; ++i)
+      group_[i] = static_cast<int32_t>(
+          std::lower_bound(distinct.begin(), distinct.end(), seq_lens[i]) - distinct.begin());
+    num_groups_ = static_cast<int64_t>(distinct.size());
   }
-  std::vector<int32_t> by_key(distinct.size());
-  std::iota(by_key.begin(), by_key.end(), 0);
-  std::sort(by_key.begin(), by_key.end(),
-            [&](int32_t a, int32_t b) { return distinct[a] < distinct[b]; });
-  std::vector<int32_t> renumber(distinct.size());
-  for (size_t r = 0; r < by_key.size(); ++r) renumber[by_key[r]] = static_cast<int32_t>(r);
-  num_groups_ = static_cast<int64_t>(distinct.size());
   group_max_len_.assign(num_groups_, 0);
   group_size_.assign(num_groups_, 0);
   samples_.resize(n);
   for (int64_t i = 0; i < n; ++i) {
-    group_[i] = renumber[group_[i]];
     group_max_len_[group_[i]] = std::max(group_max_len_[group_[i]], seq_lens[i]);
     ++group_size_[group_[i]];
     samples_[i] = {seq_lens[i], cost_.sample_cost(seq_lens[i])};
   }
+  for (int64_t g = 0; g < num_groups_; ++g)
+    if (group_size_[g] == 0)
+      invalid("group_ids skip id " + std::to_string(g) +
+              ": group ids must be dense, in [0, number of groups)");
 }
 
 double SampleTable::stats_cost(const BatchStats& b) const {

@@ -66,10 +66,12 @@ enum class OversizePolicy { kError, kSkip };
 class SampleTable {
  public:
   /// \param seq_lens   n token counts, each in [1, kMaxSeqLen], kMaxTokens at most in all
-  /// \param group_keys n integer keys or nullptr; a micro-batch never mixes keys.
-  ///                   nullptr means the key is the sequence length itself.
+  /// \param group_ids  n dense group ids in [0, G), every id used, or nullptr; a micro-batch
+  ///                   never mixes groups. The caller numbers its keys (the Python sampler:
+  ///                   in sorted key order); nullptr means the key is the sequence length,
+  ///                   and distinct lengths are numbered in increasing order.
   /// \param memory     nullptr, or the memory policy every micro-batch must obey.
-  SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* group_keys, CostModel cost,
+  SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* group_ids, CostModel cost,
               const MemoryPolicy* memory = nullptr);
 
   int64_t size() const { return static_cast<int64_t>(samples_.size()); }
@@ -127,7 +129,7 @@ class SampleTable {
     double cost;
   };
   std::vector<Sample> samples_;
-  std::vector<int32_t> group_;  // dense group id per sample, ordered by key
+  std::vector<int32_t> group_;  // dense group id per sample (the caller's, or by length)
   std::vector<int64_t> group_max_len_;
   std::vector<int64_t> group_size_;  // samples per group
   int64_t num_groups_ = 0;

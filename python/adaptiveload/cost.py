@@ -42,6 +42,11 @@ class CostModel:
         self.unit = unit
         self.meta = dict(meta or {})
 
+    @property
+    def native(self):
+        """The C++ model (``_sampler.CostModel``) the planner's sample table reads."""
+        return self._core
+
     # -- constructors -------------------------------------------------------------------
     @classmethod
     def power(cls, p: float = 1.5, coef: float = 1.0) -> CostModel:

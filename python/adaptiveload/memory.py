@@ -94,6 +94,9 @@ class MemoryModel:
         )
         self.meta = dict(meta or {})
 
+    native = property(
+        lambda self: self._core, doc="The C++ model the planner's sample table reads."
+    )
     num_blocks = property(lambda self: self._core.num_blocks)
     margin = property(lambda self: self._core.margin)
     recompute_share = property(lambda self: self._core.recompute_share)

@@ -39,11 +39,14 @@ class Metadata:
     seq_len_column: bool = False
 
     def group_keys(self) -> np.ndarray | None:
-        """One int64 key per distinct shape, so a micro-batch never mixes shapes."""
+        """One int64 key per distinct shape, so a micro-batch never mixes shapes: the
+        samplers' own numbering of ``group_keys`` (dense ids in sorted shape order), which
+        they then take as they are."""
         if self.shapes is None:
             return None
-        _, keys = np.unique(self.shapes, axis=0, return_inverse=True)
-        return keys.reshape(-1).astype(np.int64)
+        from adaptiveload.sampler.checks import as_group_ids
+
+        return as_group_ids(self.shapes, self.seq_lens)
 
 
 def _csv_columns(path: str, wanted: list[str]):

@@ -28,17 +28,18 @@ _GATED = torch.ops.adaptiveload.gated_residual_layer_norm_modulate.default
 _RMS_NORM_MODULATE = torch.ops.adaptiveload.rms_norm_modulate.default
 _GATED_RMS = torch.ops.adaptiveload.gated_residual_rms_norm_modulate.default
 _is_compiling = torch.compiler.is_compiling
-_function_mode = torch._C._is_torch_function_mode_enabled
+_has_torch_function = torch.overrides.has_torch_function
 
 
 def _plain(*tensors) -> bool:
-    """The direct path applies: not compiling, plain tensors, no __torch_function__ mode."""
-    if _is_compiling() or _function_mode():
+    """The direct path applies: not compiling, plain tensors, no ``__torch_function__``
+    override (a subclass or an active mode, which ``has_torch_function`` both report)."""
+    if _is_compiling():
         return False
     for t in tensors:
         if t.__class__ is not torch.Tensor:
             return False
-    return True
+    return not _has_torch_function(tensors)
 
 
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
@@ -181,22 +182,29 @@ def gated_residual_rms_norm_modulate(
 # ---- fake (meta) implementations: shapes and dtypes only ----
 
 
+def _require(ok, message) -> None:
+    """``RuntimeError`` with ``message()`` unless ``ok`` (shapes here are the inputs', so a
+    symbolic comparison only adds the guard torch.compile would take anyway)."""
+    if not ok:
+        raise RuntimeError(message())
+
+
 def _check_common(op: str, x: torch.Tensor, mods: dict, weight, bias) -> None:
-    torch._check(x.dtype in _FLOATS, lambda: f"{op}: unsupported dtype {x.dtype}")
-    torch._check(x.dim() >= 1, lambda: f"{op}: input must have a last dim D")
+    _require(x.dtype in _FLOATS, lambda: f"{op}: unsupported dtype {x.dtype}")
+    _require(x.dim() >= 1, lambda: f"{op}: input must have a last dim D")
     d = x.shape[-1]
     for name, t in mods.items():
-        torch._check(
+        _require(
             t.dim() >= 1 and t.dim() <= x.dim() and t.shape[-1] == d,
             lambda name=name, t=t: f"{op}: {name} must have last dim D={d}, got {tuple(t.shape)}",
         )
-        torch._check(
+        _require(
             t.dtype in (torch.float32, x.dtype),
             lambda name=name, t=t: f"{op}: {name} must be float32 or {x.dtype}, got {t.dtype}",
         )
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None:
-            torch._check(
+            _require(
                 t.dim() == 1 and t.shape[0] == d,
                 lambda name=name, t=t: f"{op}: {name} must have shape ({d},)",
             )
@@ -221,7 +229,7 @@ def _layer_norm_modulate_fake(x, shift, scale, weight, bias, eps, out_dtype):
 
 @torch.library.register_fake("adaptiveload::_layer_norm_modulate_backward")
 def _layer_norm_modulate_backward_fake(dy, x, shift, scale, weight, bias, mean, rstd, mask):
-    torch._check(dy.shape == x.shape, lambda: "_layer_norm_modulate_backward: dy must match x")
+    _require(dy.shape == x.shape, lambda: "_layer_norm_modulate_backward: dy must match x")
 
     return (
         _grad_like(x, mask[0], x),
@@ -236,8 +244,8 @@ def _layer_norm_modulate_backward_fake(dy, x, shift, scale, weight, bias, mean, 
 def _gated_fake(residual, h, gate, shift, scale, weight, bias, eps, out_dtype):
     op = "gated_residual_layer_norm_modulate"
     _check_common(op, residual, {"gate": gate, "shift": shift, "scale": scale}, weight, bias)
-    torch._check(h.shape == residual.shape, lambda: f"{op}: h must have residual's shape")
-    torch._check(h.dtype == residual.dtype, lambda: f"{op}: h must have residual's dtype")
+    _require(h.shape == residual.shape, lambda: f"{op}: h must have residual's shape")
+    _require(h.dtype == residual.dtype, lambda: f"{op}: h must have residual's dtype")
     r = residual.new_empty(residual.shape)
     y = residual.new_empty(residual.shape, dtype=out_dtype or residual.dtype)
     mean = residual.new_empty(residual.shape[:-1], dtype=_stats_dtype(residual))
@@ -266,7 +274,7 @@ def _rms_norm_modulate_fake(x, shift, scale, weight, eps, out_dtype):
 
 @torch.library.register_fake("adaptiveload::_rms_norm_modulate_backward")
 def _rms_norm_modulate_backward_fake(dy, x, shift, scale, weight, rstd, mask):
-    torch._check(dy.shape == x.shape, lambda: "_rms_norm_modulate_backward: dy must match x")
+    _require(dy.shape == x.shape, lambda: "_rms_norm_modulate_backward: dy must match x")
     return (
         _grad_like(x, mask[0], x),
         _grad_like(shift, mask[1], shift),
@@ -279,8 +287,8 @@ def _rms_norm_modulate_backward_fake(dy, x, shift, scale, weight, rstd, mask):
 def _gated_rms_fake(residual, h, gate, shift, scale, weight, eps, out_dtype):
     op = "gated_residual_rms_norm_modulate"
     _check_common(op, residual, {"gate": gate, "shift": shift, "scale": scale}, weight, None)
-    torch._check(h.shape == residual.shape, lambda: f"{op}: h must have residual's shape")
-    torch._check(h.dtype == residual.dtype, lambda: f"{op}: h must have residual's dtype")
+    _require(h.shape == residual.shape, lambda: f"{op}: h must have residual's shape")
+    _require(h.dtype == residual.dtype, lambda: f"{op}: h must have residual's dtype")
     r = residual.new_empty(residual.shape)
     y = residual.new_empty(residual.shape, dtype=out_dtype or residual.dtype)
     return r, y, residual.new_empty(residual.shape[:-1], dtype=_stats_dtype(residual))

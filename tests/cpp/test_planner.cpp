@@ -380,6 +380,29 @@ TEST(PlanEpochTest, GroupKeysAreNeverMixed) {
   check_plan(table, o, p, &keys);
 }
 
+TEST(SampleTable, TakesDenseGroupIdsAndNumbersLengthsInOrder) {
+  const std::vector<int64_t> lens = {300, 100, 200, 100, 300};
+  const SampleTable by_length(lens.data(), 5, nullptr, CostModel::power(1.0));
+  EXPECT_EQ(by_length.num_groups(), 3);
+  const std::vector<int32_t> expected = {2, 0, 1, 0, 2};
+  for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(by_length.group(i), expected[i]) << i;
+  const std::vector<int64_t> ids = {1, 0, 1, 0, 2};
+  const SampleTable grouped(lens.data(), 5, ids.data(), CostModel::power(1.0));
+  EXPECT_EQ(grouped.num_groups(), 3);
+  for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(grouped.group(i), ids[i]) << i;
+  // Ids that skip one, or fall outside [0, n), are refused naming the problem.
+  for (const std::vector<int64_t>& bad :
+       {std::vector<int64_t>{0, 2, 2, 0, 0}, std::vector<int64_t>{0, -1, 0, 0, 0},
+        std::vector<int64_t>{0, 5, 0, 0, 0}}) {
+    try {
+      SampleTable t(lens.data(), 5, bad.data(), CostModel::power(1.0));
+      ADD_FAILURE() << "accepted non-dense group ids";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("group ids must be dense"), std::string::npos);
+    }
+  }
+}
+
 TEST(SampleTable, RefusesLengthsPastWhatPlanSumsHold) {
   const std::vector<int64_t> one = {10, kMaxSeqLen + 1};
   EXPECT_THROW(SampleTable(one.data(), 2, nullptr, CostModel::power(1.5)), std::invalid_argument);

@@ -132,6 +132,23 @@ def main(scenario, out_dir):
             out["plan"][epoch] = [
                 b.tolist() for b in sampler.plan().rank_micro_batches(accelerator.process_index)
             ]
+    elif scenario == "readers":
+        # The helper's loader passes accelerator.prepare unchanged; a DataLoader accelerate
+        # did not prepare is refused under several processes, unless each rank draws its own.
+        helper = prepare_data_loader(accelerator, loader_of(make_sampler(), 0))
+        out["passthrough"] = accelerator.prepare(helper) is helper
+        plain = make_sampler()
+        out["len_sharded"] = len(plain)
+        try:
+            next(iter(loader_of(plain, 0)))
+        except RuntimeError as e:
+            out["refused"] = str(e)
+        plain.accelerate_sharding = False
+        out["len_own"] = len(plain)
+        out["epochs"][0] = [b.tolist() for b in loader_of(plain, 0)]
+        out["plan"][0] = [
+            b.tolist() for b in plain.plan().rank_micro_batches(accelerator.process_index)
+        ]
     elif scenario in ("save", "resume"):
         # Epoch 1, stopped after 5 micro-batches (inside step 3 with K = 2), then resumed
         # by new processes through accelerator.save_state / load_state.

@@ -80,6 +80,18 @@ def test_save_state_and_load_state_resume_exactly(tmp_path, nproc):
         assert b["epochs"]["2"] == b["plan"]["2"]
 
 
+def test_readers_accelerate_did_not_prepare_are_refused_or_declared(tmp_path):
+    per_rank = results("readers", tmp_path, 2)
+    for r in per_rank:
+        assert r["passthrough"], "accelerator.prepare wrapped prepare_data_loader's loader"
+        assert "not by a loader accelerate prepared" in r["refused"]
+        assert "accelerate_sharding = False" in r["refused"]
+        assert r["len_sharded"] == 2 * r["len_own"] == 2 * len(r["plan"]["0"])
+        assert r["epochs"]["0"] == r["plan"]["0"]
+    flat = [i for r in per_rank for b in r["epochs"]["0"] for i in b]
+    assert set(flat) == set(range(NUM_SAMPLES)), "samples lost"
+
+
 def test_uneven_counts_are_refused_by_prepare_data_loader(tmp_path):
     done = launch("uneven_counts", tmp_path, 1)
     assert done.returncode != 0

@@ -149,7 +149,22 @@ def test_no_grad_forward_runs_no_checkpoint(monkeypatch):
     assert checkpoint_calls == [False] * L  # non-reentrant, one per block
 
 
-def test_bad_n_is_refused_and_none_restores_the_prior_setting():
+def checkpoint_calls_in_a_step(model, monkeypatch):
+    """The ``torch.utils.checkpoint.checkpoint`` calls of one training step of ``model``."""
+    calls = []
+    original = torch.utils.checkpoint.checkpoint
+
+    def counting(fn, *args, **kwargs):
+        calls.append(fn)
+        return original(fn, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(torch.utils.checkpoint, "checkpoint", counting)
+        train_step(model, make_inputs(model, seed=7))
+    return calls
+
+
+def test_bad_n_is_refused_and_none_restores_the_prior_setting(monkeypatch):
     model = build_wan("tiny", layers=L, seed=15)
     for bad in (-1, L + 1, 1.5, True, "2"):
         with pytest.raises(ValueError, match=rf"n = {bad!r} .* L = {L}"):
@@ -159,20 +174,21 @@ def test_bad_n_is_refused_and_none_restores_the_prior_setting():
     # Without a prior setting: back to diffusers' plain loop, no marks left.
     set_checkpointed_blocks(model, 2)
     set_checkpointed_blocks(model, None)
-    assert not model.gradient_checkpointing and model._gradient_checkpointing_func is None
+    assert not model.gradient_checkpointing and checkpointed_blocks(model) == 0
     assert all("_adaptiveload_checkpointed" not in vars(b) for b in model.blocks)
+    assert checkpoint_calls_in_a_step(model, monkeypatch) == []
     set_checkpointed_blocks(model, None)  # nothing to undo: a no-op
 
     # diffusers' own checkpointing (every block) comes back as it was.
     model.enable_gradient_checkpointing()
-    prior = model._gradient_checkpointing_func
     assert checkpointed_blocks(model) == L
     set_checkpointed_blocks(model, 1)
     set_checkpointed_blocks(model, 0)  # a second call keeps the first call's prior
     assert checkpointed_blocks(model) == 0
+    assert checkpoint_calls_in_a_step(model, monkeypatch) == []
     set_checkpointed_blocks(model, None)
-    assert model.gradient_checkpointing and model._gradient_checkpointing_func is prior
-    assert checkpointed_blocks(model) == L
+    assert model.gradient_checkpointing and checkpointed_blocks(model) == L
+    assert len(checkpoint_calls_in_a_step(model, monkeypatch)) == L
 
     with pytest.raises(ValueError, match="holds 0 video transformers of a known family"):
         set_checkpointed_blocks(torch.nn.Linear(2, 2), 0)

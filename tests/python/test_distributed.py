@@ -154,7 +154,10 @@ def stateful_dataloader(rank, world, out_dir):
         )
 
     def sampler():
-        s = AdaptiveBatchSampler(lengths(), 151200, micro_batches_per_step=K, seed=5)
+        # StatefulDataLoader takes the sampler's state at its own draw count.
+        s = AdaptiveBatchSampler(
+            lengths(), 151200, micro_batches_per_step=K, seed=5, drawn_is_trained=True
+        )
         s.set_epoch(1)
         return s
 

@@ -202,7 +202,7 @@ def test_memory_arguments_go_together():
 
 def test_resume_with_same_and_other_budget_loses_nothing(seed):
     lens = lengths(seed)
-    s = make(lens, 80.0, micro_batches_per_step=2, num_replicas=2, rank=0)
+    s = make(lens, 80.0, micro_batches_per_step=2, num_replicas=2, rank=0, drawn_is_trained=True)
     it = iter(s)
     taken = [next(it) for _ in range(5)]
     state = s.state_dict()

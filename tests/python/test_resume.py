@@ -62,7 +62,7 @@ def test_resume_on_same_ranks_replays_the_plan():
         first = AdaptiveBatchSampler(lens, 151200, rank=r, **kw)
         first.set_epoch(2)
         got = consume(first, 5)
-        resumed = AdaptiveBatchSampler(lens, 151200, rank=r, **kw)
+        resumed = AdaptiveBatchSampler(lens, 151200, rank=r, drawn_is_trained=True, **kw)
         resumed.load_state_dict(first.state_dict(steps_done=5))
         resumed.set_epoch(2)
         assert resumed.start_step == 5
@@ -98,7 +98,9 @@ def test_resume_twice_and_next_epoch_is_whole():
 
 def test_state_dict_defaults_to_iterated_steps_and_rejects_mismatch():
     lens = random_mix(400, seed=8)
-    s = AdaptiveBatchSampler(lens, 151200, num_replicas=2, rank=0, micro_batches_per_step=2)
+    s = AdaptiveBatchSampler(
+        lens, 151200, num_replicas=2, rank=0, micro_batches_per_step=2, drawn_is_trained=True
+    )
     consume(s, 3)
     assert s.state_dict() == s.state_dict(steps_done=3)
     with pytest.raises(ValueError, match="steps_done"):
@@ -351,10 +353,10 @@ def test_resume_mid_step_is_exact():
 
 def test_finished_epoch_resumes_to_nothing_left():
     lens = random_mix(500, seed=20)
-    s = make(AdaptiveBatchSampler, lens, 2, 0, **BASE)
+    s = make(AdaptiveBatchSampler, lens, 2, 0, drawn_is_trained=True, **BASE)
     s.set_epoch(2)
     list(s)
-    state = s.state_dict()  # a completed pass: nothing in flight, the default is exact
+    state = s.state_dict()  # a completed pass drawn directly: the default is exact
     resumed = make(AdaptiveBatchSampler, lens, 2, 0, **BASE)
     resumed.load_state_dict(state)
     resumed.set_epoch(2)
@@ -377,8 +379,52 @@ def test_default_state_dict_is_refused_while_workers_prefetch():
 
 def test_default_state_dict_is_exact_without_workers():
     lens = random_mix(600, seed=22)
-    s = make(AdaptiveBatchSampler, lens, 1, 0, **BASE)
+    s = make(AdaptiveBatchSampler, lens, 1, 0, drawn_is_trained=True, **BASE)
     it = iter(DataLoader(IndexDataset(lens), batch_sampler=s, num_workers=0))
     for _ in range(5):
         next(it)
     assert s.state_dict() == s.state_dict(micro_batches_done=5)
+
+
+def test_default_state_dict_is_refused_unless_the_position_is_known():
+    lens = random_mix(600, seed=23)
+    s = make(AdaptiveBatchSampler, lens, 1, 0, **BASE)
+    assert s.state_dict()["micro_batches_done"] == 0  # no pass begun: nothing drawn
+    it = iter(s)
+    next(it)
+    with pytest.raises(ValueError, match="drawn_is_trained=True"):
+        s.state_dict()  # direct iteration is not declared: the sampler cannot see its reader
+    with pytest.raises(ValueError, match="drawn_is_trained must be True or False"):
+        make(AdaptiveBatchSampler, lens, 1, 0, drawn_is_trained=1, **BASE)
+
+
+def test_default_state_dict_is_refused_after_workers_drew_the_last_batch():
+    # Workers prefetch: the sampler hands out its last micro-batch (its pass is done) while
+    # the loop is still behind. Counting that pass as trained would lose the prefetched ones.
+    lens = random_mix(600, seed=24)
+    s = make(AdaptiveBatchSampler, lens, 1, 0, **BASE)
+    loader = DataLoader(IndexDataset(lens), batch_sampler=s, num_workers=2, prefetch_factor=2)
+    it = iter(loader)
+    for _ in range(len(loader) - 3):  # 2 workers x 2 prefetched: the sampler is done
+        next(it)
+    with pytest.raises(ValueError, match="workers"):
+        s.state_dict()
+    del it
+
+
+def test_micro_batches_counts_what_the_loop_received_with_workers():
+    lens = random_mix(600, seed=25)
+    kw = BASE
+    expected = list(make(AdaptiveBatchSampler, lens, 1, 0, **kw))
+    s = make(AdaptiveBatchSampler, lens, 1, 0, **kw)
+    loader = DataLoader(IndexDataset(lens), batch_sampler=s, num_workers=2, collate_fn=list)
+    got = []
+    for mb in s.micro_batches(loader):
+        got.append([int(item[0]) for item in mb.batch])  # IndexDataset: (index, length)
+        if len(got) == 7:  # the workers have drawn more; the loop has received 7
+            state = s.state_dict()
+            break
+    assert state == s.state_dict(micro_batches_done=7)
+    resumed = make(AdaptiveBatchSampler, lens, 1, 0, **kw)
+    resumed.load_state_dict(state)
+    assert got + list(resumed) == expected

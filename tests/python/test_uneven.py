@@ -108,7 +108,7 @@ def test_resume_mid_epoch_replays_the_rest_exactly():
         stop = 5
         drawn = sum(s.micro_batches_in_step(t) for t in range(stop))
         # Between steps the sampler's own count is a step boundary; inside one it is refused.
-        s2 = make(lens, rank=rank, **kw)
+        s2 = make(lens, rank=rank, drawn_is_trained=True, **kw)
         s2.set_epoch(1)
         it = iter(s2)
         for _ in range(drawn):

@@ -5,16 +5,21 @@ padding):
 
 - **The ordinary pattern**: ``accelerator.prepare(model, optimizer, DataLoader(ds,
   batch_sampler=sampler))``. accelerate wraps any batch sampler in its ``BatchSamplerShard``,
-  which keeps every N-th batch on each process; the sampler sees that wrapper and hands it
-  every rank's micro-batches interleaved, so that each process keeps exactly its own.
-  ``prepared_loader.set_epoch(e)`` reaches the sampler. ``dispatch_batches=True`` is refused
-  (it would split process 0's batches evenly). Its position cannot be saved exactly (the
-  prepared loader reads a batch ahead): for resume, use the helper below.
-- **``prepare_data_loader(accelerator, loader)``**: a prepared loader without accelerate's
-  sharding (device placement, ``set_epoch`` and gradient-accumulation bookkeeping as
+  which keeps every N-th batch on each process. Under an ``Accelerator`` of N > 1 processes
+  the sampler's stream therefore holds every rank's micro-batches interleaved (its ``len``
+  counts them all), so that each process keeps exactly its own; the sampler checks, through
+  accelerate's public ``GradientState().active_dataloader``, that this shard is what draws
+  it, and refuses other readers. ``prepared_loader.set_epoch(e)`` reaches the sampler.
+  ``dispatch_batches=True`` is refused (it would split process 0's batches evenly). The
+  prepared loader reads a batch ahead, so ``sampler.state_dict()`` needs a position: pass
+  ``steps_done``, iterate ``sampler.micro_batches(prepared_loader)``, or use the helper below.
+- **``prepare_data_loader(accelerator, loader)``**: an :class:`AdaptiveDataLoader`, a loader
+  accelerate's public ``prepare_data_loader`` made without sharding (device placement, RNG
+  synchronization, ``set_epoch`` and the end-of-loader flag of gradient accumulation as
   accelerate's own), registered for checkpointing, so that ``accelerator.save_state`` and
   ``load_state`` save and restore the sampler's epoch and position exactly, also with
-  DataLoader workers. ``accelerator.prepare`` passes it through unchanged.
+  DataLoader workers. It is not a ``DataLoader``, so ``accelerator.prepare`` returns it
+  unchanged.
 
 Saves go by optimizer steps of the plan (``micro_batches_per_step`` micro-batches each): the
 state is taken at the last step the loop completed. A ``save_state`` inside a step leaves
@@ -32,57 +37,58 @@ from __future__ import annotations
 import warnings
 import weakref
 
-from accelerate.data_loader import DataLoaderShard
+from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard
+from accelerate.data_loader import prepare_data_loader as _accelerate_prepare
 from torch.utils.data import DataLoader
 
 from adaptiveload.sampler import PlannedBatchSampler
 
 __all__ = ["AdaptiveDataLoader", "prepare_data_loader"]
 
-# DataLoader settings carried over to the prepared loader (the sampling ones are ours).
-_LOADER_SETTINGS = (
-    "num_workers",
-    "collate_fn",
-    "pin_memory",
-    "timeout",
-    "worker_init_fn",
-    "multiprocessing_context",
-    "generator",
-    "prefetch_factor",
-    "persistent_workers",
-    "pin_memory_device",
-    "in_order",
-)
 
+class AdaptiveDataLoader:
+    """An AdaptiveLoad batch sampler's loader for accelerate: accelerate's unsharded loader
+    (``self.loader``, a ``DataLoaderShard``) that counts the micro-batches it has handed to
+    the training loop. Its ``state_dict`` is the sampler's state at that count (what
+    ``accelerator.save_state`` stores); its ``load_state_dict`` restores the sampler's epoch
+    and position. Other attributes are the inner loader's."""
 
-class AdaptiveDataLoader(DataLoaderShard):
-    """accelerate's ``DataLoaderShard`` over an AdaptiveLoad batch sampler, unsharded, that
-    counts the micro-batches it has handed to the training loop. Its ``state_dict`` is the
-    sampler's state at that count (what ``accelerator.save_state`` stores); its
-    ``load_state_dict`` restores the sampler's epoch and position."""
-
-    def __init__(self, dataset, accelerator=None, **kwargs):
-        super().__init__(dataset, **kwargs)
-        sampler = self.base_dataloader.batch_sampler
+    def __init__(self, loader, accelerator=None):
+        self.loader = loader
         self._handed = 0
         self._pass_key = None
         self._accelerator = None if accelerator is None else weakref.ref(accelerator)
         self._warned_inside_step = False
-        self.iteration = sampler.epoch
+        loader.iteration = self.adaptive_sampler.epoch
 
     @property
     def adaptive_sampler(self) -> PlannedBatchSampler:
-        return self.base_dataloader.batch_sampler
+        return self.loader.batch_sampler
+
+    @property
+    def batch_sampler(self) -> PlannedBatchSampler:
+        return self.loader.batch_sampler
 
     @property
     def epoch(self) -> int:
         """The sampler's epoch (restored by ``accelerator.load_state``)."""
         return self.adaptive_sampler.epoch
 
+    def __getattr__(self, name):
+        if name == "loader":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
     def __iter__(self):
         sampler = self.adaptive_sampler
         self._handed, self._pass_key = 0, None
-        for batch in super().__iter__():
+        for batch in self.loader:
             if self._pass_key is None:
                 self._pass_key = (sampler.epoch, sampler.start_micro_batch)
             self._handed += 1
@@ -113,7 +119,7 @@ class AdaptiveDataLoader(DataLoaderShard):
     def load_state_dict(self, state: dict) -> None:
         sampler = self.adaptive_sampler
         sampler.load_state_dict(state)
-        self.iteration = sampler.epoch
+        self.loader.iteration = sampler.epoch
         self._handed, self._pass_key = 0, None
         self._align_step_counter()
 
@@ -146,6 +152,8 @@ def prepare_data_loader(
             loader.set_epoch(epoch)             # the resumed epoch keeps its position
             for batch in loader: ...
     """
+    if isinstance(dataloader, (AdaptiveDataLoader, DataLoaderShard, DataLoaderDispatcher)):
+        raise ValueError("prepare_data_loader: this DataLoader was already prepared by accelerate")
     sampler = dataloader.batch_sampler
     if not isinstance(sampler, PlannedBatchSampler):
         raise ValueError(
@@ -161,8 +169,6 @@ def prepare_data_loader(
             "loader), synchronizing at mb.last (docs/sampler.md, 'Uneven micro-batch counts per "
             "rank')."
         )
-    if getattr(dataloader, "_is_accelerate_prepared", False):
-        raise ValueError("prepare_data_loader: this DataLoader was already prepared by accelerate")
     steps = getattr(accelerator, "gradient_accumulation_steps", 1)
     if steps not in (1, sampler.micro_batches_per_step):
         warnings.warn(
@@ -173,16 +179,17 @@ def prepare_data_loader(
         )
     if device_placement is None:
         device_placement = accelerator.device_placement
-    settings = {k: getattr(dataloader, k) for k in _LOADER_SETTINGS if hasattr(dataloader, k)}
-    loader = AdaptiveDataLoader(
-        dataloader.dataset,
-        accelerator=accelerator,
-        batch_sampler=sampler,
-        device=accelerator.device if device_placement else None,
-        _non_blocking=accelerator.non_blocking,
-        **settings,
+    sampler.accelerate_sharding = False  # every process draws its own rank's micro-batches
+    # accelerate's own preparation, for one process: no BatchSamplerShard.
+    inner = _accelerate_prepare(
+        dataloader,
+        accelerator.device if device_placement else None,
+        num_processes=1,
+        process_index=0,
+        put_on_device=device_placement,
+        rng_types=list(accelerator.rng_types),
+        non_blocking=accelerator.non_blocking,
     )
-    loader._is_accelerate_prepared = True
-    accelerator.prepare_data_loader(loader)  # already prepared: only registered as a loader
+    loader = AdaptiveDataLoader(inner, accelerator)
     accelerator.register_for_checkpointing(loader)
     return loader

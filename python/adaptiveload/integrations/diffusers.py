@@ -130,8 +130,9 @@ _PRIOR = "_adaptiveload_prior_checkpointing"
 
 
 def _checkpoint_marked_block(block: nn.Module, *args):
-    """The model's ``_gradient_checkpointing_func``: diffusers calls it for every block when
-    grad is enabled and ``gradient_checkpointing`` is set; it checkpoints the marked ones."""
+    """The model's checkpointing function (``enable_gradient_checkpointing``'s argument):
+    diffusers calls it for every block when grad is enabled and ``gradient_checkpointing`` is
+    set; it checkpoints the marked ones."""
     if getattr(block, _CHECKPOINT_MARK, False):
         return torch.utils.checkpoint.checkpoint(block, *args, use_reentrant=False)
     return block(*args)
@@ -162,19 +163,26 @@ def set_checkpointed_blocks(model: nn.Module, n: int | None) -> nn.Module:
     (``WanTransformer3DModel``, ``HunyuanVideoTransformer3DModel`` (its dual-stream blocks, then
     its single-stream ones), ``LTXVideoTransformer3DModel``), or a module holding one. Call
     it before each micro-batch's forward with that micro-batch's ``n``; a call sets ``L``
-    flags and wraps nothing. The model keeps diffusers' block loop: it sets
-    ``gradient_checkpointing`` and a ``_gradient_checkpointing_func`` that checkpoints the
-    marked blocks, so state dicts, FSDP2 (``fully_shard`` per block) and ``apply_fused_ops``
-    are unaffected, and the model survives ``torch.save``/``torch.load`` and deepcopy.
+    flags and wraps nothing. The model keeps diffusers' block loop: the first call gives
+    diffusers' public ``enable_gradient_checkpointing`` a function that checkpoints the marked
+    blocks, so state dicts, FSDP2 (``fully_shard`` per block) and ``apply_fused_ops`` are
+    unaffected, and the model survives ``torch.save``/``torch.load`` and deepcopy. The policy
+    owns the model's checkpointing until ``n = None``: calling ``enable_gradient_checkpointing``
+    meanwhile replaces it (every block checkpointed).
 
-    ``n = None`` removes the policy and restores the checkpointing setting the model had
-    before the first call. Raises ``ValueError`` for ``n`` outside ``[0, L]``.
+    ``n = None`` removes the policy and restores the model's setting before the first call
+    through diffusers' public switches: its checkpointing of every block (diffusers' default
+    function: a custom one the model had cannot be read back) or none. Raises ``ValueError``
+    for ``n`` outside ``[0, L]``.
     """
     wan, blocks = _checkpointed_model(model)
     if n is None:
-        prior = wan.__dict__.pop(_PRIOR, None)
-        if prior is not None and wan._gradient_checkpointing_func is _checkpoint_marked_block:
-            wan.gradient_checkpointing, wan._gradient_checkpointing_func = prior
+        if _PRIOR in wan.__dict__:
+            # diffusers' public switches: its own checkpointing of every block, or none.
+            if wan.__dict__.pop(_PRIOR):
+                wan.enable_gradient_checkpointing()
+            else:
+                wan.disable_gradient_checkpointing()
         for block in blocks:
             block.__dict__.pop(_CHECKPOINT_MARK, None)
         return model
@@ -186,10 +194,9 @@ def set_checkpointed_blocks(model: nn.Module, n: int | None) -> nn.Module:
         raise ValueError(
             f"set_checkpointed_blocks: n = {n!r} must be an integer in [0, L], L = {len(blocks)}"
         )
-    if wan._gradient_checkpointing_func is not _checkpoint_marked_block:
-        wan.__dict__[_PRIOR] = (wan.gradient_checkpointing, wan._gradient_checkpointing_func)
-        wan._gradient_checkpointing_func = _checkpoint_marked_block
-    wan.gradient_checkpointing = True
+    if _PRIOR not in wan.__dict__ or not wan.gradient_checkpointing:
+        wan.__dict__.setdefault(_PRIOR, bool(wan.gradient_checkpointing))
+        wan.enable_gradient_checkpointing(_checkpoint_marked_block)
     # Plain attributes, set without nn.Module.__setattr__'s parameter/buffer/module checks.
     for i, block in enumerate(blocks):
         block.__dict__[_CHECKPOINT_MARK] = i < count
@@ -203,6 +210,6 @@ def checkpointed_blocks(model: nn.Module) -> int:
     wan, blocks = _checkpointed_model(model)
     if not wan.gradient_checkpointing:
         return 0
-    if wan._gradient_checkpointing_func is not _checkpoint_marked_block:
+    if _PRIOR not in wan.__dict__:
         return len(blocks)
     return sum(bool(getattr(b, _CHECKPOINT_MARK, False)) for b in blocks)

@@ -12,9 +12,10 @@ mechanisms that carry that:
 - ``checks.py``: every argument checked, with the bounds that keep a plan's sums in int64.
 - ``ranks.py``: rank defaults, the tagged collectives, and the per-epoch check that every
   rank plans the same epoch (ranks agree or fail).
-- ``readers.py``: who draws the batches (a DataLoader with workers or accelerate reads ahead,
-  so a position it cannot know is refused instead of guessed; accelerate's sharding of batch
-  samplers is served a stream it shards correctly).
+- ``readers.py``: who draws the batches, known only through public paths: accelerate's
+  prepared loaders (its ``GradientState``), whose ``BatchSamplerShard`` is served a stream it
+  shards correctly; any other reader is invisible, so a position-less ``state_dict()`` needs
+  ``micro_batches(loader)``'s count or ``drawn_is_trained=True``, and is refused otherwise.
 - ``resume.py``: the plan fingerprint and the saved state: a state of the same plan replays
   exactly, of other settings re-plans the samples not yet consumed, of another dataset is
   refused.

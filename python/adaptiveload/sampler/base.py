@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import sys
 import warnings
 from collections.abc import Iterator
 
@@ -28,7 +27,14 @@ from adaptiveload.sampler.checks import (
 )
 from adaptiveload.sampler.plan import MicroBatch, Plan
 from adaptiveload.sampler.ranks import distributed_defaults, verify_same_plan
-from adaptiveload.sampler.readers import Consumer, called_by_torchdata, is_accelerate
+from adaptiveload.sampler.readers import (
+    PLAIN,
+    accelerate_processes,
+    check_shard,
+    check_unsharded,
+    reader_of,
+    unknown_position,
+)
 from adaptiveload.sampler.refine import MAX_KIND_BATCH, MAX_KIND_LEN, Refinement
 
 
@@ -36,8 +42,16 @@ class PlannedBatchSampler(Sampler[list[int]]):
     """Common machinery: validation, per-epoch planning, iteration and resumption. The two
     samplers differ in their planner settings and their compute cap (``_compute_max_cost``)."""
 
-    def __init__(self, seq_lens, max_tokens, *, group_keys, process_group, **settings):
+    def __init__(
+        self, seq_lens, max_tokens, *, group_keys, process_group, drawn_is_trained, **settings
+    ):
         self.seq_lens = as_seq_lens(seq_lens)
+        if not isinstance(drawn_is_trained, bool):
+            raise ValueError(f"drawn_is_trained must be True or False, got {drawn_is_trained!r}")
+        self.drawn_is_trained = drawn_is_trained
+        # None: an Accelerator of several processes deals this sampler's batches through its
+        # BatchSamplerShard; False: each rank draws its own (prepare_data_loader sets it).
+        self.accelerate_sharding: bool | None = None
         settings["num_replicas"], settings["rank"] = distributed_defaults(
             settings["num_replicas"], settings["rank"], process_group
         )
@@ -68,7 +82,8 @@ class PlannedBatchSampler(Sampler[list[int]]):
         self._plan: Plan | None = None
         self._pass = "ready"  # "ready" (no pass begun), "running" or "done"
         self._position = 0  # micro-batches handed out, counted from the plan's start
-        self._consumer = Consumer("direct iteration", False)
+        self._trained: int | None = None  # the same, received by micro_batches()' loop
+        self._reader = PLAIN
         self._resume_pending = False
         self._verified: tuple | None = None
         self._warned_skips = False
@@ -78,10 +93,10 @@ class PlannedBatchSampler(Sampler[list[int]]):
     def _build_table(self) -> None:
         """The C++ sample table of ``self.cost_model``, and the compute cap it gives."""
         memory = () if self.memory_model is None else (
-            self.memory_model._core, self.memory_budget_gib * GIB
+            self.memory_model.native, self.memory_budget_gib * GIB
         )  # fmt: skip
         self._table = _sampler.SampleTable(
-            self.seq_lens, self._group_ids, self.cost_model._core, *memory
+            self.seq_lens, self._group_ids, self.cost_model.native, *memory
         )
         self._max_cost = self._compute_max_cost()
 
@@ -120,7 +135,7 @@ class PlannedBatchSampler(Sampler[list[int]]):
         state = dict(self.__dict__)
         del state["_table"]
         state["_plan"] = None
-        state["_consumer"] = Consumer("direct iteration", False)
+        state["_reader"] = PLAIN
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -352,10 +367,16 @@ class PlannedBatchSampler(Sampler[list[int]]):
 
         The stream is checked against the plan: a loader that draws from another batch
         sampler is refused, and one that ends early or yields more batches than this rank's
-        plan raises ``RuntimeError`` instead of shifting every later step boundary."""
+        plan raises ``RuntimeError`` instead of shifting every later step boundary. A
+        ``state_dict()`` without a position taken in this loop counts the micro-batches it
+        has yielded, whatever the loader read ahead."""
         from adaptiveload.sampler.iteration import micro_batches
 
-        return micro_batches(self, loader)
+        received = 0
+        for mb in micro_batches(self, loader):
+            received += 1
+            self._trained = self._start + received  # the pass began at the first batch
+            yield mb
 
     @property
     def start_micro_batch(self) -> int:
@@ -369,7 +390,8 @@ class PlannedBatchSampler(Sampler[list[int]]):
         return self
 
     def __iter__(self) -> Iterator[list[int]]:
-        consumer = Consumer.of(sys._getframe(1))
+        reader = reader_of(self)
+        check_unsharded(self, reader)
         if self._pass == "done":
             # A new pass over the same epoch: the whole epoch again, as any sampler does.
             if self._warned_repeat != self.epoch:
@@ -383,11 +405,11 @@ class PlannedBatchSampler(Sampler[list[int]]):
             self._excluded, self._start, self._plan = None, 0, None
         plan = self.plan()
         self._verify_ranks()
-        self._consumer = consumer
+        self._reader, self._trained = reader, None
         self._resume_pending = False
         self._pass = "running"
         self._position = self._start
-        if consumer.shard is None:
+        if reader.shard is None:
             return self._iter_rank(plan)
         if self.uneven_counts:
             raise RuntimeError(
@@ -395,7 +417,8 @@ class PlannedBatchSampler(Sampler[list[int]]):
                 "BatchSamplerShard: it deals batch j to process j % num_processes, so ranks "
                 "must take equal counts. Iterate the sampler per rank (a plain DataLoader)."
             )
-        return self._iter_all_ranks(plan, consumer.shard)
+        check_shard(self, reader.shard)
+        return self._iter_all_ranks(plan)
 
     def _iter_rank(self, plan: Plan) -> Iterator[list[int]]:
         end = plan.num_rank_micro_batches(self.rank)
@@ -407,20 +430,10 @@ class PlannedBatchSampler(Sampler[list[int]]):
                 self._pass = "done"
             yield batch.tolist()
 
-    def _iter_all_ranks(self, plan: Plan, shard) -> Iterator[list[int]]:
+    def _iter_all_ranks(self, plan: Plan) -> Iterator[list[int]]:
         """accelerate's ``BatchSamplerShard`` keeps batch ``j`` of its source on process
         ``j % num_processes``: yield every rank's micro-batches interleaved so that each
         process keeps exactly its own."""
-        if getattr(shard, "split_batches", False) or (
-            shard.num_processes,
-            shard.process_index,
-        ) != (self.num_replicas, self.rank):
-            raise RuntimeError(
-                f"{type(self).__name__} (rank {self.rank} of {self.num_replicas}) is sharded by "
-                f"accelerate as process {shard.process_index} of {shard.num_processes}"
-                f"{' with split_batches' if shard.split_batches else ''}: the two must agree. "
-                "Use adaptiveload.integrations.accelerate.prepare_data_loader(accelerator, loader)."
-            )
         k = plan.micro_batches_per_step
         for i in range(self._start, plan.micro_batches_per_rank):
             for r in range(self.num_replicas):
@@ -429,9 +442,12 @@ class PlannedBatchSampler(Sampler[list[int]]):
         self._pass = "done"
 
     def __len__(self) -> int:
-        """Micro-batches of the current pass (from ``start_micro_batch`` to the plan's end)."""
+        """Micro-batches of the current pass (from ``start_micro_batch`` to the plan's end):
+        this rank's, or under an ``Accelerator`` of several processes every rank's, which
+        accelerate's ``BatchSamplerShard`` deals out (unless ``accelerate_sharding`` is
+        False)."""
         remaining = self.plan().num_rank_micro_batches(self.rank) - self._start
-        if is_accelerate(sys._getframe(1).f_locals.get("self"), "BatchSamplerShard"):
+        if self.accelerate_sharding is not False and accelerate_processes() > 1:
             return remaining * self.num_replicas  # see _iter_all_ranks
         return remaining
 
@@ -473,11 +489,13 @@ class PlannedBatchSampler(Sampler[list[int]]):
             micro_batches_done: the same in micro-batches of this rank's stream, for a
                 position inside a step (``steps_done * K + k``).
 
-        Without either: the micro-batches this sampler has handed out. That is exact only
-        when nothing reads ahead of training: direct iteration, a DataLoader without
-        workers, or torchdata's ``StatefulDataLoader`` (which calls this at the right
-        moment). With DataLoader workers or accelerate it is refused (``ValueError``),
-        because prefetched batches would be counted as trained.
+        Without either, the position is one the sampler knows to be exact: the start of a
+        pass not yet begun; inside ``micro_batches(loader)``, the micro-batches that loop
+        has received; with ``drawn_is_trained=True`` (nothing reads ahead of training:
+        direct iteration, a DataLoader without workers, or torchdata's
+        ``StatefulDataLoader``, which calls this at its own draw count), the micro-batches
+        this sampler has handed out. Otherwise it is refused (``ValueError``): DataLoader
+        workers and accelerate read ahead, and prefetched batches would count as trained.
 
         With times learned by ``update_cost_model``, the state holds them under
         ``'learned_costs'``: ``{"active": [[seq_len, batch, ms], ...]`` (the current epoch's),
@@ -491,10 +509,10 @@ class PlannedBatchSampler(Sampler[list[int]]):
         """
         from adaptiveload.sampler.iteration import position_of
 
-        if steps_done is None and micro_batches_done is None:
-            self._refuse_read_ahead(sys._getframe(1))
         plan = self.plan()
-        drawn = self._position if self._pass != "ready" else self._start
+        drawn = self._position
+        if steps_done is None and micro_batches_done is None:
+            drawn = self._known_position()
         position, steps = position_of(
             plan, self.rank, self._start, drawn, steps_done, micro_batches_done, self.uneven_counts
         )
@@ -514,28 +532,15 @@ class PlannedBatchSampler(Sampler[list[int]]):
             state["steps_done"] = steps
         return state
 
-    def _refuse_read_ahead(self, caller) -> None:
-        """A position-less ``state_dict()`` is refused while a consumer that reads ahead of
-        training (a DataLoader with workers) is drawing, unless torchdata asks (``caller``:
-        the frame that called ``state_dict``)."""
-        if (
-            self._pass == "running"
-            and self._consumer.reads_ahead
-            and not called_by_torchdata(caller)
-        ):
-            advice = (
-                ". Pass the steps your loop completed: state_dict(steps_done=N)."
-                if self.uneven_counts
-                else ", so the batches it has handed out "
-                f"({self._position - self._start} this pass) include some training has not "
-                "used. Pass the steps your loop completed: state_dict(steps_done=N); or use "
-                "torchdata's StatefulDataLoader, or "
-                "adaptiveload.integrations.accelerate.prepare_data_loader with accelerate."
-            )
-            raise ValueError(
-                f"state_dict(): this sampler is drawn by {self._consumer.name}, which reads "
-                f"ahead of training{advice}"
-            )
+    def _known_position(self) -> int:
+        """The position of a ``state_dict()`` without one (see there), or ``ValueError``."""
+        if self._pass == "ready":
+            return self._start
+        if self._trained is not None:
+            return self._trained
+        if self.drawn_is_trained and not self._reader.reads_ahead:
+            return self._position
+        raise unknown_position(self._reader, self._position - self._start)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue the epoch of ``state``.

@@ -95,7 +95,9 @@ def as_seq_lens(seq_lens) -> np.ndarray:
 def as_group_ids(group_keys, seq_lens: np.ndarray) -> np.ndarray:
     """Dense int64 ids, numbered in sorted key order, so that the same keys plan alike in
     any container: a 1-D array, tensor or list of keys, or an ``(n, k)`` array, tensor or
-    list of tuples (e.g. ``(frames, height, width)``)."""
+    list of tuples (e.g. ``(frames, height, width)``). The one numbering of group keys:
+    ``Metadata.group_keys`` gives its result, which is returned as it is (dense ids are their
+    own numbering), and the C++ sample table takes it without renumbering."""
     n = len(seq_lens)
     a = to_numpy(group_keys, "group_keys")
     if a.ndim == 0 or len(a) != n:
@@ -103,6 +105,9 @@ def as_group_ids(group_keys, seq_lens: np.ndarray) -> np.ndarray:
         raise ValueError(f"group_keys must have one key per sample ({n}), got {got}")
     if a.ndim > 2:
         raise ValueError(f"group_keys must be 1-D or (n, k), got shape {a.shape}")
+    if a.ndim == 1 and a.dtype.kind in "iu" and n and a.min() >= 0 and a.max() < n:
+        if np.bincount(a, minlength=1).all():  # already dense ids: their own numbering
+            return np.ascontiguousarray(a, dtype=np.int64)
     if a.dtype.kind in "biufUS":
         ids = np.unique(a, axis=0 if a.ndim == 2 else None, return_inverse=True)[1]
         return np.ascontiguousarray(ids.reshape(-1), dtype=np.int64)

@@ -1,70 +1,130 @@
-"""Who draws the batches: whether ``iter(sampler)`` was called by a DataLoader with workers
-or by accelerate (both read ahead of training, so a position-less ``state_dict()`` would
-count batches training has not used), and accelerate's ``BatchSamplerShard`` (which keeps
-batch ``j`` on process ``j % num_processes``, so it must be served every rank's batches).
+"""Who draws a sampler's batches, known only through public, documented paths.
 
-Known by the calling frame: a plain ``accelerator.prepare(loader)`` gives the sampler no
-other sign that it is being sharded, and a wrong guess loses samples."""
+- accelerate's prepared loaders announce themselves while they iterate: a ``DataLoaderShard``
+  or ``DataLoaderDispatcher`` is ``GradientState().active_dataloader`` from the start of its
+  ``__iter__`` until its end. When that loader's ``batch_sampler`` is the sampler, or
+  accelerate's ``BatchSamplerShard`` around it, the sampler knows it reads one batch ahead
+  and whether it must deal every rank's micro-batches (the shard keeps batch ``j`` on
+  process ``j % num_processes``).
+- Any other reader (direct iteration, a torch DataLoader, torchdata's StatefulDataLoader) is
+  invisible to the sampler. Whether it reads ahead of training is declared by the sampler's
+  ``drawn_is_trained``, or made moot by ``sampler.micro_batches(loader)``, which counts the
+  batches the loop received.
+
+Nothing here inspects the caller's stack or another library's private attributes."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 
-def is_accelerate(obj, qualname: str) -> bool:
-    """Whether ``obj`` is an instance of accelerate's class ``qualname``."""
-    kind = type(obj)
-    return kind.__module__.startswith("accelerate.") and kind.__qualname__ == qualname
-
-
-@dataclass
-class Consumer:
-    """Who called ``iter(sampler)``: a name for messages, whether it reads batches ahead of
-    the training loop, and accelerate's ``BatchSamplerShard`` when that is the caller."""
+@dataclass(frozen=True)
+class Reader:
+    """Who iterates the current pass: a name for messages, whether it is known to read
+    batches ahead of training, and accelerate's ``BatchSamplerShard`` when that deals them."""
 
     name: str
     reads_ahead: bool
     shard: object | None = None
 
-    @staticmethod
-    def of(frame) -> Consumer:
-        caller = frame.f_locals.get("self") if frame is not None else None
-        if is_accelerate(caller, "BatchSamplerShard"):
-            return Consumer("accelerate's BatchSamplerShard", True, caller)
-        # accelerate wrappers further up the stack (device placement reads one batch ahead;
-        # the dispatcher iterates on process 0 only and splits batches evenly).
-        up = frame
-        for _ in range(12):
-            if up is None:
-                break
-            obj = up.f_locals.get("self")
-            if is_accelerate(obj, "DataLoaderDispatcher"):
-                raise RuntimeError(
-                    "AdaptiveBatchSampler under accelerate with dispatch_batches=True: accelerate "
-                    "would iterate it on process 0 only and split those batches evenly across "
-                    "processes, losing the other ranks' samples. Use "
-                    "adaptiveload.integrations.accelerate.prepare_data_loader(accelerator, loader) "
-                    "(or DataLoaderConfiguration(dispatch_batches=False))."
-                )
-            if type(obj).__module__.startswith("accelerate."):
-                return Consumer("an accelerate DataLoader (it reads one batch ahead)", True)
-            up = up.f_back
-        workers = getattr(caller, "_num_workers", None)
-        module = type(caller).__module__
-        if workers is not None and module.startswith(("torch.utils.data", "torchdata.")):
-            if workers > 0:
-                prefetch = getattr(caller, "_prefetch_factor", 2) or 2
-                return Consumer(
-                    f"a DataLoader with {workers} workers (it prefetches up to "
-                    f"{prefetch * workers} batches)",
-                    True,
-                )
-            return Consumer("a DataLoader without workers", False)
-        return Consumer("direct iteration", False)
+
+PLAIN = Reader("a reader the sampler cannot see (direct iteration or a DataLoader)", False)
 
 
-def called_by_torchdata(frame) -> bool:
-    """torchdata's StatefulDataLoader snapshots ``state_dict()`` exactly when the sampler
-    has handed out as many batches as the loader will have yielded at that snapshot."""
-    name = frame.f_globals.get("__name__", "") if frame is not None else ""
-    return name.startswith("torchdata.stateful_dataloader")
+def _accelerator_running() -> bool:
+    """Whether an ``Accelerator`` is initialized in this process (accelerate not imported:
+    none is)."""
+    if "accelerate" not in sys.modules:
+        return False
+    from accelerate.state import is_initialized
+
+    return is_initialized()
+
+
+def accelerate_processes() -> int:
+    """The number of processes of this process's ``Accelerator``, or 1 without one."""
+    if not _accelerator_running():
+        return 1
+    from accelerate.state import PartialState
+
+    return PartialState().num_processes
+
+
+def reader_of(sampler) -> Reader:
+    """The reader of a pass that starts now (called from ``sampler.__iter__``). Raises
+    ``RuntimeError`` for accelerate's dispatcher, which would iterate the sampler on process 0
+    only and split those batches evenly across processes, losing the other ranks' samples."""
+    if not _accelerator_running():
+        return PLAIN
+    from accelerate.data_loader import BatchSamplerShard, DataLoaderDispatcher
+    from accelerate.state import GradientState
+
+    active = GradientState().active_dataloader
+    source = getattr(active, "batch_sampler", None)
+    if source is not sampler and getattr(source, "batch_sampler", None) is not sampler:
+        return PLAIN
+    if isinstance(active, DataLoaderDispatcher):
+        raise RuntimeError(
+            f"{type(sampler).__name__} under accelerate with dispatch_batches=True: accelerate "
+            "would iterate it on process 0 only and split those batches evenly across "
+            "processes, losing the other ranks' samples. Use "
+            "adaptiveload.integrations.accelerate.prepare_data_loader(accelerator, loader) "
+            "(or DataLoaderConfiguration(dispatch_batches=False))."
+        )
+    if isinstance(source, BatchSamplerShard):
+        return Reader("accelerate's BatchSamplerShard (its loader reads one batch ahead)", True,
+                      source)  # fmt: skip
+    return Reader("an accelerate DataLoader (it reads one batch ahead)", True)
+
+
+def check_shard(sampler, shard) -> None:
+    """accelerate's shard must deal to the sampler's ranks, whole batches each."""
+    if shard.split_batches or (shard.num_processes, shard.process_index) != (
+        sampler.num_replicas,
+        sampler.rank,
+    ):
+        raise RuntimeError(
+            f"{type(sampler).__name__} (rank {sampler.rank} of {sampler.num_replicas}) is "
+            f"sharded by accelerate as process {shard.process_index} of {shard.num_processes}"
+            f"{' with split_batches' if shard.split_batches else ''}: the two must agree. "
+            "Use adaptiveload.integrations.accelerate.prepare_data_loader(accelerator, loader)."
+        )
+
+
+def check_unsharded(sampler, reader: Reader) -> None:
+    """Under an ``Accelerator`` of several processes, ``len(sampler)`` counts every rank's
+    micro-batches (what accelerate's shard deals from), so a pass must be dealt by that
+    shard unless the sampler was told otherwise (``accelerate_sharding = False``, which
+    ``prepare_data_loader`` sets)."""
+    if reader.shard is not None or sampler.accelerate_sharding is False:
+        return
+    processes = accelerate_processes()
+    if processes > 1:
+        raise RuntimeError(
+            f"{type(sampler).__name__} under an Accelerator of {processes} processes is drawn "
+            f"by {reader.name}, not by a loader accelerate prepared: its length counts every "
+            "rank's micro-batches, which accelerate's BatchSamplerShard deals out. Prepare the "
+            "DataLoader (accelerator.prepare(loader), or adaptiveload.integrations.accelerate."
+            "prepare_data_loader(accelerator, loader) for exact resumption), or set "
+            "sampler.accelerate_sharding = False to draw this rank's micro-batches yourself."
+        )
+
+
+def unknown_position(reader: Reader, handed: int) -> ValueError:
+    """The refusal of a ``state_dict()`` without a position the sampler knows to be exact;
+    ``handed``: the micro-batches it has handed out this pass."""
+    why = (
+        f"{reader.name} reads ahead of training"
+        if reader.reads_ahead
+        else f"it is drawn by {reader.name}, and DataLoader workers read ahead"
+    )
+    return ValueError(
+        f"state_dict(): the {handed} micro-batches this sampler has handed out this pass may "
+        f"include some training has not used: {why}. Pass the steps your loop completed, "
+        "state_dict(steps_done=N); or draw through sampler.micro_batches(loader), which "
+        "counts what the loop received; or, when nothing reads ahead (direct iteration, a "
+        "DataLoader without workers, torchdata's StatefulDataLoader), make the sampler with "
+        "drawn_is_trained=True. With accelerate: "
+        "adaptiveload.integrations.accelerate.prepare_data_loader."
+    )

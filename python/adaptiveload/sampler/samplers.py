@@ -88,6 +88,12 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
             steps. FSDP2 only with parameters kept unsharded within a step
             (``reshard_after_forward=False``), since its all-gathers run per forward:
             docs/sampler.md, "Uneven micro-batch counts per rank".
+        drawn_is_trained: declare that nothing reads this sampler's batches ahead of
+            training (direct iteration, a DataLoader without workers, torchdata's
+            ``StatefulDataLoader``), so that ``state_dict()`` without a position may count
+            the micro-batches handed out as trained. Default False: such a ``state_dict()``
+            inside a pass is refused unless ``micro_batches(loader)`` counted the loop's
+            batches (docs/sampler.md, "Resuming").
 
     ``record_time`` and ``update_cost_model`` refine the cost model with measured times,
     epoch after epoch (docs/sampler.md, "Online refinement").
@@ -117,6 +123,7 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
         memory_budget_gib: float | None = None,
         uneven_counts: bool = False,
         mix_tolerance: float = MIX_TOLERANCE,
+        drawn_is_trained: bool = False,
     ):
         super().__init__(
             seq_lens,
@@ -127,6 +134,7 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
             num_replicas=num_replicas,
             rank=rank,
             process_group=process_group,
+            drawn_is_trained=drawn_is_trained,
             micro_batches_per_step=micro_batches_per_step,
             shuffle=shuffle,
             seed=seed,
@@ -178,6 +186,7 @@ class EqualTokenBatchSampler(PlannedBatchSampler):
         process_group=None,
         verify_ranks: bool = True,
         max_batch_size: int | None = None,
+        drawn_is_trained: bool = False,
     ):
         super().__init__(
             seq_lens,
@@ -188,6 +197,7 @@ class EqualTokenBatchSampler(PlannedBatchSampler):
             num_replicas=num_replicas,
             rank=rank,
             process_group=process_group,
+            drawn_is_trained=drawn_is_trained,
             micro_batches_per_step=micro_batches_per_step,
             shuffle=shuffle,
             seed=seed,
