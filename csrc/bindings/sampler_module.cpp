@@ -52,11 +52,16 @@ struct BoundLayout {
     return {num_replicas, micro_batches_per_step, num_steps,
             rank_offsets.empty() ? nullptr : rank_offsets.data()};
   }
-  void check(int64_t step, int64_t rank) const {
-    if (step < 0 || step >= num_steps || rank < 0 || rank >= num_replicas)
-      throw py::index_error("step " + std::to_string(step) + " or rank " + std::to_string(rank) +
-                            " out of range (" + std::to_string(num_steps) + " steps, " +
+  void check_rank(int64_t rank) const {
+    if (rank < 0 || rank >= num_replicas)
+      throw py::index_error("rank " + std::to_string(rank) + " out of range (" +
                             std::to_string(num_replicas) + " ranks)");
+  }
+  void check(int64_t step, int64_t rank) const {
+    check_rank(rank);
+    if (step < 0 || step >= num_steps)
+      throw py::index_error("step " + std::to_string(step) + " out of range (" +
+                            std::to_string(num_steps) + " steps)");
   }
   template <typename T>
   py::array_t<T> rank_sums(const py::array_t<T, py::array::c_style>& values) const {
@@ -309,8 +314,7 @@ PYBIND11_MODULE(_sampler, m) {
       .def(
           "rank_step_starts",
           [](const BoundLayout& b, int64_t rank) {
-            if (rank < 0 || rank >= b.num_replicas)
-              throw py::index_error("rank " + std::to_string(rank) + " out of range");
+            b.check_rank(rank);
             return to_numpy(b.get().rank_step_starts(rank));
           },
           py::arg("rank"))
