@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from adaptiveload.sampler.checks import as_group_ids
 from adaptiveload.wan import wan_seq_len
 
 SHAPE_COLUMNS = ("num_frames", "height", "width")
@@ -44,8 +45,6 @@ class Metadata:
         they then take as they are."""
         if self.shapes is None:
             return None
-        from adaptiveload.sampler.checks import as_group_ids
-
         return as_group_ids(self.shapes, self.seq_lens)
 
 

@@ -50,6 +50,14 @@ OWN_PRIVATE = {
 }
 
 
+def private_module(name: str) -> bool:
+    """Whether ``name`` is an underscored module of another package (``__future__`` is not)."""
+    parts = name.split(".")
+    return parts[0] != "adaptiveload" and any(
+        p.startswith("_") and not p.startswith("__") for p in parts
+    )
+
+
 def private_uses(tree, rel):
     """Each reach into a private name from ``rel``: attributes ``x._name`` on anything but
     ``self``/``cls`` (dunders aside), ``_name=`` keyword arguments, imports from underscored
@@ -67,16 +75,11 @@ def private_uses(tree, rel):
         elif isinstance(node, ast.keyword) and node.arg and node.arg.startswith("_"):
             found.append(f"{rel}:{node.lineno} keyword {node.arg}=")
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            parts = node.module.split(".")
-            private = any(p.startswith("_") and not p.startswith("__") for p in parts)
-            if parts[0] != "adaptiveload" and private:
+            if private_module(node.module):
                 found.append(f"{rel}:{node.lineno} from {node.module}")
         elif isinstance(node, ast.Import):
-            for alias in node.names:
-                parts = alias.name.split(".")
-                private = any(p.startswith("_") and not p.startswith("__") for p in parts)
-                if parts[0] != "adaptiveload" and private:
-                    found.append(f"{rel}:{node.lineno} import {alias.name}")
+            found += [f"{rel}:{node.lineno} import {a.name}" for a in node.names
+                      if private_module(a.name)]  # fmt: skip
     return found
 
 

@@ -66,24 +66,18 @@ class AdaptiveDataLoader:
         return self.loader.batch_sampler
 
     @property
-    def batch_sampler(self) -> PlannedBatchSampler:
-        return self.loader.batch_sampler
-
-    @property
     def epoch(self) -> int:
         """The sampler's epoch (restored by ``accelerator.load_state``)."""
         return self.adaptive_sampler.epoch
 
     def __getattr__(self, name):
+        """The inner loader's attributes (``batch_sampler``, ``set_epoch``, ``device``...)."""
         if name == "loader":  # not set yet (unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.loader, name)
 
     def __len__(self) -> int:
         return len(self.loader)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.loader.set_epoch(epoch)
 
     def __iter__(self):
         sampler = self.adaptive_sampler

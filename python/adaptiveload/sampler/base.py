@@ -20,6 +20,7 @@ from adaptiveload.sampler import resume
 from adaptiveload.sampler.checks import (
     as_group_ids,
     as_seq_lens,
+    bool_arg,
     check_options,
     int_arg,
     positive_number,
@@ -46,9 +47,7 @@ class PlannedBatchSampler(Sampler[list[int]]):
         self, seq_lens, max_tokens, *, group_keys, process_group, drawn_is_trained, **settings
     ):
         self.seq_lens = as_seq_lens(seq_lens)
-        if not isinstance(drawn_is_trained, bool):
-            raise ValueError(f"drawn_is_trained must be True or False, got {drawn_is_trained!r}")
-        self.drawn_is_trained = drawn_is_trained
+        self.drawn_is_trained = bool_arg("drawn_is_trained", drawn_is_trained)
         # None: an Accelerator of several processes deals this sampler's batches through its
         # BatchSamplerShard; False: each rank draws its own (prepare_data_loader sets it).
         self.accelerate_sharding: bool | None = None
