@@ -109,7 +109,8 @@ def host_overhead() -> list[str]:
         f"{provenance(rows, 'python benchmarks/bench_host_overhead.py')}. A (1, 4, 64) float32 "
         "tensor, inputs that require grad; the median over rounds of the mean of 2,000 "
         "back-to-back calls (the GPU waits on the host). Targets: forward <= 20 us, "
-        'forward+backward <= 120 us. "this build" and "previous build" ran in one call; runs '
+        'forward+backward <= 120 us. "this build" and "previous build" ran in one call, and so '
+        "did 4f745fc and fa7ed1f (readers through public paths, and the commit before them); runs "
         "on this machine vary by several us (F.layer_norm alone, forward: 13.5-20.4 us over the "
         "day's runs).",
         "",
