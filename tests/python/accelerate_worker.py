@@ -149,6 +149,12 @@ def main(scenario, out_dir):
         out["plan"][0] = [
             b.tolist() for b in plain.plan().rank_micro_batches(accelerator.process_index)
         ]
+        # Declared per rank, then sharded by accelerate after all: refused. Last, since the
+        # refused loader stays accelerate's active one (its iteration never ended).
+        try:
+            next(iter(accelerator.prepare(loader_of(plain, 0))))
+        except RuntimeError as e:
+            out["refused_sharded"] = str(e)
     elif scenario in ("save", "resume"):
         # Epoch 1, stopped after 5 micro-batches (inside step 3 with K = 2), then resumed
         # by new processes through accelerator.save_state / load_state.

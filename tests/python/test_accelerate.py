@@ -86,6 +86,7 @@ def test_readers_accelerate_did_not_prepare_are_refused_or_declared(tmp_path):
         assert r["passthrough"], "accelerator.prepare wrapped prepare_data_loader's loader"
         assert "not by a loader accelerate prepared" in r["refused"]
         assert "accelerate_sharding = False" in r["refused"]
+        assert "but accelerate's BatchSamplerShard draws it" in r["refused_sharded"]
         assert r["len_sharded"] == 2 * r["len_own"] == 2 * len(r["plan"]["0"])
         assert r["epochs"]["0"] == r["plan"]["0"]
     flat = [i for r in per_rank for b in r["epochs"]["0"] for i in b]

@@ -11,7 +11,10 @@
   ``drawn_is_trained``, or made moot by ``sampler.micro_batches(loader)``, which counts the
   batches the loop received.
 
-Nothing here inspects the caller's stack or another library's private attributes."""
+Nothing here inspects the caller's stack or another library's private attributes. The limit
+of that: a prepared loader whose iteration was left unfinished (a ``break``, an error) stays
+accelerate's active loader until it is iterated again, so a different reader that starts a
+pass over the same sampler before then is taken for that loader."""
 
 from __future__ import annotations
 
@@ -96,8 +99,18 @@ def check_unsharded(sampler, reader: Reader) -> None:
     """Under an ``Accelerator`` of several processes, ``len(sampler)`` counts every rank's
     micro-batches (what accelerate's shard deals from), so a pass must be dealt by that
     shard unless the sampler was told otherwise (``accelerate_sharding = False``, which
-    ``prepare_data_loader`` sets)."""
-    if reader.shard is not None or sampler.accelerate_sharding is False:
+    ``prepare_data_loader`` sets), and a sampler told so must not be dealt by it."""
+    if reader.shard is not None:
+        if sampler.accelerate_sharding is False:
+            raise RuntimeError(
+                f"{type(sampler).__name__} has accelerate_sharding = False (each rank draws its "
+                "own micro-batches, and len() counts only those), but accelerate's "
+                "BatchSamplerShard draws it: accelerator.prepare wrapped its DataLoader (or the "
+                "loader prepare_data_loader was given). Leave accelerate_sharding unset for "
+                "accelerator.prepare, or iterate the loader prepare_data_loader returned."
+            )
+        return
+    if sampler.accelerate_sharding is False:
         return
     processes = accelerate_processes()
     if processes > 1:
