@@ -132,6 +132,21 @@ def main(scenario, out_dir):
             out["plan"][epoch] = [
                 b.tolist() for b in sampler.plan().rank_micro_batches(accelerator.process_index)
             ]
+    elif scenario == "midstep_save":
+        # A sampler resumed inside step 5 (micro-batch 21 of K_TRAIN = 4), prepared, one
+        # micro-batch drawn (step 5 not complete), then saved and resumed again.
+        first = AdaptiveBatchSampler(lengths(), 151200, micro_batches_per_step=K_TRAIN, seed=7)
+        resumed = AdaptiveBatchSampler(lengths(), 151200, micro_batches_per_step=K_TRAIN, seed=7)
+        resumed.load_state_dict(first.state_dict(micro_batches_done=21))
+        loader = prepare_data_loader(accelerator, loader_of(resumed, 0))
+        loader.set_epoch(0)
+        for b in loader:
+            out["drawn"] = b.tolist()
+            break
+        try:
+            out["saved_at"] = loader.state_dict()["micro_batches_done"]
+        except ValueError as e:
+            out["error"] = str(e)
     elif scenario == "readers":
         # The helper's loader passes accelerator.prepare unchanged; a DataLoader accelerate
         # did not prepare is refused under several processes, unless each rank draws its own.

@@ -80,6 +80,14 @@ def test_save_state_and_load_state_resume_exactly(tmp_path, nproc):
         assert b["epochs"]["2"] == b["plan"]["2"]
 
 
+def test_save_after_a_resume_inside_a_step_keeps_the_resumed_position(tmp_path):
+    # The step the sampler was resumed inside is not complete: the state is the resumed
+    # position itself (micro-batch 21), not that step's start, which is before it.
+    (r,) = results("midstep_save", tmp_path, 1)
+    assert "error" not in r, r.get("error")
+    assert r["saved_at"] == 21
+
+
 def test_readers_accelerate_did_not_prepare_are_refused_or_declared(tmp_path):
     per_rank = results("readers", tmp_path, 2)
     for r in per_rank:

@@ -107,7 +107,8 @@ def test_resume_mid_epoch_replays_the_rest_exactly():
         full = list(s)
         stop = 5
         drawn = sum(s.micro_batches_in_step(t) for t in range(stop))
-        # Between steps the sampler's own count is a step boundary; inside one it is refused.
+        # Between steps the sampler's own count is a step boundary; inside one it is this
+        # rank's own place in the step (test_resume_labels.py).
         s2 = make(lens, rank=rank, drawn_is_trained=True, **kw)
         s2.set_epoch(1)
         it = iter(s2)
@@ -117,8 +118,13 @@ def test_resume_mid_epoch_replays_the_rest_exactly():
         assert state == s.state_dict(steps_done=stop) and state["steps_done"] == stop
         next(it)
         if s2.micro_batches_in_step(stop) > 1:
-            with pytest.raises(ValueError, match="inside step"):
-                s2.state_dict()
+            inside = s2.state_dict()
+            assert inside["steps_done"] == stop
+            assert inside["in_step"] == {"rank": rank, "micro_batches": 1}
+            mid = make(lens, rank=rank, **kw)
+            mid.load_state_dict(inside)
+            mid.set_epoch(1)
+            assert [list(b) for b in mid] == full[drawn + 1 :]
         with pytest.raises(ValueError, match="pass steps_done"):
             s2.state_dict(micro_batches_done=3)
         resumed = make(lens, rank=rank, **kw)

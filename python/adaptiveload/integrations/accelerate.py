@@ -97,13 +97,16 @@ class AdaptiveDataLoader:
         if self._pass_key != (sampler.epoch, start):
             return sampler.state_dict(micro_batches_done=start)
         handed = start + self._handed
-        done = handed - handed % k
+        # A pass resumed inside a step cannot go back before its start: the state of a step
+        # begun there and not complete is the resumed position itself.
+        done = max(handed - handed % k, start)
         if done != handed and not self._warned_inside_step:
             self._warned_inside_step = True
+            where = "that step's start" if done % k == 0 else "the position resumed inside it"
             warnings.warn(
                 f"save_state inside optimizer step {handed // k} of the plan ({handed % k} of its "
-                f"{k} micro-batches drawn): the state resumes at that step's start, so these "
-                "micro-batches are trained again after a resume (the gradients they accumulated "
+                f"{k} micro-batches drawn): the state resumes at {where}, so the micro-batches "
+                "drawn since are trained again after a resume (the gradients they accumulated "
                 "are not in the checkpoint). Save after a step's last micro-batch "
                 "(accelerator.sync_gradients) to resume without repeating them.",
                 stacklevel=2,

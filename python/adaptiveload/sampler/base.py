@@ -335,10 +335,9 @@ class PlannedBatchSampler(Sampler[list[int]]):
     def start_step(self) -> int:
         """The optimizer step of the current plan at which iteration starts (non-zero after a
         resume that replays the interrupted plan)."""
-        if self.uneven_counts:
-            starts = self.plan().rank_step_starts(self.rank)
-            return int(np.searchsorted(starts, self._start, side="left"))
-        return self._start // self.micro_batches_per_step
+        from adaptiveload.sampler.iteration import place_of
+
+        return place_of(self.plan(), self.rank, self._start)[0]
 
     def micro_batches_in_step(self, step: int) -> int:
         """Micro-batches this rank draws in ``step`` of the current plan: K, or with
@@ -353,10 +352,14 @@ class PlannedBatchSampler(Sampler[list[int]]):
     def steps(self) -> Iterator[tuple[int, int]]:
         """``(step, micro-batches of this rank in it)`` for the steps of the current pass, from
         ``start_step``: the batches the loader yields, step by step (docs/sampler.md,
-        "Uneven micro-batch counts per rank")."""
+        "Uneven micro-batch counts per rank"). After a resume inside a step, the first count is
+        what is left of that step."""
+        from adaptiveload.sampler.iteration import place_of
+
         plan = self.plan()
-        for step in range(self.start_step, plan.num_steps):
-            yield step, plan.micro_batches_in_step(step, self.rank)
+        first, done = place_of(plan, self.rank, self._start)
+        for step in range(first, plan.num_steps):
+            yield step, plan.micro_batches_in_step(step, self.rank) - (done if step == first else 0)
 
     def micro_batches(self, loader) -> Iterator[MicroBatch]:
         """Each batch of ``loader`` (a DataLoader over this sampler, or what accelerate made
@@ -502,9 +505,12 @@ class PlannedBatchSampler(Sampler[list[int]]):
         which give the next epoch's).
 
         With ``uneven_counts`` positions go by steps, since the ranks' micro-batch counts
-        differ: ``micro_batches_done`` is refused, and without arguments the sampler must
-        have handed out exactly this rank's micro-batches of whole steps. The state then
-        holds ``'steps_done'`` (and ``'micro_batches_done' = steps_done * K``).
+        differ: ``micro_batches_done`` is refused, and the state holds ``'steps_done'`` (and
+        ``'micro_batches_done' = steps_done * K``). A position without arguments inside a
+        step (StatefulDataLoader's draws, a save inside ``micro_batches``) also holds
+        ``'in_step': {"rank": r, "micro_batches": j}``, this rank's micro-batches done in
+        step ``steps_done``: each rank is at its own place there, so such a state resumes the
+        same plan on rank ``r`` only.
         """
         from adaptiveload.sampler.iteration import position_of
 
@@ -512,7 +518,7 @@ class PlannedBatchSampler(Sampler[list[int]]):
         drawn = self._position
         if steps_done is None and micro_batches_done is None:
             drawn = self._known_position()
-        position, steps = position_of(
+        position, steps, in_step = position_of(
             plan, self.rank, self._start, drawn, steps_done, micro_batches_done, self.uneven_counts
         )
         if steps is None:
@@ -529,16 +535,20 @@ class PlannedBatchSampler(Sampler[list[int]]):
         )
         if steps is not None:
             state["steps_done"] = steps
+        if in_step:
+            state["in_step"] = {"rank": self.rank, "micro_batches": in_step}
         return state
 
     def _known_position(self) -> int:
         """The position of a ``state_dict()`` without one (see there), or ``ValueError``."""
         if self._pass == "ready":
             return self._start
+        if self.drawn_is_trained and not self._reader.reads_ahead:
+            # Declared: what was drawn was trained. StatefulDataLoader's workers take states
+            # at its draw count, also inside micro_batches(), which counts the loop's batches.
+            return self._position
         if self._trained is not None:
             return self._trained
-        if self.drawn_is_trained and not self._reader.reads_ahead:
-            return self._position
         raise unknown_position(self._reader, self._position - self._start)
 
     def load_state_dict(self, state: dict) -> None:

@@ -29,9 +29,10 @@ def micro_batches(sampler, loader) -> Iterator[MicroBatch]:
     first = next(it, end)  # starts the sampler's pass (a resume, or the epoch again)
     plan, rank = sampler.plan(), sampler.rank
     tokens, samples = plan.step_tokens(), plan.step_samples()
-    for step in range(sampler.start_step, plan.num_steps):
+    first_step, done = place_of(plan, rank, sampler.start_micro_batch)
+    for step in range(first_step, plan.num_steps):
         count = plan.micro_batches_in_step(step, rank)
-        for k in range(count):
+        for k in range(done if step == first_step else 0, count):
             batch, first = (first, end) if first is not end else (next(it, end), end)
             if batch is end:
                 raise RuntimeError(
@@ -48,6 +49,15 @@ def micro_batches(sampler, loader) -> Iterator[MicroBatch]:
         )
 
 
+def place_of(plan: Plan, rank: int, position: int) -> tuple[int, int]:
+    """Where ``position`` of ``rank``'s stream is: ``(step, micro-batches of it done)``; the
+    end of the stream is ``(num_steps, 0)``."""
+    starts = plan.rank_step_starts(rank)
+    step = int(np.searchsorted(starts, position, side="right")) - 1
+    step = min(step, plan.num_steps)
+    return step, int(position - starts[step])
+
+
 def _before_start(name: str, value, start_step: int, start: int | None) -> ValueError:
     at = f"step {start_step}" + ("" if start is None else f", micro-batch {start}")
     return ValueError(
@@ -57,37 +67,36 @@ def _before_start(name: str, value, start_step: int, start: int | None) -> Value
 
 
 def _position_by_steps(plan: Plan, rank: int, start: int, drawn: int, steps_done, mbd):
-    """``position_of`` with uneven counts: positions go by steps."""
+    """``position_of`` with uneven counts: positions go by steps, and a known position inside
+    a step is this rank's own (``in_step``)."""
     if mbd is not None:
         raise ValueError(
             "state_dict: with uneven_counts the ranks' micro-batch counts differ, so "
             "positions go by steps: pass steps_done"
         )
-    starts = plan.rank_step_starts(rank)
+    start_step, start_done = place_of(plan, rank, start)
     if steps_done is not None:
-        steps = int_arg("steps_done", steps_done, 0)
-    else:
-        steps = int(np.searchsorted(starts, drawn, side="left"))
-        if steps > plan.num_steps or starts[steps] != drawn:
+        steps, in_step = int_arg("steps_done", steps_done, 0), 0
+        if steps < start_step or (steps == start_step and start_done):
+            # A resume inside step `start_step` cannot save that step's start: the state
+            # would train again what the resumed position left behind.
+            raise _before_start("steps_done", steps, start_step, start if start_done else None)
+        if steps > plan.num_steps:
             raise ValueError(
-                f"state_dict(): this rank has drawn {drawn} micro-batches, inside step "
-                f"{steps - 1}; with uneven_counts a state is taken between steps: pass "
-                "steps_done"
+                f"steps_done must be in [0, {plan.num_steps}] for this plan, got {steps}"
             )
-    start_step = int(np.searchsorted(starts, start, side="left"))
-    if steps < start_step:
-        raise _before_start("steps_done", steps, start_step, None)
-    if steps > plan.num_steps:
-        raise ValueError(f"steps_done must be in [0, {plan.num_steps}] for this plan, got {steps}")
-    return steps * plan.micro_batches_per_step, steps
+    else:
+        steps, in_step = place_of(plan, rank, drawn)
+    return steps * plan.micro_batches_per_step, steps, in_step
 
 
 def position_of(
     plan: Plan, rank: int, start: int, drawn: int, steps_done, mbd, uneven: bool
-) -> tuple[int, int | None]:
-    """The position of a state: ``(micro-batches done, steps done)``, the steps only with
-    uneven counts. ``start``: where this pass began in the rank's stream; ``drawn``: where it
-    is (the position without ``steps_done`` or ``mbd``, micro_batches_done)."""
+) -> tuple[int, int | None, int]:
+    """The position of a state: ``(micro-batches done, steps done, this rank's micro-batches
+    done inside the next step)``, the last two only with uneven counts (else None and 0).
+    ``start``: where this pass began in the rank's stream; ``drawn``: where it is (the
+    position without ``steps_done`` or ``mbd``, micro_batches_done)."""
     if uneven:
         return _position_by_steps(plan, rank, start, drawn, steps_done, mbd)
     end, k = plan.micro_batches_per_rank, plan.micro_batches_per_step
@@ -105,4 +114,4 @@ def position_of(
         raise _before_start(name, value, start // k, start)
     if position > end:
         raise ValueError(f"{name} must be in [0, {end // unit}] for this plan, got {value!r}")
-    return position, None
+    return position, None, 0

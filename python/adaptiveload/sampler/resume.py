@@ -134,6 +134,7 @@ class Saved:
     excluded: np.ndarray
     consumed: np.ndarray
     steps: int  # -1 where the state has no 'steps_done'
+    in_step: tuple[int, int] | None = None  # (rank, its micro-batches done in step `steps`)
 
 
 def read_state(state: dict, mine: dict, data: str, n: int) -> Saved:
@@ -169,7 +170,23 @@ def read_state(state: dict, mine: dict, data: str, n: int) -> Saved:
             f"holds {int(consumed.sum())} samples"
         )
     steps = _count(state, "steps_done") if "steps_done" in state else -1
-    return Saved(saved, epoch, position, excluded, consumed, steps)
+    return Saved(saved, epoch, position, excluded, consumed, steps, _in_step(state, steps))
+
+
+def _in_step(state: dict, steps: int) -> tuple[int, int] | None:
+    """A state's ``'in_step'`` (uneven counts, taken inside a step) as ``(rank, done)``."""
+    if "in_step" not in state:
+        return None
+    v = state["in_step"]
+    if not isinstance(v, dict) or set(v) != {"rank", "micro_batches"} or steps < 0:
+        raise ValueError(
+            "sampler state: 'in_step' must be {'rank': r, 'micro_batches': j} beside "
+            f"'steps_done', got {v!r}"
+        )
+    rank, done = _count(v, "rank"), _count(v, "micro_batches")
+    if done < 1:
+        raise ValueError(f"sampler state: 'in_step' micro_batches must be >= 1, got {done}")
+    return rank, done
 
 
 def continue_at(
@@ -183,22 +200,27 @@ def continue_at(
     uneven counts from the saved step, at this rank's place in it); other settings plan the
     samples not yet consumed."""
     excluded = saved.excluded if saved.excluded.any() else None
+    if saved.in_step is not None:
+        _check_in_step(saved, mine, rank)
     if saved.fingerprint != mine:
         return (saved.consumed if saved.consumed.any() else None), 0, None
     plan = plan_for(excluded)
     n = len(saved.consumed)
     if uneven:
         steps = saved.steps
+        done = 0 if saved.in_step is None else saved.in_step[1]
         problem = None
         if steps < 0 or saved.position != steps * k:
             problem = "'steps_done' is missing or disagrees with 'micro_batches_done'"
-        elif steps > plan.num_steps:
+        elif steps > plan.num_steps or (done and steps == plan.num_steps):
             problem = f"'steps_done' = {steps} is past the end of its plan"
+        elif done >= plan.micro_batches_in_step(steps, rank) if done else False:
+            problem = f"'in_step' = {done} is not inside rank {rank}'s step {steps}"
         elif not np.array_equal(saved.excluded | plan.consumed_steps(steps, n), saved.consumed):
             problem = f"'consumed' does not match the samples of its plan up to step {steps}"
         if problem:
             raise ValueError(f"sampler state: {problem}: the state is corrupt")
-        return excluded, int(plan.rank_step_starts(rank)[steps]), plan
+        return excluded, int(plan.rank_step_starts(rank)[steps]) + done, plan
     if saved.position > plan.micro_batches_per_rank:
         raise ValueError(
             f"sampler state: 'micro_batches_done' = {saved.position} is past the end of its "
@@ -210,3 +232,28 @@ def continue_at(
             f"micro-batch {saved.position}: the state is corrupt"
         )
     return excluded, saved.position, plan
+
+
+def _check_in_step(saved: Saved, mine: dict, rank: int) -> None:
+    """A state taken inside a step with uneven counts holds one rank's place there, not the
+    other ranks': it resumes the same plan on that rank only."""
+    owner, done = saved.in_step
+    at = (
+        f"sampler state taken by rank {owner} inside step {saved.steps} with uneven_counts "
+        f"({done} of its micro-batches there done)"
+    )
+    if saved.fingerprint != mine:
+        changed = sorted(
+            key for key in set(mine) | set(saved.fingerprint)
+            if mine.get(key) != saved.fingerprint.get(key)
+        )  # fmt: skip
+        raise ValueError(
+            f"{at}: it holds only that rank's place in the step, so it resumes the same plan "
+            f"and not one of other settings (changed: {', '.join(changed)}). Resume with the "
+            "settings it was saved with, or from a state taken at a step's end (mb.last)."
+        )
+    if owner != rank:
+        raise ValueError(
+            f"{at}, loaded by rank {rank}: each rank is at its own place inside a step, so load "
+            "each rank's own state (save one per rank), or save at a step's end (mb.last)."
+        )
