@@ -221,8 +221,32 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"to fill the last step; {rep.over_token_cap + rep.over_cost_cap} micro-batches over a cap"
         f"{strata_note}"
     )
+    print(_steps_line(rep.composition, no_image.get("AdaptiveLoad"), ours.mix_tolerance))
     _write_outputs(args, meta, rows, reports, no_image)
     return 0
+
+
+# A plan's steps count as representative within these of a shuffle of its micro-batches.
+REPRESENTATIVE_RATIO, REPRESENTATIVE_MISSING = 1.10, 0.03
+
+
+def _steps_line(comp, no_image: float | None, mix_tolerance: float) -> str:
+    """One line: are this plan's steps as representative as a shuffle, or segregated?"""
+    figures = (
+        f"{comp.tokens_ratio:.2f}x a shuffle's distance from the epoch's mix, "
+        f"{comp.missing:.0%} of steps miss a group against a shuffle's {comp.shuffle_missing:.0%}"
+        + ("" if no_image is None else f", {no_image:.0%} of steps hold no image")
+    )
+    if (
+        comp.tokens_ratio <= REPRESENTATIVE_RATIO
+        and comp.missing <= comp.shuffle_missing + REPRESENTATIVE_MISSING
+    ):
+        return f"Steps: as representative as a shuffle ({figures})."
+    return (
+        f"Steps: segregated ({figures}): mixing them would cost more balance than "
+        f"--mix-tolerance {mix_tolerance:g} allows. What that does to training and what to "
+        'change (K, batch size, --mix-tolerance): docs/sampler.md, "Representative steps".'
+    )
 
 
 def _positive_int(text: str) -> int:

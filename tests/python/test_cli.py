@@ -354,6 +354,26 @@ def test_mix_tolerance_reaches_the_adaptive_sampler(tmp_path, capsys):
     assert e.value.code == 2 and "--mix-tolerance" in capsys.readouterr().err
 
 
+def steps_line(out):
+    return next(line for line in out.splitlines() if line.startswith("Steps: "))
+
+
+def test_the_report_says_in_one_line_whether_this_plan_segregates(tmp_path, capsys):
+    # --mix-tolerance 0 segregates the demo's steps; 1 mixes them: the line says which, for
+    # the plan at hand, with the figures it rests on and the pointer to the docs.
+    segregated = plan_json(tmp_path, "--mix-tolerance", "0")["AdaptiveLoad"]
+    line = steps_line(capsys.readouterr().out)
+    comp = segregated["composition"]
+    assert line.startswith("Steps: segregated")
+    assert f"{comp['tokens_ratio']:.2f}x a shuffle's distance" in line
+    assert f"{segregated['steps_without_image']:.0%} of steps hold no image" in line
+    assert "--mix-tolerance 0" in line and 'docs/sampler.md, "Representative steps"' in line
+    mixed = plan_json(tmp_path, "--mix-tolerance", "1")["AdaptiveLoad"]
+    line = steps_line(capsys.readouterr().out)
+    assert line.startswith("Steps: as representative as a shuffle")
+    assert f"{mixed['composition']['tokens_ratio']:.2f}x a shuffle's distance" in line
+
+
 def test_no_image_column_needs_shapes(tmp_path, capsys):
     write_csv(tmp_path / "s.csv", ["seq_len"], [[1560 + 8 * (i % 7)] for i in range(300)])
     assert main(["plan", "--metadata", str(tmp_path / "s.csv"), "--figure", "none"]) == 0
