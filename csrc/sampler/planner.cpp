@@ -128,7 +128,12 @@ std::vector<MicroBatch> pack_groups(const SampleTable& table, const PlanOptions&
 // Makes the micro-batch count a multiple of W*K. drop_last drops the smallest
 // micro-batches; otherwise the largest ones are halved (no sample repeated), and only
 // when nothing is left to halve are single-sample micro-batches of the cheapest
-// samples repeated.
+// samples repeated (at the end).
+//
+// Note: without balancing, steps are cut from this order as it stands, so each micro-batch's
+// halves take its place in it; appended, the halves of the largest micro-batches (images, in a
+// video mix) would fill the last step. Balancing sorts each window by cost anyway: there the
+// halves stay appended, which keeps balanced plans as they were.
 void fit_to_steps(const SampleTable& table, const PlanOptions& o, std::vector<int64_t>& bucketed,
                   std::vector<MicroBatch>& mbs, EpochPlan& plan) {
   const int64_t per_step = o.num_replicas * o.micro_batches_per_step;
@@ -165,6 +170,8 @@ void fit_to_steps(const SampleTable& table, const PlanOptions& o, std::vector<in
   std::priority_queue<int64_t, std::vector<int64_t>, decltype(less)> heap(less);
   for (int64_t i = 0; i < m; ++i)
     if (mbs[i].count() >= 2) heap.push(i);
+  std::vector<int64_t> place(m);  // per micro-batch: the position of the one it was cut from
+  std::iota(place.begin(), place.end(), 0);
   while (deficit > 0 && !heap.empty()) {
     const int64_t i = heap.top();
     heap.pop();
@@ -172,11 +179,23 @@ void fit_to_steps(const SampleTable& table, const PlanOptions& o, std::vector<in
     const int64_t mid = whole.begin + whole.count() / 2;
     mbs[i] = make_micro_batch(table, bucketed, whole.begin, mid, false);
     mbs.push_back(make_micro_batch(table, bucketed, mid, whole.end, false));
+    place.push_back(place[i]);
     ++plan.num_split_micro_batches;
     --deficit;
     const int64_t j = static_cast<int64_t>(mbs.size()) - 1;
     if (mbs[i].count() >= 2) heap.push(i);
     if (mbs[j].count() >= 2) heap.push(j);
+  }
+  if (!o.balance && plan.num_split_micro_batches > 0) {
+    // The pieces of one micro-batch in its place, in their samples' order.
+    std::vector<int64_t> order(mbs.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return place[a] != place[b] ? place[a] < place[b] : mbs[a].begin < mbs[b].begin;
+    });
+    std::vector<MicroBatch> placed(mbs.size());
+    for (size_t j = 0; j < order.size(); ++j) placed[j] = mbs[order[j]];
+    mbs.swap(placed);
   }
   if (deficit == 0) return;
 

@@ -177,7 +177,7 @@ struct EpochPlan {
                                         ///< only; empty without one)
   int64_t num_padded_samples = 0;       ///< repeated samples added (drop_last = false)
   int64_t num_dropped_samples = 0;      ///< samples left out of this epoch (drop_last = true)
-  int64_t num_split_micro_batches = 0;  ///< micro-batches halved to fill the last step
+  int64_t num_split_micro_batches = 0;  ///< micro-batches halved to fill whole steps
   std::vector<int64_t> skipped;         ///< samples over a cap, left out (OversizePolicy::kSkip)
   /// uneven_counts only (empty otherwise): num_steps * W + 1 micro-batch ids; those of
   /// (step t, rank r) are [rank_offsets[t * W + r], rank_offsets[t * W + r + 1]).

@@ -320,6 +320,84 @@ TEST(PlanEpochTest, PadsWithRepeatsOnlyWhenNothingCanBeHalved) {
   EXPECT_EQ(d.num_dropped_samples, 2);
 }
 
+// The first prefix of one wan_mix draw, from n samples on, whose micro-batch count falls short
+// of a multiple of W * K by at least half a step: at least that many micro-batches are halved.
+std::vector<int64_t> mix_that_halves(const PlanOptions& o, int64_t n, double max_cost) {
+  const std::vector<int64_t> draw = wan_mix(n + 4000, 5);
+  for (int64_t size = n; size < static_cast<int64_t>(draw.size()); ++size) {
+    SampleTable table(draw.data(), size, nullptr, wan14b());
+    PlanOptions probe = o;
+    probe.max_cost = max_cost > 0 ? max_cost : table.default_max_cost(o.max_tokens);
+    const int64_t per_step = o.num_replicas * o.micro_batches_per_step;
+    if (plan_epoch(table, probe).num_split_micro_batches >= per_step / 2)
+      return {draw.begin(), draw.begin() + size};
+  }
+  ADD_FAILURE() << "no mix size halves half a step's micro-batches";
+  return {};
+}
+
+// The halves of a micro-batch split to fill the last step stay where it was in a plan that does
+// not balance (equal-token buckets, or balance = false): the last step is a step like the others
+// (its samples and its share of images within the other steps' range), not W * K - 1 halves of
+// the largest micro-batches, and without shuffling the plan reads every group in order.
+class UnbalancedLastStep : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(UnbalancedLastStep, HalvesStayWhereTheirMicroBatchWas) {
+  const auto [K, cost_cap] = GetParam();
+  PlanOptions o;
+  o.max_tokens = 151200;
+  o.num_replicas = 8;
+  o.micro_batches_per_step = K;
+  o.balance = false;
+  o.seed = 5;
+  const double no_cap = 1e300;  // EqualTokenBatchSampler's: memory is the only cap
+  const std::vector<int64_t> lens = mix_that_halves(o, 4000 * K, cost_cap ? 0.0 : no_cap);
+  SampleTable table(lens.data(), static_cast<int64_t>(lens.size()), nullptr, wan14b());
+  o.max_cost = cost_cap ? table.default_max_cost(o.max_tokens) : no_cap;
+  const EpochPlan p = plan_epoch(table, o);
+  const auto seen = check_plan(table, o, p);
+  for (int s : seen) EXPECT_EQ(s, 1);
+  ASSERT_GE(p.num_split_micro_batches, 4 * K);
+  ASSERT_EQ(p.num_padded_samples, 0);
+
+  const int64_t per_step = o.num_replicas * K;
+  std::vector<int64_t> samples(p.num_steps, 0);
+  std::vector<double> share(p.num_steps, 0.0);
+  for (int64_t t = 0; t < p.num_steps; ++t) {
+    const int64_t b = p.offsets[t * per_step], e = p.offsets[(t + 1) * per_step];
+    samples[t] = e - b;
+    for (int64_t j = b; j < e; ++j) share[t] += lens[p.samples[j]] == 1560;
+    share[t] /= static_cast<double>(samples[t]);
+  }
+  const int64_t last = p.num_steps - 1;
+  const auto [few, many] = std::minmax_element(samples.begin(), samples.begin() + last);
+  EXPECT_GE(samples[last], *few);
+  EXPECT_LE(samples[last], *many) << "last step of " << samples[last] << " samples";
+  const auto [low, high] = std::minmax_element(share.begin(), share.begin() + last);
+  EXPECT_GE(share[last], *low);
+  EXPECT_LE(share[last], *high) << "last step " << share[last] << " images";
+
+  o.shuffle = false;
+  const EpochPlan in_order = plan_epoch(table, o);
+  ASSERT_EQ(in_order.num_split_micro_batches, p.num_split_micro_batches);
+  std::vector<int64_t> bucketed(lens.size()), dealt;
+  std::iota(bucketed.begin(), bucketed.end(), 0);
+  std::stable_sort(bucketed.begin(), bucketed.end(),
+                   [&](int64_t a, int64_t b) { return table.group(a) < table.group(b); });
+  // Micro-batches in the order they were dealt: step by step, k by k, rank by rank.
+  for (int64_t t = 0; t < in_order.num_steps; ++t)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t r = 0; r < o.num_replicas; ++r) {
+        const int64_t m = in_order.micro_batch_id(t, r, k);
+        dealt.insert(dealt.end(), in_order.samples.begin() + in_order.offsets[m],
+                     in_order.samples.begin() + in_order.offsets[m + 1]);
+      }
+  EXPECT_EQ(dealt, bucketed);
+}
+
+INSTANTIATE_TEST_SUITE_P(EqualTokenAndUnbalanced, UnbalancedLastStep,
+                         ::testing::Combine(::testing::Values(1, 4), ::testing::Bool()));
+
 TEST(PlanEpochTest, ExcludedSamplesNeverAppear) {
   const std::vector<int64_t> lens = wan_mix(500, 4);
   SampleTable table(lens.data(), 500, nullptr, wan14b());

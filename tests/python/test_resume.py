@@ -198,6 +198,36 @@ def test_states_of_the_segregating_planner_replan_their_unconsumed_samples():
     assert sum(c - 1 for c in counts.values()) == rest[0].plan().num_padded_samples
 
 
+@pytest.mark.parametrize(
+    "cls,kw", [(EqualTokenBatchSampler, {}), (AdaptiveBatchSampler, dict(balance=False))]
+)
+def test_states_from_before_halves_stayed_in_place_replan_their_unconsumed_samples(cls, kw):
+    # Plans without balancing once appended the halves of a micro-batch split to fill whole
+    # steps; they now take its place, so the order differs from the first split on. A state
+    # saved before (its fingerprint had no such key) re-plans what it did not consume
+    # instead of replaying a plan whose first steps are not the ones it consumed.
+    lens = random_mix(2300, seed=12)
+    first = [make(cls, lens, 3, r, **BASE, **kw) for r in range(3)]
+    assert first[0].plan().num_split_micro_batches > 0
+    assert first[0]._fingerprint()["halves_in_place"] is True
+    assert "halves_in_place" not in make(AdaptiveBatchSampler, lens, 3, 0)._fingerprint()
+    for s in first:
+        s.set_epoch(1)
+    done = [i for s in first for b in consume(s, 20) for i in b]
+    state = first[0].state_dict(steps_done=20)
+    del state["fingerprint"]["halves_in_place"]
+    rest = [make(cls, lens, 3, r, **BASE, **kw) for r in range(3)]
+    again = []
+    for s in rest:
+        s.load_state_dict(state)
+        s.set_epoch(1)
+        assert s.start_step == 0, "a state of the earlier planner replayed as if the same plan"
+        again += [i for b in s for i in b]
+    counts = collections.Counter(done + again)
+    assert len(counts) == len(lens), "samples lost"
+    assert sum(c - 1 for c in counts.values()) == rest[0].plan().num_padded_samples
+
+
 def test_mixed_plans_resume_exactly_on_the_same_settings():
     lens = random_mix(2300, seed=15)
     full = make(AdaptiveBatchSampler, lens, 2, 1, **BASE)

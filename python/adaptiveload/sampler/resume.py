@@ -25,6 +25,7 @@ _OPTIONAL = {
     "memory_budget_gib",
     "uneven_counts",
     "mix_tolerance",
+    "halves_in_place",
 }
 
 
@@ -52,6 +53,9 @@ def fingerprint(kind: str, options: Options, num_samples: int, data: str, cost_m
         **({"max_batch_size": o.max_batch_size} if o.max_batch_size else {}),
         **({"uneven_counts": True} if o.uneven_counts else {}),
         **({"mix_tolerance": o.mix_tolerance} if o.balance else {}),
+        # Without balancing, a halved micro-batch's halves take its place (they were appended
+        # once): states saved before, without the key, re-plan what they did not consume.
+        **({"halves_in_place": True} if not o.balance else {}),
         **(
             {
                 "memory_model": o.memory_model.to_dict() | {"meta": {}},
