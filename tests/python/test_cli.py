@@ -361,3 +361,74 @@ def test_no_image_column_needs_shapes(tmp_path, capsys):
         line for line in capsys.readouterr().out.splitlines() if line.startswith("sampler")
     )
     assert "mix vs shuffle" in header and "no image" not in header
+
+
+# -- every row's values, duplicate columns, shapes a model cannot take -------------------------
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+SHAPE = {"num_frames": 1, "height": 480, "width": 832}
+
+
+@pytest.mark.parametrize(
+    "rows,match",
+    [
+        # A key first seen after row 1 is a column: the rows without it miss a value.
+        ([SHAPE, {**SHAPE, "seq_len": 5}], r"j.jsonl row 1, column 'seq_len': missing value"),
+        ([{"seq_len": 5}, {**SHAPE, "seq_len": 7}], r"j.jsonl row 1, column 'num_frames': missing"),
+        ([{"seq_len": 5}, {"caption": "a"}], r"j.jsonl row 2, column 'seq_len': missing value"),
+        ([SHAPE, {"num_frames": 1, "height": 480}], r"j.jsonl row 2, column 'width': missing"),
+        ([{"a": 1}, {"b": 2}], r"needs a 'seq_len' column .* found \['a', 'b'\]"),
+    ],
+)
+def test_jsonl_columns_are_the_keys_of_every_row(tmp_path, rows, match):
+    path = write_jsonl(tmp_path / "j.jsonl", rows)
+    with pytest.raises(ValueError, match=match):
+        read_metadata(path)
+
+
+def test_jsonl_reads_every_rows_values_in_any_key_order(tmp_path):
+    rows = [{**SHAPE, "seq_len": 5}, {"seq_len": 7, "width": 832, "height": 720, "num_frames": 81}]
+    meta = read_metadata(write_jsonl(tmp_path / "j.jsonl", rows))
+    assert meta.seq_lens.tolist() == [5, 7] and meta.seq_len_column
+    assert meta.shapes.tolist() == [[1, 480, 832], [81, 720, 832]]
+
+
+@pytest.mark.parametrize(
+    "name,content,match",
+    [
+        ("p.csv", "num_frames,height,width\n1,480,832\n1,8,832\n", r"p.csv row 3, column 'height'"),
+        ("p.csv", "num_frames,height,width\n1,480,8\n", r"p.csv row 2, column 'width'"),
+        ("p.jsonl", '{"num_frames": 1, "height": 480, "width": 832}\n\n'
+         '{"num_frames": 1, "height": 480, "width": 4}\n', r"p.jsonl row 3, column 'width'"),
+    ],
+)  # fmt: skip
+def test_a_shape_smaller_than_a_patch_names_file_row_and_column(tmp_path, name, content, match):
+    (tmp_path / name).write_text(content)
+    with pytest.raises(ValueError, match=match + r": 1x\d+x\d+: smaller than one patch"):
+        read_metadata(tmp_path / name)
+
+
+def test_duplicate_columns_are_refused(tmp_path):
+    (tmp_path / "d.csv").write_text("seq_len,caption,seq_len\n10,a,20\n")
+    with pytest.raises(ValueError, match=r"d.csv: column 'seq_len' appears 2 times"):
+        read_metadata(tmp_path / "d.csv")
+    (tmp_path / "d.jsonl").write_text('{"seq_len": 10}\n{"seq_len": 10, "seq_len": 20}\n')
+    with pytest.raises(ValueError, match=r"d.jsonl row 2: key 'seq_len' appears 2 times"):
+        read_metadata(tmp_path / "d.jsonl")
+    # Columns the reader does not use may repeat; a key of a nested object is another key.
+    (tmp_path / "ok.csv").write_text("seq_len,caption,caption\n10,a,b\n")
+    assert read_metadata(tmp_path / "ok.csv").seq_lens.tolist() == [10]
+    (tmp_path / "ok.jsonl").write_text('{"seq_len": 10, "meta": {"seq_len": 3}}\n')
+    assert read_metadata(tmp_path / "ok.jsonl").seq_lens.tolist() == [10]
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_arrays([pa.array([10]), pa.array([20])], names=["seq_len", "seq_len"])
+    pq.write_table(table, tmp_path / "d.parquet")
+    with pytest.raises(ValueError, match=r"d.parquet: column 'seq_len' appears 2 times"):
+        read_metadata(tmp_path / "d.parquet")
