@@ -432,3 +432,51 @@ def test_duplicate_columns_are_refused(tmp_path):
     pq.write_table(table, tmp_path / "d.parquet")
     with pytest.raises(ValueError, match=r"d.parquet: column 'seq_len' appears 2 times"):
         read_metadata(tmp_path / "d.parquet")
+
+
+def demo_buckets(tmp_path, *extra):
+    rep = tmp_path / "demo.json"
+    args = ["plan", "--demo", "--demo-samples", "500", "--figure", "none", "--json", str(rep)]
+    assert main([*args, *extra]) == 0
+    return {b["shape"]: b["seq_len"] for b in json.loads(rep.read_text())["buckets"]}
+
+
+def test_plan_demo_counts_tokens_as_the_model_does(tmp_path, capsys):
+    assert demo_buckets(tmp_path)["1x480x832"] == 1560
+    ltx = demo_buckets(tmp_path, "--model", "ltx-video")
+    assert ltx["1x480x832"] == 390 and ltx["81x720x1280"] == 11 * 22 * 40
+    assert "ltx-video" in capsys.readouterr().out
+    # Mochi takes 6k+1 frames: the mix's clips are rounded down to the next it takes.
+    mochi = demo_buckets(tmp_path, "--model", "mochi/mochi-10B")
+    assert mochi["1x480x832"] == 30 * 52 + 256 and mochi["79x720x1280"] == 14 * 45 * 80 + 256
+    assert "81x720x1280" not in mochi
+    assert "81x720x1280 as 79x720x1280" in capsys.readouterr().out
+
+
+def test_plan_refuses_an_unknown_model_listing_the_known(capsys):
+    assert main(["plan", "--demo", "--model", "bogus", "--figure", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model family 'bogus'" in err and "'ltx-video'" in err and "'wan'" in err
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    [("--seed", "-1"), ("--epoch", "-1"), ("--num-replicas", "0"), ("--demo-samples", "0"),
+     ("--micro-batches-per-step", "0"), ("--lookahead-steps", "0"), ("--figure-steps", "0"),
+     ("--max-cost", "-1"), ("--max-cost", "nan")],
+)  # fmt: skip
+def test_plan_options_out_of_range_are_refused_naming_the_option(capsys, option, value):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--demo", option, value, "--figure", "none"])
+    assert e.value.code == 2 and f"argument {option}" in capsys.readouterr().err
+
+
+def test_seq_len_column_beside_shapes_the_model_cannot_take_is_a_note(tmp_path, capsys):
+    # The seq_len column gives the tokens; the shapes are group keys only, so a shape Mochi
+    # cannot take is worth saying, not a reason to refuse the file.
+    rows = [(13, 480, 848, 20000), (10, 72, 100, 3000)] * 20
+    write_csv(tmp_path / "m.csv", ["num_frames", "height", "width", "seq_len"], rows)
+    path = str(tmp_path / "m.csv")
+    assert main(["plan", "--metadata", path, "--model", "mochi", "--figure", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "mochi cannot take the shape of dataset index 1, 10x72x100: mochi takes 6k+1" in out
