@@ -362,7 +362,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", default="wan2.1-1.3B", help="Wan config: " + ", ".join(sorted(CONFIGS))
     )
     c.add_argument(
-        "--layers", type=int, default=None, help="blocks to build (default: the full model)"
+        "--layers",
+        type=_positive_int,
+        default=None,
+        help="blocks to build (default: the full model)",
     )
     c.add_argument("--device", default="cuda")
     c.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
@@ -375,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--activation-checkpointing", action="store_true")
     c.add_argument(
         "--max-tokens",
-        type=int,
+        type=_positive_int,
         default=None,
         help="largest micro-batch profiled, in tokens (default 151200; with --metadata: the "
         "sampler's max_tokens, default 2x the longest sample)",
@@ -411,9 +414,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="FxHxW[,...] pixel shapes to profile (default: Wan 480p/720p set)",
     )
-    c.add_argument("--text-len", type=int, default=TEXT_LEN)
+    c.add_argument("--text-len", type=_positive_int, default=TEXT_LEN)
     c.add_argument(
-        "--memory-budget", type=float, default=None, help="GiB; prints the max_tokens that fits"
+        "--memory-budget",
+        type=_positive_number,
+        default=None,
+        help="GiB; prints the max_tokens that fits",
     )
     c.add_argument(
         "--memory-model",
@@ -422,11 +428,14 @@ def build_parser() -> argparse.ArgumentParser:
         "model of the checkpointing policy here (JSON; the shapes of --metadata, else the grid)",
     )
     c.add_argument(
-        "--warmup", type=int, default=None, help="untimed calls per kind (default 2; --metadata: 1)"
+        "--warmup",
+        type=_non_negative_int,
+        default=None,
+        help="untimed calls per kind (default 2; --metadata: 1)",
     )
     c.add_argument(
         "--repeat",
-        type=int,
+        type=_positive_int,
         default=None,
         help="timed calls per kind, median kept (default 5; --metadata: 2, whose run-to-run "
         "spread on an H200 was 0.4%% median)",

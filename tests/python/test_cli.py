@@ -480,3 +480,14 @@ def test_seq_len_column_beside_shapes_the_model_cannot_take_is_a_note(tmp_path, 
     assert main(["plan", "--metadata", path, "--model", "mochi", "--figure", "none"]) == 0
     out = capsys.readouterr().out
     assert "mochi cannot take the shape of dataset index 1, 10x72x100: mochi takes 6k+1" in out
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    [("--seed", "-1"), ("--layers", "0"), ("--max-tokens", "0"), ("--warmup", "-1"),
+     ("--repeat", "0"), ("--text-len", "0"), ("--memory-budget", "-2")],
+)  # fmt: skip
+def test_calibrate_options_out_of_range_are_refused_naming_the_option(capsys, option, value):
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", "--device", "cpu", option, value])
+    assert e.value.code == 2 and f"argument {option}" in capsys.readouterr().err
