@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -17,12 +18,12 @@ import numpy as np
 from adaptiveload.cli_calibrate import cmd_calibrate, model_of_args
 from adaptiveload.composition import steps_without
 from adaptiveload.cost import CostModel
-from adaptiveload.demo import MIXES, demo_metadata
+from adaptiveload.demo import MIXES, demo_metadata, demo_shapes
 from adaptiveload.figure import draw_plans, figure_groups
 from adaptiveload.metadata import Metadata, read_metadata
 from adaptiveload.report import compare_samplers
 from adaptiveload.sampler import MIX_TOLERANCE
-from adaptiveload.wan import CONFIGS, TEXT_LEN
+from adaptiveload.wan import CONFIGS, TEXT_LEN, ShapeError
 
 
 def _cost_model(spec: str) -> CostModel:
@@ -155,17 +156,47 @@ def _write_outputs(args, meta: Metadata, rows: list[dict], reports: dict, no_ima
             print(f"adaptiveload plan: figure not drawn: {e}", file=sys.stderr)
 
 
+def _demo_of_args(args: argparse.Namespace, family) -> tuple[Metadata, str]:
+    """The demo mix, its tokens counted as ``family`` counts them, and a line that names it
+    (and the mix's shapes the model takes another shape for)."""
+    geometry = family.geometry
+    meta = demo_metadata(args.demo_samples, args.demo_mix, seed=args.seed, geometry=geometry)
+    source = f"demo mix '{args.demo_mix}' ({args.demo_samples} samples)"
+    if args.model:
+        source += f", tokens as {family.name} counts them"
+        pairs = zip(demo_shapes(args.demo_mix), demo_shapes(args.demo_mix, geometry), strict=True)
+        rounded = [f"{_shape(a)} as {_shape(b)}" for a, b in pairs if a != b]
+        if rounded:
+            source += f" (of shapes {family.name} takes: {', '.join(rounded)})"
+    return meta, source
+
+
+def _note(meta: Metadata, family) -> str:
+    """Where a seq_len column gives the tokens: how many rows ``family`` counts otherwise
+    from their shape, or the first shape it cannot take (the shapes are group keys only)."""
+    model = "Wan 2.1" if family.name == "wan" else family.name
+    try:
+        own = family.seq_len(meta.shapes[:, 0], meta.shapes[:, 1], meta.shapes[:, 2])
+    except ShapeError as e:
+        return f"; {model} cannot take the shape of dataset index {e.index}, {e.shape}: {e.rule}"
+    differ = int(np.sum(own != meta.seq_lens))
+    return f"; {differ} rows differ from {model}'s token count of their shape" if differ else ""
+
+
+def _shape(shape) -> str:
+    return "x".join(str(v) for v in shape)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
-    if args.demo:
-        meta = demo_metadata(args.demo_samples, args.demo_mix, seed=args.seed)
-        source = f"demo mix '{args.demo_mix}' ({args.demo_samples} samples)"
-    elif args.metadata:
-        family, _ = model_of_args(args)
-        meta = read_metadata(args.metadata, family.seq_len)
-        source = args.metadata
-    else:
+    if not (args.demo or args.metadata):
         print("adaptiveload plan: give --metadata PATH or --demo", file=sys.stderr)
         return 2
+    family, _ = model_of_args(args)
+    if args.demo:
+        meta, source = _demo_of_args(args, family)
+    else:
+        meta = read_metadata(args.metadata, family.seq_len)
+        source = args.metadata
     cost = _cost_model(args.cost_model)
     max_tokens = args.max_tokens if args.max_tokens is not None else int(2 * meta.seq_lens.max())
     compared = compare_samplers(
@@ -189,12 +220,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     unit = f" [{cost.unit}]" if cost.unit else ""
     print(f"data: {source}; {len(meta.seq_lens)} samples; cost model {cost!r}")
     if meta.seq_len_column and meta.shapes is not None:
-        family, _ = model_of_args(args)
-        own = family.seq_len(meta.shapes[:, 0], meta.shapes[:, 1], meta.shapes[:, 2])
-        differ = int(np.sum(own != meta.seq_lens))
-        model = "Wan 2.1" if family.name == "wan" else family.name
-        note = f"; {differ} rows differ from {model}'s token count of their shape" if differ else ""
-        print(f"token counts from the seq_len column, shapes used as group keys{note}")
+        print(
+            f"token counts from the seq_len column, shapes used as group keys{_note(meta, family)}"
+        )
     print(
         f"caps: max_tokens = {max_tokens} tokens, max_cost = {ours.max_cost:.6g}{unit}; "
         f"{args.num_replicas} ranks x {args.micro_batches_per_step} micro-batch(es) per step\n"
@@ -259,6 +287,26 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value}")
+    return value
+
+
+def _positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -292,20 +340,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="count the tokens of shapes as this family does: " + _model_help(),
     )
     p.add_argument("--demo-mix", default="joint-pretrain", choices=sorted(MIXES))
-    p.add_argument("--demo-samples", type=int, default=20_000)
+    p.add_argument("--demo-samples", type=_positive_int, default=20_000)
     p.add_argument(
         "--max-tokens",
         type=_positive_int,
         default=None,
         help="memory cap (default: 2x the longest sample)",
     )
-    p.add_argument("--max-cost", type=float, default=None, help="compute cap (default: see docs)")
+    p.add_argument(
+        "--max-cost", type=_positive_number, default=None, help="compute cap (default: see docs)"
+    )
     p.add_argument(
         "--cost-model", default="wan21-14b", help="wan21-14b, wan21-1.3b, power:P or a JSON file"
     )
-    p.add_argument("--num-replicas", type=int, default=8)
-    p.add_argument("--micro-batches-per-step", type=int, default=1)
-    p.add_argument("--lookahead-steps", type=int, default=64)
+    p.add_argument("--num-replicas", type=_positive_int, default=8)
+    p.add_argument("--micro-batches-per-step", type=_positive_int, default=1)
+    p.add_argument("--lookahead-steps", type=_positive_int, default=64)
     p.add_argument(
         "--mix-tolerance",
         type=_fraction,
@@ -319,10 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="samples per micro-batch at most (1: batch-size-1 pipelines such as DiffSynth's)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--seed", type=_non_negative_int, default=0)
+    p.add_argument("--epoch", type=_non_negative_int, default=0)
     p.add_argument("--figure", default="adaptiveload_plan.png", help="PNG path, or 'none'")
-    p.add_argument("--figure-steps", type=int, default=60, help="steps drawn in the figure")
+    p.add_argument(
+        "--figure-steps", type=_positive_int, default=60, help="steps drawn in the figure"
+    )
     p.add_argument("--json", default=None, help="also write the report as JSON here")
     p.set_defaults(func=cmd_plan)
 
@@ -334,7 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", default="wan2.1-1.3B", help="Wan config: " + ", ".join(sorted(CONFIGS))
     )
     c.add_argument(
-        "--layers", type=int, default=None, help="blocks to build (default: the full model)"
+        "--layers",
+        type=_positive_int,
+        default=None,
+        help="blocks to build (default: the full model)",
     )
     c.add_argument("--device", default="cuda")
     c.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
@@ -347,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--activation-checkpointing", action="store_true")
     c.add_argument(
         "--max-tokens",
-        type=int,
+        type=_positive_int,
         default=None,
         help="largest micro-batch profiled, in tokens (default 151200; with --metadata: the "
         "sampler's max_tokens, default 2x the longest sample)",
@@ -364,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--lookahead-steps", type=_positive_int, default=64, help="with --metadata")
     c.add_argument("--max-batch-size", type=_positive_int, default=None, help="with --metadata")
-    c.add_argument("--seed", type=int, default=0, help="with --metadata")
+    c.add_argument("--seed", type=_non_negative_int, default=0, help="with --metadata")
     c.add_argument(
         "--epochs",
         type=_positive_int,
@@ -383,9 +438,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="FxHxW[,...] pixel shapes to profile (default: Wan 480p/720p set)",
     )
-    c.add_argument("--text-len", type=int, default=TEXT_LEN)
+    c.add_argument("--text-len", type=_positive_int, default=TEXT_LEN)
     c.add_argument(
-        "--memory-budget", type=float, default=None, help="GiB; prints the max_tokens that fits"
+        "--memory-budget",
+        type=_positive_number,
+        default=None,
+        help="GiB; prints the max_tokens that fits",
     )
     c.add_argument(
         "--memory-model",
@@ -394,11 +452,14 @@ def build_parser() -> argparse.ArgumentParser:
         "model of the checkpointing policy here (JSON; the shapes of --metadata, else the grid)",
     )
     c.add_argument(
-        "--warmup", type=int, default=None, help="untimed calls per kind (default 2; --metadata: 1)"
+        "--warmup",
+        type=_non_negative_int,
+        default=None,
+        help="untimed calls per kind (default 2; --metadata: 1)",
     )
     c.add_argument(
         "--repeat",
-        type=int,
+        type=_positive_int,
         default=None,
         help="timed calls per kind, median kept (default 5; --metadata: 2, whose run-to-run "
         "spread on an H200 was 0.4%% median)",

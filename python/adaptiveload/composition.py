@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from adaptiveload.sampler.checks import as_group_ids
+
 # A group that holds more than this share of the epoch's samples or tokens is one a step
 # should not miss (images in a joint image-video mix).
 MIN_SHARE = 0.05
@@ -73,14 +75,19 @@ class Composition:
         )
 
 
-def _dense(labels) -> tuple[np.ndarray, int]:
-    a = np.asarray(labels)
-    if a.ndim == 2:  # (n, k) keys such as (frames, height, width)
-        _, ids = np.unique(a, axis=0, return_inverse=True)
-    else:
-        _, ids = np.unique(a, return_inverse=True)
-    ids = ids.reshape(-1)
-    return ids.astype(np.int64), int(ids.max()) + 1 if ids.size else 0
+def _dense(labels, seq_lens: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense ids of ``labels``, numbered as the samplers number their group keys (so that
+    ``1`` and ``'1'``, or ``None`` and a string, are two groups, as they are to a sampler)."""
+    try:
+        count = len(labels)
+    except TypeError:
+        raise ValueError(
+            f"labels must be a sequence, array or tensor, got {type(labels).__name__}"
+        ) from None
+    if count != len(seq_lens):
+        raise ValueError(f"labels has {count} entries, seq_lens {len(seq_lens)}")
+    ids = as_group_ids(labels, seq_lens, name="labels")
+    return ids, int(ids.max()) + 1 if ids.size else 0
 
 
 def step_composition(
@@ -97,14 +104,13 @@ def step_composition(
 
     Args:
         plan: a ``Plan`` (``sampler.plan()``).
-        labels: one group label per dataset index (ints, strings, or an ``(n, k)`` array of
-            keys), e.g. the sampler's ``group_keys`` or ``num_frames > 1`` for image vs video.
+        labels: one group label per dataset index (any hashable keys, as the sampler's
+            ``group_keys``, or an ``(n, k)`` array of keys), e.g. the sampler's ``group_keys``
+            or ``num_frames > 1`` for image vs video.
         seq_lens: tokens per dataset index.
     """
     seq_lens = np.asarray(seq_lens, dtype=np.int64)
-    ids, num_groups = _dense(labels)
-    if len(ids) != len(seq_lens):
-        raise ValueError(f"labels has {len(ids)} entries, seq_lens {len(seq_lens)}")
+    ids, num_groups = _dense(labels, seq_lens)
     per_step = plan.num_replicas * plan.micro_batches_per_step
     steps = plan.num_steps
     m = steps * per_step

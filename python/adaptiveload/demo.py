@@ -1,6 +1,8 @@
 """Built-in demo data: realistic image + video mixes for Wan 2.1 training.
 
-Shapes are (num_frames, height, width) in pixels; weights are shares of samples.
+Shapes are (num_frames, height, width) in pixels; weights are shares of samples. For another
+model (``demo_metadata(..., geometry=family.geometry)``) the tokens are that model's count, of
+the largest shapes within the mix's that the model takes (Mochi: 79 frames for 81).
 """
 
 from __future__ import annotations
@@ -55,16 +57,28 @@ MIXES: dict[str, list[tuple[int, int, int, float]]] = {
 }
 
 
-def demo_metadata(
-    num_samples: int = 20_000, mix: str = "joint-pretrain", seed: int = 0
-) -> Metadata:
-    """Draw ``num_samples`` shapes from ``MIXES[mix]`` (deterministic in ``seed``)."""
+def demo_shapes(mix: str, geometry=None) -> list[tuple[int, int, int]]:
+    """The shapes of ``MIXES[mix]``, each as the largest within it that ``geometry``'s model
+    takes (``Geometry.round_shape``; the mix's own without a geometry)."""
     if mix not in MIXES:
         raise ValueError(f"unknown demo mix {mix!r}; choose from {sorted(MIXES)}")
+    shapes = [s[:3] for s in MIXES[mix]]
+    return shapes if geometry is None else [geometry.round_shape(*s) for s in shapes]
+
+
+def demo_metadata(
+    num_samples: int = 20_000, mix: str = "joint-pretrain", seed: int = 0, geometry=None
+) -> Metadata:
+    """Draw ``num_samples`` shapes from ``MIXES[mix]`` (deterministic in ``seed``), their tokens
+    counted by ``geometry`` (an ``adaptiveload.geometry.Geometry``; default Wan 2.1's) of the
+    shapes its model takes (``demo_shapes``)."""
+    table = np.array(demo_shapes(mix, geometry), dtype=np.int64)
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-    table = np.array([s[:3] for s in MIXES[mix]], dtype=np.int64)
+    if seed < 0:  # numpy's message would not name it
+        raise ValueError(f"seed must be a non-negative integer, got {seed}")
     share = np.array([s[3] for s in MIXES[mix]], dtype=np.float64)
     pick = np.random.default_rng(seed).choice(len(table), size=num_samples, p=share / share.sum())
     shapes = table[pick]
-    return Metadata(seq_lens=wan_seq_len(shapes[:, 0], shapes[:, 1], shapes[:, 2]), shapes=shapes)
+    count = wan_seq_len if geometry is None else geometry.seq_len
+    return Metadata(seq_lens=count(shapes[:, 0], shapes[:, 1], shapes[:, 2]), shapes=shapes)

@@ -6,12 +6,16 @@ and Parquet (needs ``pyarrow``), with a ``seq_len`` column, or ``num_frames``, `
 gives the token counts and the shapes the group keys. Every format converts its values by the
 same rules: a positive integer (an integral float such as ``1560.0`` too, or its text) of at
 most 2^40 - 1 is accepted; a fraction, a boolean, a missing value or a larger number is refused
-with an error naming the file, row and column. Blank lines are skipped in JSON Lines, and at
-the end of a CSV file.
+with an error naming the file, row and column. The columns of JSON Lines are the keys of all
+its rows: a row without a key that another row has misses that value (as an empty CSV cell or a
+Parquet null does). A column read twice (a CSV or Parquet header, or a key of one JSON object)
+is refused, as is a shape the model cannot take (its row and column named). Blank lines are
+skipped in JSON Lines, and at the end of a CSV file.
 """
 
 from __future__ import annotations
 
+import collections
 import csv
 import json
 import operator
@@ -21,11 +25,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from adaptiveload.sampler.checks import as_group_ids
-from adaptiveload.wan import wan_seq_len
+from adaptiveload.wan import ShapeError, wan_seq_len
 
 SHAPE_COLUMNS = ("num_frames", "height", "width")
 # The largest value of any column: the sampler's bound on one sample's tokens.
 _MAX_VALUE = 2**40 - 1
+# The value of a JSON Lines row without a key that other rows have: a missing value.
+_ABSENT = object()
 
 
 @dataclass
@@ -55,6 +61,7 @@ def _csv_columns(path: str, wanted: list[str]):
         if header is None:
             raise ValueError(f"{path}: empty CSV file (no header row)")
         header = [h.strip() for h in header]
+        _refuse_repeated_columns(path, header, wanted)
         index = {name: header.index(name) for name in wanted if name in header}
         cols: dict[str, list] = {name: [] for name in index}
         width = len(header)
@@ -74,10 +81,30 @@ def _csv_columns(path: str, wanted: list[str]):
     return header, cols, None  # CSV rows are numbered from 2
 
 
+def _refuse_repeated_columns(path: str, names: list[str], wanted: list[str]) -> None:
+    for name in wanted:
+        if names.count(name) > 1:
+            raise ValueError(
+                f"{path}: column {name!r} appears {names.count(name)} times; keep one (which "
+                "to read would be a guess)"
+            )
+
+
+def _refuse_repeated_keys(path: str, row: int, line: str, wanted: list[str]) -> None:
+    """Refuse a key of ``wanted`` that the JSON object on ``line`` holds twice at its top
+    level (``json.loads`` keeps the last one silently)."""
+    if all(line.count(f'"{name}"') < 2 for name in wanted):
+        return  # the common case, without a second parse
+    keys = collections.Counter(k for k, _ in json.loads(line, object_pairs_hook=list))
+    for name in wanted:
+        if keys[name] > 1:
+            raise ValueError(f"{path} row {row}: key {name!r} appears {keys[name]} times; keep one")
+
+
 def _jsonl_columns(path: str, wanted: list[str]):
     cols: dict[str, list] = {}
     lines: list[int] = []
-    header = None
+    header: dict[str, None] = {}  # the keys of all rows, in order of first appearance
     with open(path, encoding="utf-8-sig") as f:
         for i, line in enumerate(f, start=1):
             if not line.strip():
@@ -88,15 +115,15 @@ def _jsonl_columns(path: str, wanted: list[str]):
                 raise ValueError(f"{path} line {i}: not valid JSON ({e.msg})") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path} line {i}: expected a JSON object per line")
-            if header is None:
-                header = list(row)
-                cols = {name: [] for name in wanted if name in row}
+            _refuse_repeated_keys(path, i, line, wanted)
+            header.update(dict.fromkeys(row))
+            for name in wanted:  # a column first seen here: the rows before miss its value
+                if name in row and name not in cols:
+                    cols[name] = [_ABSENT] * len(lines)
             for name, values in cols.items():
-                if name not in row:
-                    raise ValueError(f"{path} line {i}: missing key {name!r}")
-                values.append(row[name])
+                values.append(row.get(name, _ABSENT))
             lines.append(i)
-    return header or [], cols, np.asarray(lines, dtype=np.int64)
+    return list(header), cols, np.asarray(lines, dtype=np.int64)
 
 
 def _parquet_columns(path: str, wanted: list[str]):
@@ -106,14 +133,18 @@ def _parquet_columns(path: str, wanted: list[str]):
         raise ImportError(
             f"{path}: reading Parquet needs pyarrow (pip install 'adaptiveload[parquet]')"
         ) from None
-    table = pq.read_table(path)
-    names = list(table.column_names)
-    cols = {name: table.column(name).to_pylist() for name in wanted if name in names}
-    return names, cols, np.arange(1, table.num_rows + 1, dtype=np.int64)
+    file = pq.ParquetFile(path)
+    names = list(file.schema_arrow.names)
+    _refuse_repeated_columns(path, names, wanted)
+    table = file.read(columns=[name for name in wanted if name in names])
+    cols = {name: table.column(name).to_pylist() for name in table.column_names}
+    return names, cols, np.arange(1, file.metadata.num_rows + 1, dtype=np.int64)
 
 
 def _positive_int(path: str, row: int, column: str, value) -> int:
     what = f"{path} row {row}, column {column!r}"
+    if value is _ABSENT:
+        raise ValueError(f"{what}: missing value (the row has no such key; other rows have it)")
     if value is None or (isinstance(value, str) and not value.strip()):
         raise ValueError(f"{what}: missing value")
     if isinstance(value, bool):
@@ -197,4 +228,10 @@ def read_metadata(path: str | os.PathLike, seq_len=None) -> Metadata:
         seq = _int_column(path, "seq_len", cols["seq_len"], rows)
         return Metadata(seq_lens=seq, shapes=shapes, seq_len_column=True)
     count = wan_seq_len if seq_len is None else seq_len
-    return Metadata(seq_lens=count(shapes[:, 0], shapes[:, 1], shapes[:, 2]), shapes=shapes)
+    try:
+        seq = count(shapes[:, 0], shapes[:, 1], shapes[:, 2])
+    except ShapeError as e:  # name the row and column, not the sample
+        row = e.index + 2 if rows is None else int(rows[e.index])
+        column = SHAPE_COLUMNS[("frames", "height", "width").index(e.dimension)]
+        raise ValueError(f"{path} row {row}, column {column!r}: {e.shape}: {e.rule}") from None
+    return Metadata(seq_lens=seq, shapes=shapes)

@@ -78,15 +78,27 @@ def latent_shape(frames: int, height: int, width: int, channels: int) -> tuple[i
     )
 
 
-def token_count(frames, height, width, vae_stride, patch, extra=0, *, name="token_count"):
+class ShapeError(ValueError):
+    """A sample whose shape the model cannot take: ``index`` (its position in the arrays
+    given), ``dimension`` (``"frames"``, ``"height"`` or ``"width"``), ``shape`` (``"FxHxW"``)
+    and ``rule`` (what the model takes), so that a caller can name its own row and column."""
+
+    def __init__(self, name: str, index: int, dimension: str, shape: str, rule: str):
+        super().__init__(f"{name}: sample {index} ({shape}): {rule}")
+        self.index, self.dimension, self.shape, self.rule = index, dimension, shape, rule
+
+
+def token_count(frames, height, width, vae_stride, patch, extra=0, *, name="token_count",
+                frame_step=1, size_step=1, model=None):  # fmt: skip
     """Tokens of samples of a video DiT whose VAE keeps the first frame and compresses each
     further ``vt`` frames into one and ``vh x vw`` pixels into one element, cut into
     ``pt x ph x pw`` patches, plus ``extra`` tokens per sample (see adaptiveload.geometry),
     vectorized over numpy arrays; ``ValueError`` names the sample (``name`` in messages).
+    The model (``model`` in messages) takes ``frame_step * k + 1`` frames, and heights and
+    widths that are multiples of ``size_step``: a shape it cannot take, or one smaller than a
+    patch, is a ``ShapeError`` naming the sample, the dimension and the rule.
     Here, not in geometry.py, so that this file needs nothing but numpy."""
-    f = np.asarray(frames)
-    h = np.asarray(height)
-    w = np.asarray(width)
+    f, h, w = np.broadcast_arrays(np.asarray(frames), np.asarray(height), np.asarray(width))
     for what, a in (("frames", f), ("height", h), ("width", w)):
         if a.dtype.kind not in "iu":
             if a.dtype.kind != "f" or not np.all(np.isfinite(a)) or np.any(a != np.floor(a)):
@@ -97,14 +109,26 @@ def token_count(frames, height, width, vae_stride, patch, extra=0, *, name="toke
     vt, vh, vw = vae_stride
     pt, ph, pw = patch
     f, h, w = (a.astype(np.int64) for a in (f, h, w))
-    seq = ((f - 1) // vt + 1) // pt * (h // vh // ph) * (w // vw // pw)
-    if np.any(seq < 1):
-        bad = np.flatnonzero(np.atleast_1d(seq) < 1)[0]
-        raise ValueError(
-            f"{name}: sample {bad} ({np.atleast_1d(f)[bad]}x{np.atleast_1d(h)[bad]}x"
-            f"{np.atleast_1d(w)[bad]}) is smaller than one patch"
-        )
-    seq = seq + extra
+    model = model or name
+    step = f"multiples of {size_step}, got {{}}"
+    rules = [
+        ((f - 1) % frame_step != 0, "frames",
+         f"{model} takes {frame_step}k+1 frames (1, {frame_step + 1}, {2 * frame_step + 1}, ...), got {{}}"),
+        (h % size_step != 0, "height", f"{model} takes heights that are {step}"),
+        (w % size_step != 0, "width", f"{model} takes widths that are {step}"),
+        (((f - 1) // vt + 1) // pt < 1, "frames",
+         f"smaller than one patch: frames {{}} < {vt * (pt - 1) + 1}"),
+        (h // vh // ph < 1, "height", f"smaller than one patch: height {{}} < {vh * ph} pixels"),
+        (w // vw // pw < 1, "width", f"smaller than one patch: width {{}} < {vw * pw} pixels"),
+    ]  # fmt: skip
+    for bad, dimension, rule in rules:
+        if np.any(bad):
+            i = int(np.flatnonzero(np.atleast_1d(bad))[0])
+            fhw = [int(np.atleast_1d(a)[i]) for a in (f, h, w)]
+            value = fhw[("frames", "height", "width").index(dimension)]
+            shape = "x".join(map(str, fhw))
+            raise ShapeError(name, i, dimension, shape, rule.format(value))
+    seq = ((f - 1) // vt + 1) // pt * (h // vh // ph) * (w // vw // pw) + extra
     return int(seq) if seq.ndim == 0 else seq
 
 
@@ -124,6 +148,7 @@ __all__ = [
     "CONFIGS",
     "PATCH",
     "SHAPES",
+    "ShapeError",
     "TEXT_LEN",
     "VAE_STRIDE",
     "latent_shape",

@@ -381,3 +381,133 @@ def test_no_image_column_needs_shapes(tmp_path, capsys):
         line for line in capsys.readouterr().out.splitlines() if line.startswith("sampler")
     )
     assert "mix vs shuffle" in header and "no image" not in header
+
+
+# -- every row's values, duplicate columns, shapes a model cannot take -------------------------
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+SHAPE = {"num_frames": 1, "height": 480, "width": 832}
+
+
+@pytest.mark.parametrize(
+    "rows,match",
+    [
+        # A key first seen after row 1 is a column: the rows without it miss a value.
+        ([SHAPE, {**SHAPE, "seq_len": 5}], r"j.jsonl row 1, column 'seq_len': missing value"),
+        ([{"seq_len": 5}, {**SHAPE, "seq_len": 7}], r"j.jsonl row 1, column 'num_frames': missing"),
+        ([{"seq_len": 5}, {"caption": "a"}], r"j.jsonl row 2, column 'seq_len': missing value"),
+        ([SHAPE, {"num_frames": 1, "height": 480}], r"j.jsonl row 2, column 'width': missing"),
+        ([{"a": 1}, {"b": 2}], r"needs a 'seq_len' column .* found \['a', 'b'\]"),
+    ],
+)
+def test_jsonl_columns_are_the_keys_of_every_row(tmp_path, rows, match):
+    path = write_jsonl(tmp_path / "j.jsonl", rows)
+    with pytest.raises(ValueError, match=match):
+        read_metadata(path)
+
+
+def test_jsonl_reads_every_rows_values_in_any_key_order(tmp_path):
+    rows = [{**SHAPE, "seq_len": 5}, {"seq_len": 7, "width": 832, "height": 720, "num_frames": 81}]
+    meta = read_metadata(write_jsonl(tmp_path / "j.jsonl", rows))
+    assert meta.seq_lens.tolist() == [5, 7] and meta.seq_len_column
+    assert meta.shapes.tolist() == [[1, 480, 832], [81, 720, 832]]
+
+
+@pytest.mark.parametrize(
+    "name,content,match",
+    [
+        ("p.csv", "num_frames,height,width\n1,480,832\n1,8,832\n", r"p.csv row 3, column 'height'"),
+        ("p.csv", "num_frames,height,width\n1,480,8\n", r"p.csv row 2, column 'width'"),
+        ("p.jsonl", '{"num_frames": 1, "height": 480, "width": 832}\n\n'
+         '{"num_frames": 1, "height": 480, "width": 4}\n', r"p.jsonl row 3, column 'width'"),
+    ],
+)  # fmt: skip
+def test_a_shape_smaller_than_a_patch_names_file_row_and_column(tmp_path, name, content, match):
+    (tmp_path / name).write_text(content)
+    with pytest.raises(ValueError, match=match + r": 1x\d+x\d+: smaller than one patch"):
+        read_metadata(tmp_path / name)
+
+
+def test_duplicate_columns_are_refused(tmp_path):
+    (tmp_path / "d.csv").write_text("seq_len,caption,seq_len\n10,a,20\n")
+    with pytest.raises(ValueError, match=r"d.csv: column 'seq_len' appears 2 times"):
+        read_metadata(tmp_path / "d.csv")
+    (tmp_path / "d.jsonl").write_text('{"seq_len": 10}\n{"seq_len": 10, "seq_len": 20}\n')
+    with pytest.raises(ValueError, match=r"d.jsonl row 2: key 'seq_len' appears 2 times"):
+        read_metadata(tmp_path / "d.jsonl")
+    # Columns the reader does not use may repeat; a key of a nested object is another key.
+    (tmp_path / "ok.csv").write_text("seq_len,caption,caption\n10,a,b\n")
+    assert read_metadata(tmp_path / "ok.csv").seq_lens.tolist() == [10]
+    (tmp_path / "ok.jsonl").write_text('{"seq_len": 10, "meta": {"seq_len": 3}}\n')
+    assert read_metadata(tmp_path / "ok.jsonl").seq_lens.tolist() == [10]
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_arrays([pa.array([10]), pa.array([20])], names=["seq_len", "seq_len"])
+    pq.write_table(table, tmp_path / "d.parquet")
+    with pytest.raises(ValueError, match=r"d.parquet: column 'seq_len' appears 2 times"):
+        read_metadata(tmp_path / "d.parquet")
+
+
+def demo_buckets(tmp_path, *extra):
+    rep = tmp_path / "demo.json"
+    args = ["plan", "--demo", "--demo-samples", "500", "--figure", "none", "--json", str(rep)]
+    assert main([*args, *extra]) == 0
+    return {b["shape"]: b["seq_len"] for b in json.loads(rep.read_text())["buckets"]}
+
+
+def test_plan_demo_counts_tokens_as_the_model_does(tmp_path, capsys):
+    assert demo_buckets(tmp_path)["1x480x832"] == 1560
+    ltx = demo_buckets(tmp_path, "--model", "ltx-video")
+    assert ltx["1x480x832"] == 390 and ltx["81x720x1280"] == 11 * 22 * 40
+    assert "ltx-video" in capsys.readouterr().out
+    # Mochi takes 6k+1 frames: the mix's clips are rounded down to the next it takes.
+    mochi = demo_buckets(tmp_path, "--model", "mochi/mochi-10B")
+    assert mochi["1x480x832"] == 30 * 52 + 256 and mochi["79x720x1280"] == 14 * 45 * 80 + 256
+    assert "81x720x1280" not in mochi
+    assert "81x720x1280 as 79x720x1280" in capsys.readouterr().out
+
+
+def test_plan_refuses_an_unknown_model_listing_the_known(capsys):
+    assert main(["plan", "--demo", "--model", "bogus", "--figure", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model family 'bogus'" in err and "'ltx-video'" in err and "'wan'" in err
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    [("--seed", "-1"), ("--epoch", "-1"), ("--num-replicas", "0"), ("--demo-samples", "0"),
+     ("--micro-batches-per-step", "0"), ("--lookahead-steps", "0"), ("--figure-steps", "0"),
+     ("--max-cost", "-1"), ("--max-cost", "nan")],
+)  # fmt: skip
+def test_plan_options_out_of_range_are_refused_naming_the_option(capsys, option, value):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--demo", option, value, "--figure", "none"])
+    assert e.value.code == 2 and f"argument {option}" in capsys.readouterr().err
+
+
+def test_seq_len_column_beside_shapes_the_model_cannot_take_is_a_note(tmp_path, capsys):
+    # The seq_len column gives the tokens; the shapes are group keys only, so a shape Mochi
+    # cannot take is worth saying, not a reason to refuse the file.
+    rows = [(13, 480, 848, 20000), (10, 72, 100, 3000)] * 20
+    write_csv(tmp_path / "m.csv", ["num_frames", "height", "width", "seq_len"], rows)
+    path = str(tmp_path / "m.csv")
+    assert main(["plan", "--metadata", path, "--model", "mochi", "--figure", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "mochi cannot take the shape of dataset index 1, 10x72x100: mochi takes 6k+1" in out
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    [("--seed", "-1"), ("--layers", "0"), ("--max-tokens", "0"), ("--warmup", "-1"),
+     ("--repeat", "0"), ("--text-len", "0"), ("--memory-budget", "-2")],
+)  # fmt: skip
+def test_calibrate_options_out_of_range_are_refused_naming_the_option(capsys, option, value):
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", "--device", "cpu", option, value])
+    assert e.value.code == 2 and f"argument {option}" in capsys.readouterr().err

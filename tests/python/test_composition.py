@@ -85,6 +85,21 @@ def test_labels_as_strings_and_as_key_rows_group_alike():
     assert step_composition(SEGREGATED, swapped, LENS) == want
 
 
+@pytest.mark.parametrize(
+    "labels",
+    [
+        ["image"] * 4 + [None] * 4,  # None is a label like any other, not an error
+        [None] * 4 + [(1, 2)] * 4,
+        [1] * 4 + ["1"] * 4,  # two labels, as the sampler's group keys are two groups
+        (81,) * 4 + ("81",) * 4,
+    ],
+)
+def test_labels_of_any_type_are_groups_as_the_samplers_keys_are(labels):
+    want = step_composition(SEGREGATED, GROUPS, LENS)
+    assert step_composition(SEGREGATED, labels, LENS) == want
+    assert balance_report(SEGREGATED, labels, LENS).composition == want
+
+
 def test_lengths_must_match():
     with pytest.raises(ValueError, match="labels has 7 entries, seq_lens 8"):
         step_composition(SEGREGATED, GROUPS[:7], LENS)

@@ -96,6 +96,35 @@ def test_geometry_counts_the_tokens_the_blocks_see(name):
     ]
 
 
+@pytest.mark.parametrize(
+    "shape,match",
+    [
+        ((10, 72, 100), r"sample 0 \(10x72x100\): mochi takes 6k\+1 frames \(1, 7, 13, ...\)"),
+        ((13, 72, 96), r"\(13x72x96\): mochi takes heights that are multiples of 16, got 72"),
+        ((13, 64, 100), r"mochi takes widths that are multiples of 16, got 100"),
+    ],
+)
+def test_mochi_refuses_shapes_its_model_cannot_take(shape, match):
+    mochi = family_of("mochi")
+    with pytest.raises(ValueError, match=match):
+        mochi.seq_len(*shape)
+    f, h, w = shape
+    with pytest.raises(ValueError, match=match.replace("sample 0", "sample 2")):
+        mochi.seq_len(np.array([13, 1, f]), np.array([64, 64, h]), np.array([96, 96, w]))
+    assert mochi.seq_len(163, 480, 848) == 28 * 30 * 53 + 256
+    assert mochi.geometry.round_shape(*shape) == (7 if shape[0] == 10 else 13, 64, 96)
+
+
+def test_mochi_rules_are_its_models():
+    """A latent of odd height (a 72-pixel-high clip) fails in diffusers' Mochi: the rule the
+    geometry enforces is the model's, not a stricter one of ours."""
+    model = build("mochi")
+    with pytest.raises(RuntimeError, match="invalid for input"), torch.no_grad():
+        model(**batch("mochi", model, 0, batch=1, clip=(13, 72, 96)), return_dict=False)
+    other = family_of("wan").geometry
+    assert other.round_shape(10, 72, 100) == (10, 72, 100)  # Wan takes any shape
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", PATCHED)
 def test_patched_model_matches_fp32_outputs_and_every_gradient(name, device, seed):

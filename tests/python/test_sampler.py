@@ -445,6 +445,44 @@ def test_group_keys_as_tensors_lists_or_arrays_plan_alike():
         same_plan(plan_of(meta.seq_lens, keys), ref1)
 
 
+def object_array(items):
+    out = np.empty(len(items), dtype=object)
+    for i, item in enumerate(items):
+        out[i] = item
+    return out
+
+
+def assert_unmixed(plan, keys):
+    for m in range(len(plan.offsets) - 1):
+        mb = plan.samples[plan.offsets[m] : plan.offsets[m + 1]]
+        assert len({repr(keys[i]) for i in mb}) == 1, [keys[i] for i in mb]
+
+
+@pytest.mark.parametrize(
+    "a,b", [(1, "1"), (81, "81"), (1.5, "1.5"), (np.int64(1), "1"), (True, "True")]
+)
+def test_keys_of_different_types_are_different_groups_in_any_container(a, b):
+    # numpy makes a list of 1 and '1' an array of strings, where the two keys are one.
+    lens = np.full(400, 1560)
+    keys = [a, b] * 200
+    ref = plan_of(lens, object_array(keys))
+    assert_unmixed(ref, keys)
+    for container in (keys, tuple(keys)):
+        same_plan(plan_of(lens, container), ref)
+    # Rows of mixed-type fields: (1, 480) and ('1', 480) are two keys.
+    rows = [(a, 480), (b, 480)] * 200
+    ref = plan_of(lens, object_array(rows))
+    assert_unmixed(ref, rows)
+    same_plan(plan_of(lens, rows), ref)
+
+
+def test_a_list_of_ints_numbers_its_keys_as_an_int_array():
+    lens = np.full(300, 1560)
+    keys = [int(k) for k in np.random.default_rng(0).integers(0, 50, size=300) * 7]
+    same_plan(plan_of(lens, keys), plan_of(lens, np.array(keys)))
+    same_plan(plan_of(lens, [str(k) for k in keys]), plan_of(lens, np.array(keys).astype(str)))
+
+
 @pytest.mark.parametrize(
     "dtype", [torch.int64, torch.int32, torch.int16, torch.bfloat16, torch.float16, torch.float32]
 )

@@ -3,7 +3,10 @@ over the video's tokens and the prompt's 256 together (no fused patch: its norms
 RMSNorms with a scale-only modulation; balanced and calibrated as it is).
 
 Geometry: a VAE of strides (6, 8, 8), patches of (1, 2, 2), 256 text tokens per sample: a
-480x848 163-frame clip is 28 x 30 x 53 + 256 = 44,776 tokens.
+480x848 163-frame clip is 28 x 30 x 53 + 256 = 44,776 tokens. The model takes 6k+1 frames
+(Genmo's reference sampler asserts it; the VAE decodes k+1 latent frames to 6k+1) and heights
+and widths that are multiples of 16 (the pipeline's 8 for the VAE, then an even latent:
+diffusers' transformer cannot reshape its output back to an odd latent height or width).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from adaptiveload.geometry import Geometry
 from adaptiveload.models.family import ModelFamily, random_source
 
 TEXT_LEN = 256
-GEOMETRY = Geometry("mochi", (6, 8, 8), (1, 2, 2), extra_tokens=TEXT_LEN)
+GEOMETRY = Geometry(
+    "mochi", (6, 8, 8), (1, 2, 2), extra_tokens=TEXT_LEN, frame_step=6, size_step=16
+)
 
 CONFIGS: dict[str, dict] = {
     "tiny": dict(

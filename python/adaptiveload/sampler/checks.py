@@ -92,19 +92,37 @@ def as_seq_lens(seq_lens) -> np.ndarray:
     return a
 
 
-def as_group_ids(group_keys, seq_lens: np.ndarray) -> np.ndarray:
+def _typed_keys(group_keys, a: np.ndarray) -> np.ndarray:
+    """``a``, numpy's array of a list or tuple of keys, where it kept each key as it was; an
+    object array of the keys as given where it made text of keys of other types (``[1, '1']``
+    becomes ``['1', '1']``: one key)."""
+    if a.dtype.kind not in "US" or a.ndim not in (1, 2) or isinstance(group_keys, np.ndarray):
+        return a
+    text = str if a.dtype.kind == "U" else bytes
+    keys = list(group_keys)
+    fields = keys if a.ndim == 1 else [v for k in keys for v in k]
+    if all(isinstance(v, text) for v in fields):
+        return a
+    out = np.empty(len(keys), dtype=object)
+    for i, k in enumerate(keys):
+        out[i] = tuple(k) if a.ndim == 2 else k
+    return out
+
+
+def as_group_ids(group_keys, seq_lens: np.ndarray, name: str = "group_keys") -> np.ndarray:
     """Dense int64 ids, numbered in sorted key order, so that the same keys plan alike in
     any container: a 1-D array, tensor or list of keys, or an ``(n, k)`` array, tensor or
-    list of tuples (e.g. ``(frames, height, width)``). The one numbering of group keys:
+    list of tuples (e.g. ``(frames, height, width)``). Keys are equal as Python compares
+    them: ``1`` and ``'1'`` are two keys. The one numbering of group keys:
     ``Metadata.group_keys`` gives its result, which is returned as it is (dense ids are their
     own numbering), and the C++ sample table takes it without renumbering."""
     n = len(seq_lens)
-    a = to_numpy(group_keys, "group_keys")
+    a = _typed_keys(group_keys, to_numpy(group_keys, name))
     if a.ndim == 0 or len(a) != n:
         got = "a scalar" if a.ndim == 0 else f"{len(a)} entries"
-        raise ValueError(f"group_keys must have one key per sample ({n}), got {got}")
+        raise ValueError(f"{name} must have one key per sample ({n}), got {got}")
     if a.ndim > 2:
-        raise ValueError(f"group_keys must be 1-D or (n, k), got shape {a.shape}")
+        raise ValueError(f"{name} must be 1-D or (n, k), got shape {a.shape}")
     if a.ndim == 1 and a.dtype.kind in "iu" and n and a.min() >= 0 and a.max() < n:
         if np.bincount(a, minlength=1).all():  # already dense ids: their own numbering
             return np.ascontiguousarray(a, dtype=np.int64)

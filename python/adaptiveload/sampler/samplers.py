@@ -36,8 +36,8 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
             cut to about that cost, which is what lets steps balance.
         cost_model: a ``CostModel``; default ``CostModel.default()`` (Wan 2.1 14B, H200).
         group_keys: optional per-sample keys (e.g. ``(frames, h, w)`` rows, tuples or ints,
-            in a list, array or tensor); a micro-batch never mixes keys. Default: the
-            sequence length.
+            in a list, array or tensor); a micro-batch never mixes keys (``1`` and ``'1'`` are
+            two). Default: the sequence length.
         num_replicas, rank: data-parallel ranks and this rank. Default: from
             ``process_group`` (the data-parallel group; every rank of a sequence-parallel
             group then draws the same batches), else from ``torch.distributed`` when
