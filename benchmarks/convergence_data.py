@@ -88,9 +88,9 @@ SETUPS = {
         val_clips=24,
         schedules={
             "packed_k4": Schedule(epochs=24, evals_per_epoch=1, lr=1e-2),
-            "packed_k1": Schedule(epochs=12, evals_per_epoch=2, lr=5e-3),
+            "packed_k1": Schedule(epochs=16, evals_per_epoch=2, lr=5e-3),
             "b1_k4": Schedule(epochs=10, evals_per_epoch=2, lr=1e-2),
-            "b1_k1": Schedule(epochs=6, evals_per_epoch=4, lr=5e-3),
+            "b1_k1": Schedule(epochs=8, evals_per_epoch=3, lr=5e-3),
         },
     ),
     # CPU, seconds: the end-to-end check of the tests (one block of 2 heads of 8).

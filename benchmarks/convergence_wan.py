@@ -49,8 +49,8 @@ Each run writes ``convergence_wan.csv`` (one row per evaluation), ``convergence_
 ``benchmarks/results/<gpu>/``), rows as runs finish; ``--time-budget`` starts no run after
 that many seconds, leaving whole seeds (runs go seed by seed).
 
-Where it runs: the full setup is 1.01 million micro-batch forward+backward passes over 10
-seeds (24 runs of 2,700-5,400 per seed, and the conflict run), each of 16-120 tokens. On the
+Where it runs: the full setup is 1.14 million micro-batch forward+backward passes over 10
+seeds (24 runs of 3,600-5,400 per seed, and the conflict run), each of 16-120 tokens. On the
 CPU a pass costs its Python and dispatch overhead and little compute; on a GPU it is bound by
 the same overhead plus the kernel launches, and processes sharing one GPU queue behind each
 other. So runs go to ``--workers`` CPU processes (default: one per core, one thread each),
@@ -269,6 +269,7 @@ def summarize_only(dirs, out_dir: str | None, ranks: int) -> int:
         "device": first["device"],
         "torch": first["torch"],
         "diffusers": first["diffusers"],
+        "wiring": check_wiring(ctx.data, ranks, min(r["seed"] for r in rows)),
     }
     write_summary(rows, conflict_rows, ctx, out_dir, info)
     print(f"merged {len(dirs)} folders into {out_dir}")
