@@ -6,7 +6,6 @@ against an equivalence margin, the conflict run's losses, and the targets met or
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
 from scipy import stats
@@ -99,6 +98,7 @@ def paired(arm: list[float], control: list[float]) -> dict:
         "low_pct": low * pct,
         "high_pct": high * pct,
         "verdict": verdict,
+        "per_seed": d.tolist(),
     }
 
 
@@ -324,48 +324,103 @@ def print_summary(summary: dict) -> None:
         print(f"  missed: {t['target']}: {t['value']}")
 
 
-def figure(rows, predictor, path: str) -> None:
-    """Validation loss against optimizer steps: one row of panels per structure, one column
-    per (modality, normalization), one line per order (mean over seeds), the band the seeds'
-    range; the no-structure predictor dashed."""
-    try:
-        import matplotlib
+def curves(runs, structure: str, order: str, norm: str, m: str, grid=None):
+    """The seeds' validation curves of one arm on a grid of optimizer steps: (grid, {seed:
+    losses}); the grid is 64 points up to the fewest steps of its runs unless given."""
+    rs = {k[3]: v for k, v in runs.items() if k[:3] == (structure, order, norm)}
+    if not rs:
+        return None, {}
+    if grid is None:
+        grid = np.linspace(0, min(r[-1]["steps"] for r in rs.values()), 64)
+    return grid, {
+        seed: np.interp(grid, [x["steps"] for x in r], [x[f"val_{m}"] for x in r])
+        for seed, r in rs.items()
+    }
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("no matplotlib: figure skipped", file=sys.stderr)
-        return
-    runs = by_run(rows)
-    columns = [(m, n) for m in MODALITIES for n in NORMALIZATIONS]
+
+def _panels(rows):
+    """The figure's grid: a row per structure, a column per (modality, normalization), only
+    those the rows hold."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    structures = [s for s in STRUCTURES if any(r["structure"] == s for r in rows)]
+    norms = [n for n in NORMALIZATIONS if any(r["normalization"] == n for r in rows)]
+    columns = [(m, n) for m in MODALITIES for n in norms]
     fig, axes = plt.subplots(
-        len(STRUCTURES),
+        len(structures),
         len(columns),
         squeeze=False,
-        figsize=(4 * len(columns), 2.8 * len(STRUCTURES)),
+        figsize=(4 * len(columns), 2.8 * len(structures)),
     )
-    for i, structure in enumerate(STRUCTURES):
-        for j, (m, norm) in enumerate(columns):
-            ax = axes[i][j]
-            for order in ORDERS:
-                rs = [v for k, v in runs.items() if k[:3] == (structure, order, norm)]
-                if not rs:
-                    continue
-                grid = np.linspace(0, min(r[-1]["steps"] for r in rs), 64)
-                ys = np.array(
-                    [
-                        np.interp(grid, [x["steps"] for x in r], [x[f"val_{m}"] for x in r])
-                        for r in rs
-                    ]
-                )
-                (line,) = ax.plot(grid, ys.mean(0), label=order, lw=1.2)
-                ax.fill_between(grid, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.2)
-            ax.axhline(predictor[m], color="gray", ls="--", lw=0.8, label="no-structure predictor")
-            ax.set_title(f"{structure}: {m}, {norm} normalization", fontsize=9)
-            ax.set_xlabel("optimizer steps", fontsize=8)
-            ax.set_yscale("log")  # the end, where the orders would differ, spread out
-            ax.grid(alpha=0.3, which="both")
-    axes[0][0].legend(fontsize=8)
+    return (
+        plt,
+        fig,
+        [
+            (ax, s, m, n)
+            for i, s in enumerate(structures)
+            for ax, (m, n) in zip(axes[i], columns, strict=True)
+        ],
+    )
+
+
+def figure(rows, predictor, path: str) -> None:
+    """Validation loss against optimizer steps: a row of panels per structure, a column per
+    (modality, normalization), a line per order (mean over seeds) with the band of the seeds'
+    range, the no-structure predictor dashed; the loss axis from just below the lowest mean to
+    just above the predictor (the first steps, above it, are cut)."""
+    runs = by_run(rows)
+    plt, fig, panels = _panels(rows)
+    for ax, structure, m, norm in panels:
+        low = np.inf
+        for order in ORDERS:
+            grid, ys = curves(runs, structure, order, norm, m)
+            if not ys:
+                continue
+            ys = np.array(list(ys.values()))
+            (line,) = ax.plot(grid, ys.mean(0), label=order, lw=1.2)
+            ax.fill_between(grid, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.2)
+            low = min(low, ys.min())
+        ax.axhline(predictor[m], color="gray", ls="--", lw=0.8, label="no-structure predictor")
+        ax.set_ylim(0.95 * low, 1.1 * predictor[m])
+        ax.set_title(f"{structure}: {m}, {norm} normalization", fontsize=9)
+        ax.set_xlabel("optimizer steps", fontsize=8)
+        ax.grid(alpha=0.3)
+    panels[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def difference_figure(rows, path: str) -> None:
+    """The paired difference along the run: per order, the mean over seeds of (order -
+    control) / control's mean, in %, with its 95% t band, and the +-MARGIN lines."""
+    runs = by_run(rows)
+    plt, fig, panels = _panels(rows)
+    for ax, structure, m, norm in panels:
+        grid, control = curves(runs, structure, CONTROL, norm, m)
+        for order in (o for o in ORDERS if o != CONTROL):
+            _, arm = curves(runs, structure, order, norm, m, grid)
+            seeds = sorted(set(arm) & set(control))
+            if not seeds:
+                continue
+            base = np.mean([control[s] for s in seeds], axis=0)
+            d = np.array([100 * (arm[s] - control[s]) / base for s in seeds])
+            mean = d.mean(0)
+            (line,) = ax.plot(grid, mean, label=f"{order} - {CONTROL}", lw=1.2)
+            if len(seeds) > 1:
+                half = stats.t.ppf(0.975, len(seeds) - 1) * d.std(0, ddof=1) / math.sqrt(len(seeds))
+                ax.fill_between(grid, mean - half, mean + half, color=line.get_color(), alpha=0.2)
+        for y in (-100 * MARGIN, 0, 100 * MARGIN):
+            ax.axhline(y, color="gray", ls="--" if y else "-", lw=0.8)
+        ax.set_ylim(-8, 8)
+        ax.set_title(f"{structure}: {m}, {norm} normalization", fontsize=9)
+        ax.set_xlabel("optimizer steps", fontsize=8)
+        ax.set_ylabel("paired difference, %", fontsize=8)
+        ax.grid(alpha=0.3)
+    panels[0][0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

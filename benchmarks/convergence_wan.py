@@ -45,7 +45,8 @@ differs from it in the order only (issue #34).
     PYTHONPATH=python python benchmarks/convergence_wan.py --quick --out-dir /tmp/conv  # CI
 
 Each run writes ``convergence_wan.csv`` (one row per evaluation), ``convergence_conflict.csv``,
-``convergence_wan.json`` (the summary) and ``convergence_wan.png`` under ``--out-dir`` (default
+``convergence_wan.json`` (the summary), ``convergence_wan.png`` (validation losses) and
+``convergence_wan_diff.png`` (paired differences along the run) under ``--out-dir`` (default
 ``benchmarks/results/<gpu>/``), rows as runs finish; ``--time-budget`` starts no run after
 that many seconds, leaving whole seeds (runs go seed by seed).
 
@@ -86,7 +87,7 @@ from convergence_arms import (  # noqa: E402
     train_run,
 )
 from convergence_data import SETUPS, SyntheticMix, TrainSet, ValSet  # noqa: E402
-from convergence_stats import figure, print_summary, summarize, typed  # noqa: E402
+from convergence_stats import difference_figure, figure, print_summary, summarize, typed  # noqa: E402
 
 META = ("date", "machine", "device", "torch", "diffusers", "command")
 RUN_COLUMNS = (
@@ -237,7 +238,8 @@ def write_summary(rows, conflict_rows, ctx: Context, out_dir: str, info: dict) -
     with open(os.path.join(out_dir, "convergence_wan.json"), "w") as f:
         json.dump(info | summary, f, indent=1)
     figure(rows, predictor, os.path.join(out_dir, "convergence_wan.png"))
-    print(f"wrote {out_dir}/convergence_wan.json and .png")
+    difference_figure(rows, os.path.join(out_dir, "convergence_wan_diff.png"))
+    print(f"wrote {out_dir}/convergence_wan.json, .png and _diff.png")
     return summary
 
 
@@ -267,8 +269,8 @@ def summarize_only(dirs, out_dir: str | None, ranks: int) -> int:
         "date": ", ".join(sorted({r["date"] for r in rows})),
         "machine": first["machine"],
         "device": first["device"],
-        "torch": first["torch"],
-        "diffusers": first["diffusers"],
+        "torch": first.get("torch", ""),
+        "diffusers": first.get("diffusers", ""),
         "wiring": check_wiring(ctx.data, ranks, min(r["seed"] for r in rows)),
     }
     write_summary(rows, conflict_rows, ctx, out_dir, info)
@@ -290,7 +292,7 @@ def main(argv=None) -> int:
         "--workers",
         type=int,
         default=None,
-        help="processes running runs (default: 1 with --quick, else CPU cores)",
+        help="processes running runs (default: 1 with --quick, else the CPU cores this may use)",
     )
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: see the docstring")
     ap.add_argument(
@@ -314,7 +316,7 @@ def main(argv=None) -> int:
         if not chosen or any(v not in known for v in chosen):
             ap.error(f"choose from {', '.join(known)}")
     seeds = args.seeds if args.seeds is not None else ([0, 1] if args.quick else list(range(10)))
-    workers = args.workers or (1 if args.quick else os.cpu_count())
+    workers = args.workers or (1 if args.quick else len(os.sched_getaffinity(0)))
     setup_name = "quick" if args.quick else "full"
 
     import diffusers

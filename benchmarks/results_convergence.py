@@ -185,5 +185,17 @@ def convergence() -> list[str]:
             comparison_rows(d),
         )
         + conflict_lines(d)
-        + ["", "![convergence](results/h200/convergence_wan.png)", ""]
+        + [
+            "",
+            "Validation loss per structure, modality and normalization (mean over seeds, band: "
+            "their range; dashed: the no-structure predictor):",
+            "",
+            "![convergence](results/h200/convergence_wan.png)",
+            "",
+            "The paired difference to the control along the run (mean over seeds, band: 95% "
+            "interval; dashed: the ±2% margin):",
+            "",
+            "![paired differences](results/h200/convergence_wan_diff.png)",
+            "",
+        ]
     )

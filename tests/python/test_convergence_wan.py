@@ -259,6 +259,7 @@ def test_quick_runs_end_to_end(tmp_path, capsys):
     _, conflict = read_rows(out / cw.CONFLICT_CSV)
     assert {r["branch"] for r in conflict} == {"start", "clips only", "images only", "mixed"}
     assert (out / "convergence_wan.png").stat().st_size > 0
+    assert (out / "convergence_wan_diff.png").stat().st_size > 0
     with open(out / "convergence_wan.json") as f:
         summary = json.load(f)
     assert len(summary["comparisons"]) == 4 * 2 * 2 * 2 * 2  # structures x orders x ...
