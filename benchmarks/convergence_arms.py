@@ -203,6 +203,11 @@ def step_normalizer(step, data: TrainSet, normalization: str, elements_per_token
     return float(sum(len(idx) for _, idx, _ in step))
 
 
+def val_losses(val: ValSet, model) -> dict[str, float]:
+    """The row's ``val_image`` and ``val_clip``, to 6 decimals (as the CSV keeps them)."""
+    return {f"val_{m}": round(v, 6) for m, v in val.loss(model).items()}
+
+
 def accumulate_step(model, micro_batches, normalization: str, normalizer: float) -> torch.Tensor:
     """Forward+backward of each micro-batch, accumulating the gradient of ``loss_sum /
     normalizer``: DDP's averaged gradient times W. Returns the step's loss, on the device."""
@@ -235,7 +240,6 @@ def train_run(structure: str, order: str, normalization: str, seed: int, ctx: Co
             {
                 "structure": structure,
                 "order": order,
-                "sampler": describe(structure, order),
                 "normalization": normalization,
                 "seed": seed,
                 "lr": schedule.lr,
@@ -244,11 +248,11 @@ def train_run(structure: str, order: str, normalization: str, seed: int, ctx: Co
                 "samples_seen": state["samples"],
                 "tokens_seen": state["tokens"],
                 "micro_batches": state["micro_batches"],
-                "mixed_steps": state["mixed"] / max(state["steps"], 1),
-                "train_loss": float(torch.stack(losses).mean()) if losses else "",
-                "wall_s": round(time.perf_counter() - t_start, 3),
+                "mixed_steps": round(state["mixed"] / max(state["steps"], 1), 4),
+                "train_loss": round(float(torch.stack(losses).mean()), 6) if losses else "",
+                "wall_s": round(time.perf_counter() - t_start, 2),
             }
-            | {f"val_{m}": v for m, v in ctx.val.loss(model).items()}
+            | val_losses(ctx.val, model)
         )
         losses.clear()
 
@@ -332,12 +336,9 @@ def conflict_run(seed: int, ctx: Context, probe: int = 64) -> list[dict]:
         model, data, rng.choice(images, min(probe, len(images)), replace=False), seed
     )
     g_clip = gradient(model, data, rng.choice(clips, min(probe, len(clips)), replace=False), seed)
-    cosine = float(g_image @ g_clip / (g_image.norm() * g_clip.norm()))
-    start = ctx.val.loss(model)
-    rows = [
-        {"seed": seed, "branch": "start", "steps": done, "grad_cosine": cosine}
-        | {f"val_{m}": v for m, v in start.items()}
-    ]
+    cosine = round(float(g_image @ g_clip / (g_image.norm() * g_clip.norm())), 6)
+    start = val_losses(ctx.val, model)
+    rows = [{"seed": seed, "branch": "start", "steps": done, "grad_cosine": cosine} | start]
     saved = (
         {k: v.clone() for k, v in model.state_dict().items()},
         _clone_optimizer_state(optimizer.state_dict()),
@@ -356,7 +357,7 @@ def conflict_run(seed: int, ctx: Context, probe: int = 64) -> list[dict]:
             if (b + 1) % max(branch_steps // 4, 1) == 0 or b == branch_steps - 1:
                 rows.append(
                     {"seed": seed, "branch": branch, "steps": done + b + 1, "grad_cosine": ""}
-                    | {f"val_{m}": v for m, v in ctx.val.loss(model).items()}
+                    | val_losses(ctx.val, model)
                 )
     return rows
 

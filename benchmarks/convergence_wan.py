@@ -93,7 +93,6 @@ META = ("date", "machine", "device", "torch", "diffusers", "command")
 RUN_COLUMNS = (
     "structure",
     "order",
-    "sampler",
     "normalization",
     "seed",
     "lr",
