@@ -167,9 +167,9 @@ PY
       # scale with the cores), and starts no run after CONVERGENCE_BUDGET seconds. Merge the
       # slices' folders with convergence_wan.py --summarize-only.
       eval "extra=(${CONVERGENCE_ARGS:-})"
-      run_step convergence ours timeout "${CONVERGENCE_TIMEOUT:-570}" $PY \
+      run_step convergence ours timeout "${CONVERGENCE_TIMEOUT:-560}" $PY \
         benchmarks/convergence_wan.py --out-dir "$OUT/convergence" \
-        --time-budget "${CONVERGENCE_BUDGET:-470}" "${extra[@]}"
+        --time-budget "${CONVERGENCE_BUDGET:-430}" "${extra[@]}"
       ;;
     calibrate)
       # Plan-aware calibration of the full-depth model, timed (issue 15's <= 10 minutes).

@@ -298,3 +298,12 @@ def test_worker_processes_and_slices_give_the_same_numbers(tmp_path, capsys):
         open(os.path.join(merged, "convergence_wan.json")) as g,
     ):
         assert json.load(f)["comparisons"] == json.load(g)["comparisons"]
+
+
+def test_no_run_starts_after_the_time_budget(tmp_path, capsys):
+    argv = ["--quick", "--structures", "b1_k1", "--time-budget", "0", "--out-dir", str(tmp_path)]
+    assert cw.main(argv) == 1
+    # 2 seeds x (3 orders x 2 normalizations + the conflict run)
+    assert "time budget: 14 of 14 runs not started" in capsys.readouterr().out
+    _, rows = read_rows(tmp_path / cw.RUNS_CSV)
+    assert rows == []
