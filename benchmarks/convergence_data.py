@@ -17,87 +17,102 @@ MODALITIES = ("image", "clip")
 
 
 @dataclass(frozen=True)
+class Schedule:
+    """How one step structure trains: epochs, evaluations per epoch (by samples seen) and the
+    AdamW peak learning rate (``Setup.learning_rate`` gives its schedule)."""
+
+    epochs: int
+    evals_per_epoch: int
+    lr: float
+
+
+@dataclass(frozen=True)
 class Setup:
-    """Model, data and schedule of one benchmark size."""
+    """Model, data and schedules of one benchmark size."""
 
     #: WanTransformer3DModel keyword arguments (patch (1, 2, 2) besides)
     model: dict
     #: ((frames, height, width) of the latent, share of samples); one frame: an image
     mix: tuple
     samples: int
-    epochs: int
     val_images: int
     val_clips: int
-    evals_per_epoch: int
-    lr: float
-    #: K, micro-batches per rank per step
-    micro_batches: int = 4
+    #: step structure (convergence_arms.STRUCTURES) -> its Schedule
+    schedules: dict
+    #: linear warm-up over this share of the run's samples, then a cosine decay to
+    #: ``final_lr`` times the peak at the end
+    warmup: float = 0.05
+    final_lr: float = 0.1
     text_len: int = 4
-    #: pattern ids per modality, and waves per pattern
-    patterns: int = 4
-    waves: int = 3
+    #: pattern ids per modality, and waves per pattern (each wave a direction in the channels)
+    patterns: int = 2
+    waves: int = 2
     #: wavelengths (latent pixels) and clip speeds (latent pixels per frame)
-    wavelength: tuple = (5.0, 16.0)
+    wavelength: tuple = (3.0, 8.0)
     speed: tuple = (0.5, 2.0)
+    #: images and clips of pattern i share one text embedding (and differ in waves), so the
+    #: same text asks for different latents in each modality: the two pull the text-to-latent
+    #: map apart. False: each modality has text ids of its own (the task before issue #34).
+    shared_text: bool = True
 
 
+# The full size: 1 block, 2 heads of 32 (96,576 parameters), fp32; latents of 16-120 tokens,
+# about 60% images holding about a quarter of the tokens. 2 patterns of 2 waves per modality:
+# a task this model learns to well below the no-structure predictor within the schedules.
+_MODEL = dict(
+    num_attention_heads=2,
+    attention_head_dim=32,
+    in_channels=16,
+    out_channels=16,
+    text_dim=32,
+    freq_dim=32,
+    ffn_dim=128,
+    num_layers=1,
+)
+_MIX = (
+    ((1, 8, 8), 0.35),
+    ((1, 8, 12), 0.25),
+    ((3, 8, 8), 0.16),
+    ((5, 8, 8), 0.12),
+    ((5, 8, 12), 0.12),
+)
+
+_STRUCTURES = ("packed_k4", "packed_k1", "b1_k4", "b1_k1")
 SETUPS = {
-    # One H200: about 23,000 micro-batches in 24 runs, most bound by the host's launches
-    # (120-2,040 tokens, fp32).
+    # 16 CPU cores or one H200: see convergence_wan.py for the run's size and time.
     "full": Setup(
-        model=dict(
-            num_attention_heads=4,
-            attention_head_dim=64,
-            in_channels=16,
-            out_channels=16,
-            text_dim=64,
-            freq_dim=64,
-            ffn_dim=512,
-            num_layers=2,
-        ),
-        mix=(
-            ((1, 16, 32), 0.35),
-            ((1, 24, 20), 0.25),
-            ((9, 24, 20), 0.16),
-            ((13, 16, 32), 0.14),
-            ((17, 24, 20), 0.10),
-        ),
-        samples=1536,
-        epochs=1,
-        val_images=32,
-        val_clips=16,
-        evals_per_epoch=16,
-        lr=1e-3,
+        model=_MODEL,
+        mix=_MIX,
+        samples=512,
+        val_images=24,
+        val_clips=24,
+        schedules={
+            "packed_k4": Schedule(epochs=24, evals_per_epoch=1, lr=1e-2),
+            "packed_k1": Schedule(epochs=16, evals_per_epoch=2, lr=5e-3),
+            "b1_k4": Schedule(epochs=10, evals_per_epoch=2, lr=1e-2),
+            "b1_k1": Schedule(epochs=8, evals_per_epoch=3, lr=5e-3),
+        },
     ),
-    # CPU, seconds: the end-to-end check of the tests.
+    # CPU, seconds: the end-to-end check of the tests (one block of 2 heads of 8).
     "quick": Setup(
-        model=dict(
-            num_attention_heads=2,
-            attention_head_dim=16,
-            in_channels=16,
-            out_channels=16,
-            text_dim=16,
-            freq_dim=16,
-            ffn_dim=64,
-            num_layers=2,
-        ),
-        mix=(
-            ((1, 8, 8), 0.35),
-            ((1, 8, 12), 0.25),
-            ((3, 8, 8), 0.16),
-            ((5, 8, 8), 0.14),
-            ((5, 8, 12), 0.10),
-        ),
-        samples=48,
-        epochs=2,
-        val_images=4,
+        model=dict(_MODEL, attention_head_dim=8, text_dim=16, freq_dim=16, ffn_dim=32),
+        mix=_MIX,
+        samples=32,
+        val_images=2,
         val_clips=3,
-        evals_per_epoch=2,
-        lr=1e-3,
-        micro_batches=1,
-        wavelength=(3.0, 8.0),
+        schedules={s: Schedule(epochs=1, evals_per_epoch=2, lr=5e-3) for s in _STRUCTURES},
     ),
 }
+
+
+def learning_rate(setup: Setup, peak: float, done: float, total: float) -> float:
+    """The learning rate of a step that starts with ``done`` of the run's ``total`` samples
+    seen: linear warm-up, then cosine decay. By samples, so that arms of one structure, whose
+    steps are the same micro-batches dealt differently, follow the same schedule."""
+    progress = done / total
+    warm = min(1.0, (progress + 1 / total) / setup.warmup) if setup.warmup > 0 else 1.0
+    decay = setup.final_lr + (1 - setup.final_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+    return peak * warm * decay
 
 
 # -- data -------------------------------------------------------------------------------------
@@ -130,7 +145,8 @@ class SyntheticMix:
     """Latents of smooth waves: ``x0[c, f, y, x] = sum_j a_j load_j[c] cos(k_j . (p - v_j f) +
     phi_j)``, ``p = (y, x)``, with the waves ``(k_j, v_j, phi_j, load_j)`` of the sample's pattern
     id and random amplitudes ``a_j``; ``v_j = 0`` for images. Image ids are ``[0, P)``, clip ids
-    ``[P, 2P)``; the text embedding of a sample is its id's fixed random embedding."""
+    ``[P, 2P)``; the text embedding of a sample is its id's fixed random embedding, the same
+    for ids ``i`` and ``P + i`` with ``shared_text``."""
 
     def __init__(self, setup: Setup, device, seed: int = 1234):
         self.setup, self.device = setup, device
@@ -148,6 +164,8 @@ class SyntheticMix:
         load = rng.standard_normal((p, j, c))
         self.load = load / np.linalg.norm(load, axis=-1, keepdims=True) * math.sqrt(c)
         text = rng.standard_normal((p, setup.text_len, setup.model["text_dim"]))
+        if setup.shared_text:
+            text[setup.patterns :] = text[: setup.patterns]
         self.text = torch.tensor(text, dtype=torch.float32, device=device)
         self.seed = seed
 
@@ -201,6 +219,18 @@ class TrainSet:
     def __len__(self):
         return len(self.seq_lens)
 
+    def is_image(self) -> np.ndarray:
+        return self.shapes[:, 0] == 1
+
+    def power(self) -> dict[str, float]:
+        """Mean square of the clean latents' elements, per modality."""
+        sums = {m: 0.0 for m in MODALITIES}
+        counts = {m: 0 for m in MODALITIES}
+        for shape, x0 in self.x0.items():
+            sums[modality_of(shape)] += float(x0.square().sum())
+            counts[modality_of(shape)] += x0.numel()
+        return {m: sums[m] / counts[m] for m in MODALITIES}
+
     def inputs(self, indices, epoch: int, seed: int) -> Inputs:
         """Flow-matching inputs of one micro-batch (one shape: the samplers group by shape)."""
         shape = tuple(int(v) for v in self.shapes[indices[0]])
@@ -249,6 +279,23 @@ class ValSet:
         counts = {m: 0 for m in MODALITIES}
         for modality, inputs in self.groups:
             err = (forward(model, inputs) - inputs.target).square().flatten(1).mean(1)
+            sums[modality] += float(err.sum())
+            counts[modality] += len(err)
+        return {m: sums[m] / counts[m] for m in MODALITIES if counts[m]}
+
+    def no_structure_loss(self, power: dict[str, float]) -> dict[str, float]:
+        """The validation loss of the best predictor that knows no structure: one that takes
+        every latent element as independent of the others and of the text, with the
+        modality's mean square ``s2`` (``power``). Its best guess of ``v = noise - x0`` from
+        ``x_t = (1 - t) x0 + t noise`` is then ``c(t) x_t``, ``c = (t - (1 - t) s2) /
+        ((1 - t)^2 s2 + t^2)`` (the linear least-squares estimate, exact for Gaussian
+        elements); any loss below it is structure learned."""
+        sums = {m: 0.0 for m in MODALITIES}
+        counts = {m: 0 for m in MODALITIES}
+        for modality, inputs in self.groups:
+            s2, t = power[modality], (inputs.timestep / 1000).view(-1, 1, 1, 1, 1)
+            c = (t - (1 - t) * s2) / ((1 - t) ** 2 * s2 + t**2)
+            err = (c * inputs.x_t - inputs.target).square().flatten(1).mean(1)
             sums[modality] += float(err.sum())
             counts[modality] += len(err)
         return {m: sums[m] / counts[m] for m in MODALITIES if counts[m]}

@@ -12,6 +12,7 @@ import csv
 import os
 import sys
 
+from results_convergence import convergence
 from results_io import (  # noqa: F401 - append_csv, write_csv: the benchmark scripts import them
     HERE,
     RESULTS,
@@ -36,77 +37,6 @@ def write_results(rel: str, head: list[str], rows: list[list], meta: dict) -> st
             w.writerow(list(meta.values()) + list(r))
     main()
     return path
-
-
-def _mean_sd(values) -> str:
-    n = len(values)
-    mean = sum(values) / n
-    sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5 if n > 1 else 0.0
-    return f"{mean:.3f} ± {sd:.3f}"
-
-
-def convergence() -> list[str]:
-    """benchmarks/convergence_wan.py: its summary JSON (per normalization and arm, one value
-    per seed) as a table, and its figure."""
-    path = os.path.join(RESULTS, "h200", "convergence_wan.json")
-    if not os.path.exists(path):
-        return []
-    import json
-
-    with open(path) as f:
-        d = json.load(f)
-    body = []
-    for name, e in d["arms"].items():
-        norm, arm = name.split("/")
-        body.append(
-            [norm, arm, f"{d['samplers'][arm]}", f"{sum(e['steps_per_epoch']) / len(e['steps_per_epoch']):.0f}",
-             f"{sum(e['mixed_steps']) / len(e['mixed_steps']):.0%}",
-             f"{sum(e['epoch_gpu_s']) / len(e['epoch_gpu_s']):.2f}",
-             _mean_sd(e["val_image_end"]), _mean_sd(e["val_clip_end"]),
-             _mean_sd(e["val_image_at_gpu"]), _mean_sd(e["val_clip_at_gpu"])]
-        )  # fmt: skip
-    setup = d["setup"]
-    return (
-        [
-            "## What the step order does to training",
-            "",
-            f"benchmarks/convergence_wan.py: {d['machine']}; torch {d['torch']}, diffusers "
-            f"{d['diffusers']}; {d['date']}; `{d['command']}`. The real WanTransformer3DModel "
-            f"(2 blocks, 4 heads of 64) trained on a synthetic task whose images and clips need "
-            f"different parameters (pattern ids in the text embedding; clips' waves move), "
-            f"{setup['samples']} samples (61% images, 11% of the tokens), {d['ranks']} ranks x "
-            f"{setup['micro_batches']} micro-batches per step accumulated as DDP does, AdamW, "
-            f"one epoch, seeds {d['seeds']}. Validation loss per modality (fixed set, fixed "
-            "timesteps): at the end (equal samples seen) and at the GPU time of the fastest arm "
-            "(equal GPU time). Mean ± standard deviation over seeds; mixed: steps holding images "
-            "and clips.",
-            "",
-            "Micro-batches this small are bound by the host's launches, so GPU time here mostly "
-            "counts micro-batches (and the measured imbalance, about 10% for every arm, is "
-            "timing noise). The order is judged between arms of one step structure: "
-            "`segregated` against `default` (packed, 16 steps), `b1_segregated` against "
-            "`shuffled_b1` (one sample per micro-batch, 48 steps). Packed arms take a third as "
-            "many optimizer steps as batch-size-1 arms at the same learning rate, so at equal "
-            "samples they trail for that reason, not for their order.",
-            "",
-        ]
-        + table(
-            [
-                "normalization",
-                "arm",
-                "sampler",
-                "steps",
-                "mixed",
-                "epoch GPU s",
-                "val image, end",
-                "val clip, end",
-                "val image, eq. GPU",
-                "val clip, eq. GPU",
-            ],
-            body,
-        )  # fmt: skip
-        + ["", "![convergence](results/h200/convergence_wan.png)", ""]
-    )
 
 
 def copied(rel: str, title: str, question: str, note: str = "") -> list[str]:

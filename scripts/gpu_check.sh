@@ -160,10 +160,16 @@ PY
         --out "$OUT/mix" "${extra[@]}"
       ;;
     convergence)
-      # Issue 25: what the step order does to training (benchmarks/convergence_wan.py).
+      # Issue 34: does the step order change what the model learns (benchmarks/convergence_wan.py)?
+      # The full run is 10 seeds, too long for one call: each call runs the slice
+      # CONVERGENCE_ARGS names (--seeds 0-4, then --seeds 5-9), on the host's CPU cores (one
+      # run per core: this toy's passes are overhead-bound on either device, and CPU runs
+      # scale with the cores), and starts no run after CONVERGENCE_BUDGET seconds. Merge the
+      # slices' folders with convergence_wan.py --summarize-only.
       eval "extra=(${CONVERGENCE_ARGS:-})"
-      run_step convergence ours timeout "${CONVERGENCE_TIMEOUT:-420}" $PY \
-        benchmarks/convergence_wan.py --out-dir "$OUT/convergence" "${extra[@]}"
+      run_step convergence ours timeout "${CONVERGENCE_TIMEOUT:-560}" $PY \
+        benchmarks/convergence_wan.py --out-dir "$OUT/convergence" \
+        --time-budget "${CONVERGENCE_BUDGET:-430}" "${extra[@]}"
       ;;
     calibrate)
       # Plan-aware calibration of the full-depth model, timed (issue 15's <= 10 minutes).
