@@ -236,8 +236,8 @@ def swap_classes(model, blocks):
 
 @pytest.mark.parametrize("name", PATCHED)
 def test_models_and_blocks_of_fsdp2_subclasses_are_found(name):
-    from adaptiveload.integrations.diffusers import checkpointed_blocks, set_checkpointed_blocks
     from adaptiveload.models import family_for
+    from adaptiveload.models.checkpointing import checkpointed_blocks, set_checkpointed_blocks
 
     family = family_of(name)
     model = build(name)
