@@ -10,12 +10,7 @@ pytest.importorskip("diffusers")
 from adaptiveload.integrations.diffusers import apply_fused_ops, is_fused, remove_fused_ops  # noqa: E402
 from adaptiveload.models.wan import FAMILY, build_wan, random_batch  # noqa: E402
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-    ),
-]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]  # skipped without a GPU
 # (stream dtype, output rtol relative to the output's norm, gradient rtol)
 TOLERANCE = {torch.float32: (2e-5, 1e-4), torch.bfloat16: (2e-2, 5e-2)}
 
