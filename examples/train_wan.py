@@ -80,7 +80,7 @@ from wan_training import (  # noqa: E402 - beside this script
 
 from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler, MemoryModel
 from adaptiveload.composition import step_composition
-from adaptiveload.integrations.diffusers import set_checkpointed_blocks
+from adaptiveload.models.checkpointing import set_checkpointed_blocks
 from adaptiveload.wan import CONFIGS, PATCH
 
 

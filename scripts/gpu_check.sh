@@ -93,7 +93,7 @@ PY
       # The CPU-only suites run in CI; here the ones with CUDA cases.
       # TEST_ARGS is split like a shell line, so quoted -k expressions work.
       eval "extra=(${TEST_ARGS:-})"
-      run_step test ours timeout "${TEST_TIMEOUT:-420}" $PY -m pytest tests/python/test_ops.py tests/python/test_ops_cuda.py tests/python/test_ops_rms.py tests/python/test_ops_rms_cuda.py \
+      run_step test ours timeout "${TEST_TIMEOUT:-420}" $PY -m pytest tests/python/test_ops.py tests/python/test_ops_properties.py tests/python/test_ops_tables.py tests/python/test_ops_cuda.py \
         tests/python/test_wan_integration.py -q -rs -p no:cacheprovider "${extra[@]}"
       ;;
     bench)

@@ -145,8 +145,8 @@ class ModelTimer(StepTimer):
         repeat: int = 5,
         activation_checkpointing: bool = False,
     ):
-        from adaptiveload.integrations.diffusers import set_checkpointed_blocks
         from adaptiveload.models import family_of
+        from adaptiveload.models.checkpointing import set_checkpointed_blocks
 
         self.family = family_of(family) if isinstance(family, str) else family
         config = self.family.default_config if config is None else config
@@ -177,7 +177,7 @@ class ModelTimer(StepTimer):
         out.float().square().mean().backward()
 
     def __call__(self, batch: int, shape, checkpointed: int | None = None) -> tuple[float, int]:
-        from adaptiveload.integrations.diffusers import set_checkpointed_blocks
+        from adaptiveload.models.checkpointing import set_checkpointed_blocks
 
         set_checkpointed_blocks(
             self.model, self.default_checkpointed if checkpointed is None else checkpointed

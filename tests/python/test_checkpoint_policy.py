@@ -10,11 +10,8 @@ import torch
 
 pytest.importorskip("diffusers")
 
-from adaptiveload.integrations.diffusers import (  # noqa: E402
-    apply_fused_ops,
-    checkpointed_blocks,
-    set_checkpointed_blocks,
-)
+from adaptiveload.integrations.diffusers import apply_fused_ops  # noqa: E402
+from adaptiveload.models.checkpointing import checkpointed_blocks, set_checkpointed_blocks  # noqa: E402
 from adaptiveload.models.wan import build_wan, random_batch  # noqa: E402
 from processes import full_grads, run_on_ranks  # noqa: E402
 
@@ -278,3 +275,17 @@ def test_ranks_with_different_n_match_one_process_without_checkpointing(tmp_path
                 torch.testing.assert_close(
                     got["grads"][name], p.grad, rtol=1e-5, atol=1e-6, msg=f"{step} {name}"
                 )
+
+
+def test_the_diffusers_integration_keeps_the_checkpointing_names():
+    # Documented there before block checkpointing got its own module (it serves every family);
+    # a model saved then refers to the checkpointing function by that module's name.
+    import pickle
+
+    from adaptiveload.integrations import diffusers
+    from adaptiveload.models import checkpointing
+
+    for name in ("set_checkpointed_blocks", "checkpointed_blocks"):
+        assert getattr(diffusers, name) is getattr(checkpointing, name), name
+    saved = b"cadaptiveload.integrations.diffusers\n_checkpoint_marked_block\n."
+    assert pickle.loads(saved).__module__ == "adaptiveload.models.checkpointing"

@@ -23,12 +23,7 @@ from adaptiveload.integrations.diffsynth import (  # noqa: E402
     remove_fused_ops,
 )
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-    ),
-]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]  # skipped without a GPU
 # Hidden size 36 (3 heads of 12, a head size that Wan's 3-axis RoPE splits evenly, as 128),
 # FFN 52, 3 x 3 x 5 = 45 tokens per sample after the (1, 2, 2) patch embedding.
 DIM, HEADS, FFN, IN_DIM, TEXT_DIM, FREQ_DIM = 36, 3, 52, 4, 20, 16

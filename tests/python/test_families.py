@@ -19,7 +19,7 @@ CLIP = {"wan": (9, 64, 96), "hunyuanvideo": (9, 64, 96), "ltx-video": (17, 128, 
         "cogvideox": (9, 64, 96), "mochi": (13, 64, 96), "skyreels-v2": (9, 64, 96)}  # fmt: skip
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]  # skipped without a GPU
 
 
 @pytest.fixture(autouse=True)
@@ -34,8 +34,6 @@ def fp32_without_tf32():
 
 
 def build(name, dtype=torch.float32, seed=0, device="cpu"):
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     return family_of(name).build("tiny", dtype=dtype, seed=seed, device=device)
 
 
@@ -220,8 +218,6 @@ def test_patched_model_compiles(name):
 def test_hunyuanvideo_15_blocks_take_the_patch(device, seed):
     """HunyuanVideo 1.5's dual-stream block has 1.0's structure: the patch applies to a model
     holding it, with the same parity (outputs and every gradient, fp32)."""
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     from diffusers.models.transformers.transformer_hunyuan_video15 import (
         HunyuanVideo15TransformerBlock,
     )
@@ -265,8 +261,8 @@ def swap_classes(model, blocks):
 
 @pytest.mark.parametrize("name", PATCHED)
 def test_models_and_blocks_of_fsdp2_subclasses_are_found(name):
-    from adaptiveload.integrations.diffusers import checkpointed_blocks, set_checkpointed_blocks
     from adaptiveload.models import family_for
+    from adaptiveload.models.checkpointing import checkpointed_blocks, set_checkpointed_blocks
 
     family = family_of(name)
     model = build(name)

@@ -8,14 +8,9 @@ import torch
 pytest.importorskip("diffusers")
 
 from adaptiveload.integrations.diffusers import apply_fused_ops, is_fused, remove_fused_ops  # noqa: E402
-from adaptiveload.models.wan import build_wan, random_batch  # noqa: E402
+from adaptiveload.models.wan import FAMILY, build_wan, random_batch  # noqa: E402
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-    ),
-]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]  # skipped without a GPU
 # (stream dtype, output rtol relative to the output's norm, gradient rtol)
 TOLERANCE = {torch.float32: (2e-5, 1e-4), torch.bfloat16: (2e-2, 5e-2)}
 
@@ -132,3 +127,21 @@ def test_deepcopy_of_a_patched_model_binds_its_own_blocks():
     a = fused(**inputs, return_dict=False)[0]
     b = clone(**inputs, return_dict=False)[0]
     assert not torch.equal(a, b), "the copy ran the original's blocks"
+
+
+def test_build_wan_and_random_batch_are_the_familys():
+    # build_wan is FAMILY.build (its checks too); the batch is in the patch embedding's dtype,
+    # also where the model's first parameter (the modulation table) stays fp32.
+    model = build_wan("tiny", layers=1, dtype=torch.float64, seed=8)
+    same = FAMILY.build("tiny", layers=1, dtype=torch.float64, seed=8)
+    pairs = zip(model.parameters(), same.parameters(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+    assert next(model.parameters()).dtype == torch.float32
+    g, h = (torch.Generator().manual_seed(9) for _ in range(2))
+    inputs = random_batch(model, 1, 5, 32, 48, generator=g)
+    assert inputs["hidden_states"].dtype == inputs["encoder_hidden_states"].dtype == torch.float64
+    family_inputs = FAMILY.random_batch(model, 1, 5, 32, 48, generator=h)
+    assert all(torch.equal(inputs[k], family_inputs[k]) for k in inputs)
+    for bad in (0, True, 2.5):
+        with pytest.raises(ValueError, match="layers must be an integer >= 1"):
+            build_wan("tiny", layers=bad)

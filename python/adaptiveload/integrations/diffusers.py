@@ -15,20 +15,25 @@ Each block's ``forward`` becomes a ``functools.partial`` of a module-level funct
 to the block (not a bound method, which pickles as a lookup by name that fails on load),
 so a patched model survives ``torch.save``/``torch.load`` and ``copy.deepcopy``.
 
-``set_checkpointed_blocks(model, n)`` chooses, per micro-batch, how many blocks run under
-activation checkpointing: the first ``n`` of the model's blocks, in training only (any family of
-``adaptiveload.models``).
+``set_checkpointed_blocks`` and ``checkpointed_blocks`` (activation checkpointing of the first
+``n`` blocks, any family) live in ``adaptiveload.models.checkpointing``; they are importable from
+here too.
 """
 
 from __future__ import annotations
 
-import operator
-
 import torch
-import torch.utils.checkpoint
 from torch import nn
 
 from adaptiveload.integrations._patch import all_patched, patch_forwards, unpatch_forwards
+
+# Block checkpointing serves every family (adaptiveload.models.checkpointing); its names stay
+# importable from here, and models pickled with its function under this module's name still load.
+from adaptiveload.models.checkpointing import (
+    _checkpoint_marked_block,  # noqa: F401
+    checkpointed_blocks,
+    set_checkpointed_blocks,
+)
 
 
 def _modulation(block: nn.Module, temb: torch.Tensor):
@@ -123,93 +128,10 @@ def is_fused(model: nn.Module) -> bool:
     return all_patched(_wan_blocks(model))
 
 
-# -- activation checkpointing of the first n blocks ----------------------------------------------
-
-_CHECKPOINT_MARK = "_adaptiveload_checkpointed"
-_PRIOR = "_adaptiveload_prior_checkpointing"
-
-
-def _checkpoint_marked_block(block: nn.Module, *args):
-    """The model's checkpointing function (``enable_gradient_checkpointing``'s argument):
-    diffusers calls it for every block when grad is enabled and ``gradient_checkpointing`` is
-    set; it checkpoints the marked ones."""
-    if getattr(block, _CHECKPOINT_MARK, False):
-        return torch.utils.checkpoint.checkpoint(block, *args, use_reentrant=False)
-    return block(*args)
-
-
-def _checkpointed_model(model: nn.Module) -> tuple[nn.Module, list]:
-    """The diffusers video transformer of ``model`` (itself, in a DDP wrapper's ``module``,
-    or its one submodule of a known family) and its blocks in order."""
-    try:
-        import diffusers  # noqa: F401
-    except ImportError as e:  # pragma: no cover - exercised only without diffusers
-        raise ImportError("set_checkpointed_blocks needs diffusers (pip install diffusers)") from e
-    from adaptiveload.models import family_for
-
-    try:
-        family, root = family_for(model)
-    except ValueError as e:
-        raise ValueError(f"set_checkpointed_blocks: {e}") from None
-    return root, family.blocks(root)
-
-
-def set_checkpointed_blocks(model: nn.Module, n: int | None) -> nn.Module:
-    """From now on the first ``n`` blocks of the model run under activation
-    checkpointing (``torch.utils.checkpoint``, non-reentrant) when grad is enabled, the
-    other ``L - n`` without; ``n = 0`` checkpoints none, ``n = L`` all. Returns ``model``.
-
-    ``model`` is a diffusers video transformer of a family ``adaptiveload.models`` knows
-    (``WanTransformer3DModel``, ``HunyuanVideoTransformer3DModel`` (its dual-stream blocks, then
-    its single-stream ones), ``LTXVideoTransformer3DModel``), or a module holding one. Call
-    it before each micro-batch's forward with that micro-batch's ``n``; a call sets ``L``
-    flags and wraps nothing. The model keeps diffusers' block loop: the first call gives
-    diffusers' public ``enable_gradient_checkpointing`` a function that checkpoints the marked
-    blocks, so state dicts, FSDP2 (``fully_shard`` per block) and ``apply_fused_ops`` are
-    unaffected, and the model survives ``torch.save``/``torch.load`` and deepcopy. The policy
-    owns the model's checkpointing until ``n = None``: calling ``enable_gradient_checkpointing``
-    meanwhile replaces it (every block checkpointed).
-
-    ``n = None`` removes the policy and restores the model's setting before the first call
-    through diffusers' public switches: its checkpointing of every block (diffusers' default
-    function: a custom one the model had cannot be read back) or none. Raises ``ValueError``
-    for ``n`` outside ``[0, L]``.
-    """
-    wan, blocks = _checkpointed_model(model)
-    if n is None:
-        if _PRIOR in wan.__dict__:
-            # diffusers' public switches: its own checkpointing of every block, or none.
-            if wan.__dict__.pop(_PRIOR):
-                wan.enable_gradient_checkpointing()
-            else:
-                wan.disable_gradient_checkpointing()
-        for block in blocks:
-            block.__dict__.pop(_CHECKPOINT_MARK, None)
-        return model
-    try:
-        count = None if isinstance(n, bool) else operator.index(n)
-    except TypeError:
-        count = None
-    if count is None or not 0 <= count <= len(blocks):
-        raise ValueError(
-            f"set_checkpointed_blocks: n = {n!r} must be an integer in [0, L], L = {len(blocks)}"
-        )
-    if _PRIOR not in wan.__dict__ or not wan.gradient_checkpointing:
-        wan.__dict__.setdefault(_PRIOR, bool(wan.gradient_checkpointing))
-        wan.enable_gradient_checkpointing(_checkpoint_marked_block)
-    # Plain attributes, set without nn.Module.__setattr__'s parameter/buffer/module checks.
-    for i, block in enumerate(blocks):
-        block.__dict__[_CHECKPOINT_MARK] = i < count
-    return model
-
-
-def checkpointed_blocks(model: nn.Module) -> int:
-    """How many blocks run under activation checkpointing in training: the ``n`` of the last
-    ``set_checkpointed_blocks``, or, without one, ``L`` or ``0`` as diffusers'
-    ``gradient_checkpointing`` says."""
-    wan, blocks = _checkpointed_model(model)
-    if not wan.gradient_checkpointing:
-        return 0
-    if _PRIOR not in wan.__dict__:
-        return len(blocks)
-    return sum(bool(getattr(b, _CHECKPOINT_MARK, False)) for b in blocks)
+__all__ = [
+    "apply_fused_ops",
+    "checkpointed_blocks",
+    "is_fused",
+    "remove_fused_ops",
+    "set_checkpointed_blocks",
+]

@@ -3,7 +3,8 @@ configurations, random models and batches, fused-op patches.
 
 ``family_of("hunyuanvideo")`` finds one; ``resolve("ltx-video/ltx-video-2B")`` a family and
 one of its configurations (``--model`` on the command line). Modules load diffusers only
-when a model is built."""
+when a model is built. ``adaptiveload.models.checkpointing`` checkpoints the first ``n`` blocks
+of a model of any family."""
 
 from __future__ import annotations
 

@@ -118,10 +118,14 @@ def model_dtype(model: nn.Module) -> torch.dtype:
     return next(model.parameters()).dtype
 
 
-def random_source(model: nn.Module, generator: torch.Generator | None):
+def random_source(
+    model: nn.Module, generator: torch.Generator | None, dtype: torch.dtype | None = None
+):
     """``(randn, device)``: ``randn(*shape)`` draws from ``generator`` on the model's device, in
-    its dtype (``model_dtype``) -- what a family's random batch is made of."""
-    device, dtype = next(model.parameters()).device, model_dtype(model)
+    ``dtype`` (by default the model's, ``model_dtype``) -- what a family's random batch is made
+    of."""
+    device = next(model.parameters()).device
+    dtype = model_dtype(model) if dtype is None else dtype
 
     def randn(*shape):
         return torch.randn(*shape, device=device, generator=generator).to(dtype)

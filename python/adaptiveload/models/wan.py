@@ -1,8 +1,9 @@
-"""Wan 2.1 transformers (diffusers' WanTransformer3DModel) and batches of their inputs.
+"""Wan 2.1 and 2.2 (diffusers' ``WanTransformer3DModel``): text by cross-attention, so no extra
+tokens in the video's sequence. Fused ops: ``integrations/diffusers.py``.
 
-Building needs diffusers (``pip install 'adaptiveload[wan]'``); no weights are
-downloaded: models are randomly initialized from ``CONFIGS``. The configurations and the
-geometry (``PATCH``, ``VAE_STRIDE``, ``TEXT_LEN``) are defined in ``adaptiveload.wan``.
+The configurations and the geometry (``PATCH``, ``VAE_STRIDE``, ``TEXT_LEN``) are defined in
+``adaptiveload.wan`` (numpy only); ``build_wan`` and ``random_batch`` are ``FAMILY.build`` and
+``FAMILY.random_batch`` with Wan's defaults (and the text length as an argument).
 """
 
 from __future__ import annotations
@@ -10,46 +11,19 @@ from __future__ import annotations
 import torch
 
 from adaptiveload.geometry import Geometry
-from adaptiveload.models.family import ModelFamily
+from adaptiveload.models.family import ModelFamily, random_source
 from adaptiveload.wan import CONFIGS, PATCH, SHAPES, TEXT_LEN, VAE_STRIDE, latent_shape
 
-# Text enters by cross-attention: no extra tokens in the video's sequence.
 GEOMETRY = Geometry("wan", VAE_STRIDE, PATCH)
 
 # Modules diffusers keeps in fp32 when the rest of the model is bf16.
 _FP32_KEYS = ("scale_shift_table", "norm1", "norm2", "norm3", "time_embedder", "rope")
 
 
-def build_wan(
-    config: str = "wan2.1-1.3B",
-    *,
-    layers: int | None = None,
-    device="cpu",
-    dtype: torch.dtype = torch.float32,
-    fused: bool = False,
-    seed: int = 0,
-):
-    """A randomly initialized ``WanTransformer3DModel`` (same weights for the same seed),
-    parameters in ``dtype`` except the norms and modulation tables (fp32, as diffusers)."""
+def _build(cfg: dict, device: torch.device):
     from diffusers import WanTransformer3DModel
 
-    if config not in CONFIGS:
-        raise ValueError(f"unknown Wan config {config!r}; choose from {sorted(CONFIGS)}")
-    cfg = dict(CONFIGS[config])
-    if layers is not None:
-        if layers < 1:
-            raise ValueError(f"layers must be >= 1, got {layers}")
-        cfg["num_layers"] = layers
-    torch.manual_seed(seed)
-    model = WanTransformer3DModel(patch_size=PATCH, **cfg).to(device)
-    for name, p in model.named_parameters():
-        if not any(k in name for k in _FP32_KEYS):
-            p.data = p.data.to(dtype)
-    if fused:
-        from adaptiveload.integrations.diffusers import apply_fused_ops
-
-        apply_fused_ops(model)
-    return model
+    return WanTransformer3DModel(patch_size=PATCH, **cfg).to(device)
 
 
 def random_batch(
@@ -62,31 +36,23 @@ def random_batch(
     text_len: int = TEXT_LEN,
     generator: torch.Generator | None = None,
 ):
-    """Inputs of one forward pass: noisy latents, timesteps and text embeddings."""
+    """Inputs of one forward pass: noisy latents, timesteps and text embeddings, random, in the
+    dtype of the model's patch embedding (its first parameter, the modulation table, stays
+    fp32)."""
     cfg = model.config
-    p = next(model.parameters())
-    shape = (batch, *latent_shape(frames, height, width, cfg.in_channels))
-    dtype = model.patch_embedding.weight.dtype
+    randn, device = random_source(model, generator, model.patch_embedding.weight.dtype)
+    f, h, w = GEOMETRY.latent_shape(frames, height, width)
     return {
-        "hidden_states": torch.randn(shape, device=p.device, generator=generator).to(dtype),
-        "timestep": torch.rand(batch, device=p.device, generator=generator) * 1000,
-        "encoder_hidden_states": torch.randn(
-            batch, text_len, cfg.text_dim, device=p.device, generator=generator
-        ).to(dtype),
+        "hidden_states": randn(batch, cfg.in_channels, f, h, w),
+        "timestep": torch.rand(batch, device=device, generator=generator) * 1000,
+        "encoder_hidden_states": randn(batch, text_len, cfg.text_dim),
     }
-
-
-def _build(cfg: dict, device: torch.device):
-    from diffusers import WanTransformer3DModel
-
-    return WanTransformer3DModel(patch_size=PATCH, **cfg).to(device)
 
 
 def _batch(model, batch: int, frames: int, height: int, width: int, generator) -> dict:
     return random_batch(model, batch, frames, height, width, generator=generator)
 
 
-# Wan 2.1 and 2.2 in diffusers (``build_wan`` builds the same models).
 FAMILY = ModelFamily(
     name="wan",
     model_class="WanTransformer3DModel",
@@ -100,6 +66,22 @@ FAMILY = ModelFamily(
     patch="adaptiveload.integrations.diffusers",
     fp32_keys=_FP32_KEYS,
 )
+
+
+def build_wan(
+    config: str = "wan2.1-1.3B",
+    *,
+    layers: int | None = None,
+    device="cpu",
+    dtype: torch.dtype = torch.float32,
+    fused: bool = False,
+    seed: int = 0,
+):
+    """``FAMILY.build``: a randomly initialized ``WanTransformer3DModel`` (same weights for the
+    same seed), parameters in ``dtype`` except the norms and modulation tables (fp32, as
+    diffusers), with the fused ops when ``fused``."""
+    return FAMILY.build(config, layers=layers, device=device, dtype=dtype, fused=fused, seed=seed)
+
 
 __all__ = [
     "CONFIGS",
