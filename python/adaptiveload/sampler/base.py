@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Iterator
 
 import numpy as np
+import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from adaptiveload import _sampler
@@ -217,8 +218,6 @@ class PlannedBatchSampler(Sampler[list[int]]):
         """All ranks must plan the same epoch: compare fingerprints (one all-gather per epoch)."""
         if not self.verify_ranks:
             return
-        import torch.distributed as dist
-
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return
         self._cursor.check_ranks(self._fingerprint())
@@ -328,8 +327,6 @@ class PlannedBatchSampler(Sampler[list[int]]):
         kinds learned for the first time, "measured_over_fitted": median over the learned
         kinds of learned / fitted cost (None without kinds)}``.
         """
-        import torch.distributed as dist
-
         initialized = dist.is_available() and dist.is_initialized()
         if process_group is not None and not initialized:
             raise ValueError(

@@ -15,6 +15,7 @@ from collections import deque
 import numpy as np
 
 from adaptiveload.cost import CostModel
+from adaptiveload.fit import Point, fit_cost_model
 from adaptiveload.sampler.checks import positive_number
 from adaptiveload.sampler.ranks import all_gather
 
@@ -38,8 +39,6 @@ def lower_median(times) -> float:
 def refit(kinds: dict, base: CostModel) -> CostModel:
     """``fit_cost_model`` on measured kinds ``{(seq_len, batch): ms}``, coefficients rounded
     to 6 significant digits; ``base`` if they cannot be fitted."""
-    from adaptiveload.fit import Point, fit_cost_model
-
     try:
         fitted = fit_cost_model([Point(b, s, ms, 0) for (s, b), ms in kinds.items()])
     except ValueError:
