@@ -1,4 +1,7 @@
-// pybind11 binding of the sampler core: converts types, nothing else.
+// pybind11 binding of the sampler core: converts numpy arrays to and from the core's pointers
+// and vectors, and checks what those pointers need (1-D shapes, lengths, indices and ranks in
+// range), so that a bad argument raises instead of reading out of bounds. Nothing else: the
+// planning is the core's.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -350,20 +353,4 @@ PYBIND11_MODULE(_sampler, m) {
         return out;
       },
       py::arg("ids"), py::arg("offsets"), py::arg("samples"), py::arg("padding"), py::arg("n"));
-
-  m.def(
-      "assign_to_ranks",
-      [](py::array_t<double, py::array::c_style | py::array::forcecast> costs, int64_t num_bins,
-         int64_t per_bin) {
-        return to_numpy(
-            adaptiveload::assign_to_ranks(costs.data(), costs.size(), num_bins, per_bin));
-      },
-      py::arg("costs"), py::arg("num_bins"), py::arg("per_bin"));
-
-  m.def(
-      "assign_uneven",
-      [](py::array_t<double, py::array::c_style | py::array::forcecast> costs, int64_t num_bins) {
-        return to_numpy(adaptiveload::assign_uneven(costs.data(), costs.size(), num_bins));
-      },
-      py::arg("costs"), py::arg("num_bins"));
 }

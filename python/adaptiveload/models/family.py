@@ -2,9 +2,10 @@
 token geometry, its configurations, how to build one with random weights at any depth on any
 device, a random training batch of a given shape, and its fused-op patch if it has one.
 
-Each family lives in its own module of this package (wan.py, hunyuan_video.py,
-ltx_video.py); ``adaptiveload.models.family_of`` finds one by name. A family without a fused
-patch still gets geometry, calibration and balancing."""
+Each family lives in its own module of this package: wan.py, hunyuan_video.py and
+ltx_video.py (with a fused-op patch each), cogvideox.py, mochi.py and skyreels_v2.py (without);
+``adaptiveload.models.family_of`` finds one by name. A family without a fused patch still gets
+geometry, calibration and balancing."""
 
 from __future__ import annotations
 

@@ -22,9 +22,13 @@ mechanisms that carry that:
 - ``refine.py``: online refinement (``record_time``, ``update_cost_model``): measured times
   per ``(seq_len, batch)`` kind replace predicted costs from the next epoch on, folded alike
   on every rank and carried by the state.
-- ``iteration.py``: a rank's stream against its plan (``micro_batches``, state positions).
-- ``base.py``: ``PlannedBatchSampler``, which composes them; ``samplers.py``: the two
-  samplers.
+- ``iteration.py``: a rank's stream against its plan (the batches a pass hands out,
+  ``micro_batches``, state positions).
+- ``cursor.py``: ``Cursor``, one rank's place in an epoch (its plan, where the next pass
+  starts, what the pass under way handed out and trained, who reads it), changed only by its
+  named transitions, and its part of a state (``state_dict``, ``load_state_dict``).
+- ``base.py``: ``PlannedBatchSampler``, which composes them, its settings read from one
+  ``Options``; ``samplers.py``: the two samplers.
 """
 
 from adaptiveload.sampler.base import PlannedBatchSampler

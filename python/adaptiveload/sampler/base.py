@@ -1,16 +1,17 @@
 """``PlannedBatchSampler``: what both samplers share. It composes the mechanisms of this
-package: checked ``Options`` (checks.py), the C++ sample table and planner, the per-epoch
-rank check (ranks.py), iteration and who draws it (readers.py), resume (resume.py) and
-online refinement (refine.py). Each part gets what it needs as arguments."""
+package: checked ``Options`` (checks.py), the one source of its settings; the C++ sample table
+and planner; its place in the epoch, a ``Cursor`` (cursor.py), with the per-epoch rank check
+(ranks.py), iteration (iteration.py), who draws it (readers.py) and resume (resume.py); and
+online refinement, a ``Refinement`` (refine.py). Each part gets what it needs as arguments."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import warnings
 from collections.abc import Iterator
 
 import numpy as np
+import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from adaptiveload import _sampler
@@ -26,28 +27,64 @@ from adaptiveload.sampler.checks import (
     positive_number,
     to_numpy,
 )
+from adaptiveload.sampler.cursor import DONE, Cursor
+from adaptiveload.sampler.iteration import all_ranks_stream, micro_batches, rank_stream
 from adaptiveload.sampler.plan import MicroBatch, Plan
-from adaptiveload.sampler.ranks import distributed_defaults, verify_same_plan
+from adaptiveload.sampler.ranks import distributed_defaults
 from adaptiveload.sampler.readers import (
-    PLAIN,
     accelerate_processes,
     check_shard,
+    check_source,
     check_unsharded,
     reader_of,
-    unknown_position,
 )
 from adaptiveload.sampler.refine import MAX_KIND_BATCH, MAX_KIND_LEN, Refinement
+
+
+class Setting:
+    """A sampler's attribute that reads the field of its ``options`` of the same name, the
+    one source of that setting (fixed when the sampler is made)."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, sampler, owner=None):
+        return self if sampler is None else getattr(sampler.options, self.name)
+
+    def __set__(self, sampler, value) -> None:
+        raise AttributeError(
+            f"{self.name} is a setting of the sampler's options, fixed when it is made: make "
+            "a new sampler to change it"
+        )
 
 
 class PlannedBatchSampler(Sampler[list[int]]):
     """Common machinery: validation, per-epoch planning, iteration and resumption. The two
     samplers differ in their planner settings and their compute cap (``_compute_max_cost``)."""
 
+    max_tokens = Setting()
+    num_replicas = Setting()
+    rank = Setting()
+    micro_batches_per_step = Setting()
+    shuffle = Setting()
+    seed = Setting()
+    drop_last = Setting()
+    balance = Setting()
+    lookahead_steps = Setting()
+    on_oversize = Setting()
+    verify_ranks = Setting()
+    max_batch_size = Setting()
+    memory_model = Setting()
+    memory_budget_gib = Setting()
+    uneven_counts = Setting()
+    mix_tolerance = Setting()
+    drawn_is_trained = Setting()
+
     def __init__(
         self, seq_lens, max_tokens, *, group_keys, process_group, drawn_is_trained, **settings
     ):
         self.seq_lens = as_seq_lens(seq_lens)
-        self.drawn_is_trained = bool_arg("drawn_is_trained", drawn_is_trained)
+        settings["drawn_is_trained"] = bool_arg("drawn_is_trained", drawn_is_trained)
         # None: an Accelerator of several processes deals this sampler's batches through its
         # BatchSamplerShard; False: each rank draws its own (prepare_data_loader sets it).
         self.accelerate_sharding: bool | None = None
@@ -55,38 +92,32 @@ class PlannedBatchSampler(Sampler[list[int]]):
             settings["num_replicas"], settings["rank"], process_group
         )
         self.options = check_options(max_tokens, **settings)
-        for f in dataclasses.fields(self.options):
-            if f.name not in ("max_cost", "cost_model"):
-                setattr(self, f.name, getattr(self.options, f.name))
-        self._max_cost_arg = self.options.max_cost
-        self._base_cost_model = self.options.cost_model
-        self.cost_model = self._base_cost_model  # the current epoch's: base + learned kinds
-        self._refinement = Refinement(
-            self._base_cost_model, self._max_cost_arg, type(self).__name__
-        )
+        name = type(self).__name__
+        self.cost_model = self.options.cost_model  # the current epoch's: base + learned kinds
+        self._refinement = Refinement(self.options.cost_model, self.options.max_cost, name)
         # None: the sequence length is the key (the C++ table numbers lengths in sorted order,
         # as these ids are numbered).
         self._group_ids = None if group_keys is None else as_group_ids(group_keys, self.seq_lens)
-        self.group_keys = self._group_ids
         h = hashlib.blake2b(digest_size=16)
         h.update(self.seq_lens.tobytes())
         h.update(b"by length" if self._group_ids is None else self._group_ids.tobytes())
         self._data_digest = h.hexdigest()
         self._build_table()
         self._refuse_oversize()
-
-        self.epoch = 0
-        self._excluded: np.ndarray | None = None  # samples left out of this epoch's plan
-        self._start = 0  # micro-batch of this rank's stream where the next pass starts
-        self._plan: Plan | None = None
-        self._pass = "ready"  # "ready" (no pass begun), "running" or "done"
-        self._position = 0  # micro-batches handed out, counted from the plan's start
-        self._trained: int | None = None  # the same, received by micro_batches()' loop
-        self._reader = PLAIN
-        self._resume_pending = False
-        self._verified: tuple | None = None
+        self._cursor = Cursor(name, self.options, self._make_plan)
         self._warned_skips = False
         self._warned_repeat = -1
+
+    @property
+    def group_keys(self) -> np.ndarray | None:
+        """The group of each sample as dense int64 ids in sorted key order (None: grouped by
+        sequence length)."""
+        return self._group_ids
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch (``set_epoch``, or a resumed state's)."""
+        return self._cursor.epoch
 
     # -- construction helpers, also used after unpickling ---------------------------------
     def _build_table(self) -> None:
@@ -132,9 +163,7 @@ class PlannedBatchSampler(Sampler[list[int]]):
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        del state["_table"]
-        state["_plan"] = None
-        state["_reader"] = PLAIN
+        del state["_table"]  # made again from the cost model
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -156,33 +185,31 @@ class PlannedBatchSampler(Sampler[list[int]]):
     def _make_plan(self, epoch: int, excluded: np.ndarray | None) -> Plan:
         """Epoch ``epoch``'s plan without the samples ``excluded`` (a warning, once, for
         samples skipped as oversize)."""
-        o = _sampler.PlanOptions()
-        o.max_tokens, o.max_batch_size = self.max_tokens, self.max_batch_size or 0
-        o.max_cost, o.num_replicas = float(self._max_cost), self.num_replicas
-        o.micro_batches_per_step, o.shuffle = self.micro_batches_per_step, self.shuffle
-        o.seed, o.epoch, o.drop_last, o.balance = self.seed, epoch, self.drop_last, self.balance
-        o.lookahead_steps, o.uneven_counts = self.lookahead_steps, self.uneven_counts
-        o.mix_tolerance, o.skip_oversize = self.mix_tolerance, self.on_oversize == "skip"
+        s, p = self.options, _sampler.PlanOptions()
+        p.max_tokens, p.max_batch_size = s.max_tokens, s.max_batch_size or 0
+        p.max_cost, p.num_replicas = float(self._max_cost), s.num_replicas
+        p.micro_batches_per_step, p.shuffle = s.micro_batches_per_step, s.shuffle
+        p.seed, p.epoch, p.drop_last, p.balance = s.seed, epoch, s.drop_last, s.balance
+        p.lookahead_steps, p.uneven_counts = s.lookahead_steps, s.uneven_counts
+        p.mix_tolerance, p.skip_oversize = s.mix_tolerance, s.on_oversize == "skip"
         raw = _sampler.plan_epoch(
-            self._table, o, None if excluded is None else excluded.view(np.uint8)
+            self._table, p, None if excluded is None else excluded.view(np.uint8)
         )
         raw = {k: (int(v) if isinstance(v, int) else v) for k, v in raw.items()}
-        plan = Plan(max_tokens=self.max_tokens, max_cost=self._reported_max_cost(), **raw)
+        plan = Plan(max_tokens=s.max_tokens, max_cost=self._reported_max_cost(), **raw)
         if len(plan.skipped) and not self._warned_skips:
             self._warned_skips = True
             warnings.warn(
                 f"{type(self).__name__}: skipped {len(plan.skipped)} sample(s) that alone "
                 f"exceed a cap (first: index {int(plan.skipped[0])}, "
                 f"{int(self.seq_lens[plan.skipped[0]])} tokens)",
-                stacklevel=3,
+                stacklevel=4,  # the caller of the sampler's method, through Cursor.plan
             )
         return plan
 
     def plan(self) -> Plan:
         """The whole current epoch for all ranks (cached until ``set_epoch`` or a resume)."""
-        if self._plan is None:
-            self._plan = self._make_plan(self.epoch, self._excluded)
-        return self._plan
+        return self._cursor.plan()
 
     def _reported_max_cost(self) -> float | None:
         return self._max_cost
@@ -191,21 +218,9 @@ class PlannedBatchSampler(Sampler[list[int]]):
         """All ranks must plan the same epoch: compare fingerprints (one all-gather per epoch)."""
         if not self.verify_ranks:
             return
-        import torch.distributed as dist
-
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return
-        at = "none"
-        if self._excluded is not None or self._start:
-            h = hashlib.blake2b(self._excluded.tobytes() if self._excluded is not None else b"")
-            # With uneven counts the ranks' stream positions differ; their step does not.
-            where = f"step {self.start_step}" if self.uneven_counts else self._start
-            at = f"{h.hexdigest()[:16]}@{where}"
-        mine = self._fingerprint() | {"epoch": self.epoch, "resume": at}
-        key = tuple(sorted((k, repr(v)) for k, v in mine.items()))
-        if self._verified != key:
-            verify_same_plan(mine, type(self).__name__)
-            self._verified = key
+        self._cursor.check_ranks(self._fingerprint())
 
     # -- memory policy ------------------------------------------------------------------
     def _indices(self, indices, what: str) -> np.ndarray:
@@ -255,9 +270,9 @@ class PlannedBatchSampler(Sampler[list[int]]):
     # -- online refinement (refine.py) --------------------------------------------------
     @property
     def base_cost_model(self) -> CostModel:
-        """The cost model this sampler was made with; ``cost_model`` is it with the learned
-        kinds of the current epoch."""
-        return self._base_cost_model
+        """The cost model this sampler was made with (``options.cost_model``); ``cost_model``
+        is it with the learned kinds of the current epoch."""
+        return self.options.cost_model
 
     def record_time(self, indices, ms: float) -> bool:
         """Record the measured forward+backward time of one micro-batch this rank trained.
@@ -312,8 +327,6 @@ class PlannedBatchSampler(Sampler[list[int]]):
         kinds learned for the first time, "measured_over_fitted": median over the learned
         kinds of learned / fitted cost (None without kinds)}``.
         """
-        import torch.distributed as dist
-
         initialized = dist.is_available() and dist.is_initialized()
         if process_group is not None and not initialized:
             raise ValueError(
@@ -322,22 +335,19 @@ class PlannedBatchSampler(Sampler[list[int]]):
         distributed = initialized and dist.get_world_size(process_group) > 1
         return self._refinement.update(process_group, distributed)
 
-    def _use_learned(self, active: dict) -> None:
-        """Plan with the base cost model and the learned kinds ``active``."""
-        model, _ = self._refinement.model(active)
-        self._refinement.active = dict(active)
+    def _use_active_model(self) -> None:
+        """Plan with the refinement's cost model of the current epoch."""
+        model = self._refinement.active_model()
         if model.to_dict() != self.cost_model.to_dict():
             self.cost_model = model
             self._build_table()
 
-    # -- iteration ----------------------------------------------------------------------
+    # -- iteration (cursor.py, iteration.py, readers.py) -----------------------------------
     @property
     def start_step(self) -> int:
         """The optimizer step of the current plan at which iteration starts (non-zero after a
         resume that replays the interrupted plan)."""
-        from adaptiveload.sampler.iteration import place_of
-
-        return place_of(self.plan(), self.rank, self._start)[0]
+        return self._cursor.place()[0]
 
     def micro_batches_in_step(self, step: int) -> int:
         """Micro-batches this rank draws in ``step`` of the current plan: K, or with
@@ -354,10 +364,8 @@ class PlannedBatchSampler(Sampler[list[int]]):
         ``start_step``: the batches the loader yields, step by step (docs/sampler.md,
         "Uneven micro-batch counts per rank"). After a resume inside a step, the first count is
         what is left of that step."""
-        from adaptiveload.sampler.iteration import place_of
-
         plan = self.plan()
-        first, done = place_of(plan, self.rank, self._start)
+        first, done = self._cursor.place()
         for step in range(first, plan.num_steps):
             yield step, plan.micro_batches_in_step(step, self.rank) - (done if step == first else 0)
 
@@ -372,18 +380,13 @@ class PlannedBatchSampler(Sampler[list[int]]):
         plan raises ``RuntimeError`` instead of shifting every later step boundary. A
         ``state_dict()`` without a position taken in this loop counts the micro-batches it
         has yielded, whatever the loader read ahead."""
-        from adaptiveload.sampler.iteration import micro_batches
-
-        received = 0
-        for mb in micro_batches(self, loader):
-            received += 1
-            self._trained = self._start + received  # the pass began at the first batch
-            yield mb
+        check_source(loader, self)
+        yield from micro_batches(self._cursor, loader)
 
     @property
     def start_micro_batch(self) -> int:
         """The micro-batch of this rank's stream at which iteration starts."""
-        return self._start
+        return self._cursor.start
 
     @property
     def sampler(self) -> PlannedBatchSampler:
@@ -392,9 +395,10 @@ class PlannedBatchSampler(Sampler[list[int]]):
         return self
 
     def __iter__(self) -> Iterator[list[int]]:
+        cursor = self._cursor
         reader = reader_of(self)
-        check_unsharded(self, reader)
-        if self._pass == "done":
+        check_unsharded(cursor, reader, self.accelerate_sharding)
+        if cursor.stage == DONE:
             # A new pass over the same epoch: the whole epoch again, as any sampler does.
             if self._warned_repeat != self.epoch:
                 self._warned_repeat = self.epoch
@@ -404,53 +408,29 @@ class PlannedBatchSampler(Sampler[list[int]]):
                     "before each epoch)",
                     stacklevel=2,
                 )
-            self._excluded, self._start, self._plan = None, 0, None
+            cursor.again()
         plan = self.plan()
         self._verify_ranks()
-        self._reader, self._trained = reader, None
-        self._resume_pending = False
-        self._pass = "running"
-        self._position = self._start
+        cursor.begin(reader)
         if reader.shard is None:
-            return self._iter_rank(plan)
+            return rank_stream(cursor, plan)
         if self.uneven_counts:
             raise RuntimeError(
                 f"{type(self).__name__}(uneven_counts=True) under accelerate's "
                 "BatchSamplerShard: it deals batch j to process j % num_processes, so ranks "
                 "must take equal counts. Iterate the sampler per rank (a plain DataLoader)."
             )
-        check_shard(self, reader.shard)
-        return self._iter_all_ranks(plan)
-
-    def _iter_rank(self, plan: Plan) -> Iterator[list[int]]:
-        end = plan.num_rank_micro_batches(self.rank)
-        if self._start >= end:
-            self._pass = "done"
-        for batch in plan.rank_micro_batches(self.rank, self._start):
-            self._position += 1
-            if self._position == end:
-                self._pass = "done"
-            yield batch.tolist()
-
-    def _iter_all_ranks(self, plan: Plan) -> Iterator[list[int]]:
-        """accelerate's ``BatchSamplerShard`` keeps batch ``j`` of its source on process
-        ``j % num_processes``: yield every rank's micro-batches interleaved so that each
-        process keeps exactly its own."""
-        k = plan.micro_batches_per_step
-        for i in range(self._start, plan.micro_batches_per_rank):
-            for r in range(self.num_replicas):
-                yield plan.micro_batch(i // k, r, i % k).tolist()
-            self._position += 1
-        self._pass = "done"
+        check_shard(cursor, reader.shard)
+        return all_ranks_stream(cursor, plan)
 
     def __len__(self) -> int:
         """Micro-batches of the current pass (from ``start_micro_batch`` to the plan's end):
         this rank's, or under an ``Accelerator`` of several processes every rank's, which
         accelerate's ``BatchSamplerShard`` deals out (unless ``accelerate_sharding`` is
         False)."""
-        remaining = self.plan().num_rank_micro_batches(self.rank) - self._start
+        remaining = self._cursor.left()
         if self.accelerate_sharding is not False and accelerate_processes() > 1:
-            return remaining * self.num_replicas  # see _iter_all_ranks
+            return remaining * self.num_replicas  # see iteration.all_ranks_stream
         return remaining
 
     def set_epoch(self, epoch: int) -> None:
@@ -461,8 +441,8 @@ class PlannedBatchSampler(Sampler[list[int]]):
         epoch = int_arg("epoch", epoch, 0)
         if epoch == self.epoch:
             return
-        if self._resume_pending:
-            left = self.plan().num_rank_micro_batches(self.rank) - self._start
+        if self._cursor.resume_pending:
+            left = self._cursor.left()
             if left > 0:
                 raise ValueError(
                     f"set_epoch({epoch}): this sampler was resumed at epoch {self.epoch}, step "
@@ -471,13 +451,11 @@ class PlannedBatchSampler(Sampler[list[int]]):
                     "resumed epoch (with accelerate: prepared_loader.set_epoch), or make a new "
                     "sampler to start over."
                 )
-        self.epoch = epoch
-        self._excluded, self._start, self._plan = None, 0, None
-        self._pass, self._position, self._resume_pending = "ready", 0, False
-        if self._refinement.pending != self._refinement.active:
-            self._use_learned(self._refinement.pending)
+        self._cursor.new_epoch(epoch)
+        if self._refinement.next_epoch():
+            self._use_active_model()
 
-    # -- resumption (resume.py) ---------------------------------------------------------
+    # -- resumption (cursor.py, resume.py, refine.py) ---------------------------------------
     def state_dict(
         self, steps_done: int | None = None, *, micro_batches_done: int | None = None
     ) -> dict:
@@ -512,44 +490,13 @@ class PlannedBatchSampler(Sampler[list[int]]):
         step ``steps_done``: each rank is at its own place there, so such a state resumes the
         same plan on rank ``r`` only.
         """
-        from adaptiveload.sampler.iteration import position_of
-
-        plan = self.plan()
-        drawn = self._position
-        if steps_done is None and micro_batches_done is None:
-            drawn = self._known_position()
-        position, steps, in_step = position_of(
-            plan, self.rank, self._start, drawn, steps_done, micro_batches_done, self.uneven_counts
-        )
-        if steps is None:
-            consumed = plan.consumed(position, len(self.seq_lens))
-        else:
-            consumed = plan.consumed_steps(steps, len(self.seq_lens))
-        state = resume.make_state(
+        return self._cursor.state_dict(
             self._fingerprint(),
-            self.epoch,
-            self._excluded,
-            position,
-            consumed,
-            self._refinement.state(),
+            self._refinement.state_dict(),
+            len(self.seq_lens),
+            steps_done,
+            micro_batches_done,
         )
-        if steps is not None:
-            state["steps_done"] = steps
-        if in_step:
-            state["in_step"] = {"rank": self.rank, "micro_batches": in_step}
-        return state
-
-    def _known_position(self) -> int:
-        """The position of a ``state_dict()`` without one (see there), or ``ValueError``."""
-        if self._pass == "ready":
-            return self._start
-        if self.drawn_is_trained and not self._reader.reads_ahead:
-            # Declared: what was drawn was trained. StatefulDataLoader's workers take states
-            # at its draw count, also inside micro_batches(), which counts the loop's batches.
-            return self._position
-        if self._trained is not None:
-            return self._trained
-        raise unknown_position(self._reader, self._position - self._start)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue the epoch of ``state``.
@@ -566,31 +513,16 @@ class PlannedBatchSampler(Sampler[list[int]]):
         before online refinement) learned nothing. Records not folded by an update when the
         state was made are not in it, and those of this sampler are dropped.
         """
-        from adaptiveload.sampler.refine import unpack_learned
-
         resume.check_keys(state)
-        # The learned times first: the fingerprint holds the cost model they make.
-        active, history = unpack_learned(state)
         before = (self.cost_model, self._table, self._max_cost, self._refinement.snapshot())
-        self._refinement.load(history)
-        self._use_learned(active)
         try:
-            mine = self._fingerprint()
-            saved = resume.read_state(state, mine, self._data_digest, len(self.seq_lens))
-            excluded, start, plan = resume.continue_at(
-                saved,
-                mine,
-                lambda ex: self._make_plan(saved.epoch, ex),
-                self.rank,
-                self.micro_batches_per_step,
-                self.uneven_counts,
+            # The learned times first: the fingerprint holds the cost model they make.
+            self._refinement.load_state_dict(state.get("learned_costs"))
+            self._use_active_model()
+            self._cursor.load_state_dict(
+                state, self._fingerprint(), self._data_digest, len(self.seq_lens)
             )
         except Exception:  # the sampler stays as it was
             self.cost_model, self._table, self._max_cost, snapshot = before
             self._refinement.restore(snapshot)
             raise
-        self._refinement.records = {}
-        self.epoch, self._excluded, self._start, self._plan = saved.epoch, excluded, start, plan
-        self._pass, self._position = "ready", self._start
-        self._resume_pending = True
-        self._verified = None

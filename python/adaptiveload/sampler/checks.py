@@ -171,7 +171,10 @@ def positive_number(value) -> bool:
 
 @dataclass(frozen=True)
 class Options:
-    """A sampler's settings, checked: everything that shapes its plans except the data."""
+    """A sampler's settings, checked: everything that shapes its plans except the data, and
+    how it runs them (``verify_ranks``, ``drawn_is_trained``). The one source of each: the
+    sampler's attributes of the same names read these, except ``max_cost`` and ``cost_model``,
+    there the cap and the cost model in use (``base_cost_model`` is this one)."""
 
     max_tokens: int
     #: the compute cap as given (None: the sampler's default)
@@ -192,6 +195,7 @@ class Options:
     memory_budget_gib: float | None
     uneven_counts: bool
     mix_tolerance: float
+    drawn_is_trained: bool
 
 
 def _memory_options(memory_model, memory_budget_gib, max_tokens) -> tuple:
@@ -222,7 +226,7 @@ def _memory_options(memory_model, memory_budget_gib, max_tokens) -> tuple:
 def check_options(max_tokens, *, max_cost, cost_model, num_replicas, rank, **flags) -> Options:
     """The checked ``Options`` of a sampler's arguments (``flags``: the remaining keyword
     arguments of ``Options``; ``num_replicas`` and ``rank`` as ``distributed_defaults``
-    resolved them)."""
+    resolved them, ``drawn_is_trained`` as the sampler checked it, before those)."""
     memory_model, budget, max_tokens = _memory_options(
         flags.pop("memory_model"), flags.pop("memory_budget_gib"), max_tokens
     )

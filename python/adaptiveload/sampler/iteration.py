@@ -1,35 +1,56 @@
-"""A rank's stream against its plan: ``micro_batches`` (each batch of a loader with its
-step, checked against the plan) and ``position_of`` (the position a state is taken at)."""
+"""A rank's stream against its plan, kept on the sampler's ``Cursor`` (cursor.py): the
+micro-batches a pass hands out (``rank_stream``, or ``all_ranks_stream`` for accelerate's
+shard), ``micro_batches`` (each batch of a loader with its step, checked against the plan) and
+``position_of`` (the position a state is taken at)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from adaptiveload.sampler.checks import int_arg
 from adaptiveload.sampler.plan import MicroBatch, Plan
 
+if TYPE_CHECKING:  # cursor.py imports this module
+    from adaptiveload.sampler.cursor import Cursor
 
-def micro_batches(sampler, loader) -> Iterator[MicroBatch]:
-    """``sampler.micro_batches(loader)``: see there."""
-    source = getattr(loader, "batch_sampler", None)
-    ours = (
-        source,
-        getattr(source, "batch_sampler", None),
-        getattr(loader, "adaptive_sampler", None),
-    )
-    if source is not None and not any(s is sampler for s in ours):
-        raise ValueError(
-            f"micro_batches(loader): the loader's batch_sampler is not this sampler "
-            f"({type(source).__name__}); its batches would not follow this plan's steps"
-        )
+
+def rank_stream(cursor: Cursor, plan: Plan) -> Iterator[list[int]]:
+    """The rank's micro-batches of ``plan`` from the cursor's start; the pass is done when
+    the last is handed out."""
+    rank = cursor.options.rank
+    end = plan.num_rank_micro_batches(rank)
+    if cursor.start >= end:
+        cursor.finish()
+    for batch in plan.rank_micro_batches(rank, cursor.start):
+        cursor.handed(end)
+        yield batch.tolist()
+
+
+def all_ranks_stream(cursor: Cursor, plan: Plan) -> Iterator[list[int]]:
+    """accelerate's ``BatchSamplerShard`` keeps batch ``j`` of its source on process
+    ``j % num_processes``: every rank's micro-batches interleaved, from the cursor's start, so
+    that each process keeps exactly its own."""
+    k = plan.micro_batches_per_step
+    for i in range(cursor.start, plan.micro_batches_per_rank):
+        for r in range(cursor.options.num_replicas):
+            yield plan.micro_batch(i // k, r, i % k).tolist()
+        cursor.handed()
+    cursor.finish()
+
+
+def micro_batches(cursor: Cursor, loader) -> Iterator[MicroBatch]:
+    """``sampler.micro_batches(loader)`` once the loader is known to draw from the sampler
+    (readers.check_source): see there. The cursor counts the batches received."""
     end = object()
     it = iter(loader)
     first = next(it, end)  # starts the sampler's pass (a resume, or the epoch again)
-    plan, rank = sampler.plan(), sampler.rank
+    plan, rank = cursor.plan(), cursor.options.rank
     tokens, samples = plan.step_tokens(), plan.step_samples()
-    first_step, done = place_of(plan, rank, sampler.start_micro_batch)
+    first_step, done = place_of(plan, rank, cursor.start)
+    received = 0
     for step in range(first_step, plan.num_steps):
         count = plan.micro_batches_in_step(step, rank)
         for k in range(done if step == first_step else 0, count):
@@ -40,6 +61,8 @@ def micro_batches(sampler, loader) -> Iterator[MicroBatch]:
                     f"{rank}'s {count} micro-batches there: it did not yield every batch of "
                     "this sampler's pass"
                 )
+            received += 1
+            cursor.received(received)  # the pass began at the first batch
             yield MicroBatch(batch, step, k, count, int(tokens[step]), int(samples[step]))
     if first is not end or next(it, end) is not end:
         raise RuntimeError(

@@ -4,6 +4,8 @@ pairing), and the per-epoch check that every rank plans the same epoch."""
 
 from __future__ import annotations
 
+import torch.distributed as dist
+
 from adaptiveload.sampler.checks import int_arg
 
 
@@ -11,8 +13,6 @@ def distributed_defaults(num_replicas, rank, process_group) -> tuple[int, int]:
     """``(num_replicas, rank)``: as given, else from ``process_group`` (which they must agree
     with), else from ``torch.distributed`` when initialized, else ``(1, 0)``."""
     if num_replicas is None or rank is None or process_group is not None:
-        import torch.distributed as dist
-
         initialized = dist.is_available() and dist.is_initialized()
         if process_group is not None and not initialized:
             raise ValueError("process_group given but torch.distributed is not initialized")
@@ -47,8 +47,6 @@ def all_gather(call: str, payload, owner: str, process_group=None) -> list:
     """``all_gather_object`` of ``payload`` tagged with the sampler's ``call``: where one rank
     is in another of the sampler's collectives (it skipped ``update_cost_model``, say), every
     rank fails naming what each called, instead of pairing the two calls' payloads."""
-    import torch.distributed as dist
-
     gathered: list = [None] * dist.get_world_size(process_group)
     dist.all_gather_object(gathered, (call, payload), group=process_group)
     calls = [g[0] if isinstance(g, tuple) and len(g) == 2 else repr(g) for g in gathered]

@@ -20,6 +20,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # cursor.py imports this module
+    from adaptiveload.sampler.cursor import Cursor
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,8 @@ def accelerate_processes() -> int:
 
 
 def reader_of(sampler) -> Reader:
-    """The reader of a pass that starts now (called from ``sampler.__iter__``). Raises
+    """The reader of a pass that starts now (called from ``sampler.__iter__``): the one whose
+    loader draws from ``sampler``, known by identity alone. Raises
     ``RuntimeError`` for accelerate's dispatcher, which would iterate the sampler on process 0
     only and split those batches evenly across processes, losing the other ranks' samples."""
     if not _accelerator_running():
@@ -81,41 +86,60 @@ def reader_of(sampler) -> Reader:
     return Reader("an accelerate DataLoader (it reads one batch ahead)", True)
 
 
-def check_shard(sampler, shard) -> None:
-    """accelerate's shard must deal to the sampler's ranks, whole batches each."""
+def check_source(loader, sampler) -> None:
+    """``sampler.micro_batches(loader)`` labels the loader's batches with the sampler's plan:
+    a loader whose ``batch_sampler`` is another one is refused (accelerate's prepared loaders
+    hold the sampler as theirs, inside their ``BatchSamplerShard``, or as
+    ``adaptive_sampler``)."""
+    source = getattr(loader, "batch_sampler", None)
+    ours = (
+        source,
+        getattr(source, "batch_sampler", None),
+        getattr(loader, "adaptive_sampler", None),
+    )
+    if source is not None and not any(s is sampler for s in ours):
+        raise ValueError(
+            f"micro_batches(loader): the loader's batch_sampler is not this sampler "
+            f"({type(source).__name__}); its batches would not follow this plan's steps"
+        )
+
+
+def check_shard(cursor: Cursor, shard) -> None:
+    """accelerate's shard must deal to the cursor's ranks, whole batches each."""
+    o = cursor.options
     if shard.split_batches or (shard.num_processes, shard.process_index) != (
-        sampler.num_replicas,
-        sampler.rank,
+        o.num_replicas,
+        o.rank,
     ):
         raise RuntimeError(
-            f"{type(sampler).__name__} (rank {sampler.rank} of {sampler.num_replicas}) is "
+            f"{cursor.owner} (rank {o.rank} of {o.num_replicas}) is "
             f"sharded by accelerate as process {shard.process_index} of {shard.num_processes}"
             f"{' with split_batches' if shard.split_batches else ''}: the two must agree. "
             "Use adaptiveload.integrations.accelerate.prepare_data_loader(accelerator, loader)."
         )
 
 
-def check_unsharded(sampler, reader: Reader) -> None:
+def check_unsharded(cursor: Cursor, reader: Reader, sharding: bool | None) -> None:
     """Under an ``Accelerator`` of several processes, ``len(sampler)`` counts every rank's
     micro-batches (what accelerate's shard deals from), so a pass must be dealt by that
-    shard unless the sampler was told otherwise (``accelerate_sharding = False``, which
-    ``prepare_data_loader`` sets), and a sampler told so must not be dealt by it."""
+    shard unless the sampler was told otherwise (``sharding``, its ``accelerate_sharding``,
+    False: ``prepare_data_loader`` sets it), and a sampler told so must not be dealt by it."""
     if reader.shard is not None:
-        if sampler.accelerate_sharding is False:
+        if sharding is False:
             raise RuntimeError(
-                f"{type(sampler).__name__} has accelerate_sharding = False (each rank draws its "
+                f"{cursor.owner} has accelerate_sharding = False (each rank draws its "
                 "own micro-batches, and len() counts only those), but accelerate's "
                 "BatchSamplerShard draws it: accelerator.prepare wrapped its DataLoader (or the "
                 "loader prepare_data_loader was given). Leave accelerate_sharding unset for "
                 "accelerator.prepare, or iterate the loader prepare_data_loader returned."
             )
         return
-    if sampler.accelerate_sharding is False:
+    if sharding is False:
         return
     processes = accelerate_processes()
     if processes > 1:
         raise RuntimeError(
-            f"{type(sampler).__name__} under an Accelerator of {processes} processes is drawn "
+            f"{cursor.owner} under an Accelerator of {processes} processes is drawn "
             f"by {reader.name}, not by a loader accelerate prepared: its length counts every "
             "rank's micro-batches, which accelerate's BatchSamplerShard deals out. Prepare the "
             "DataLoader (accelerator.prepare(loader), or adaptiveload.integrations.accelerate."

@@ -3,8 +3,9 @@ predicted costs, epoch after epoch, without breaking what keeps samples from bei
 
 ``Refinement`` owns the records and the learned times: a rank's records since the last
 update, the most recent times of all ranks folded in rank order (the same on every rank),
-their medians for the next epoch, and the medians the current epoch plans with. The sampler
-asks it for the cost model of a set of learned times and rebuilds its table with it."""
+their medians for the next epoch, and the medians the current epoch plans with; and its part of
+a sampler's state (``state_dict``, ``load_state_dict``). The sampler asks it for the current
+epoch's cost model (``active_model``) and rebuilds its table with it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections import deque
 import numpy as np
 
 from adaptiveload.cost import CostModel
+from adaptiveload.fit import Point, fit_cost_model
 from adaptiveload.sampler.checks import positive_number
 from adaptiveload.sampler.ranks import all_gather
 
@@ -37,8 +39,6 @@ def lower_median(times) -> float:
 def refit(kinds: dict, base: CostModel) -> CostModel:
     """``fit_cost_model`` on measured kinds ``{(seq_len, batch): ms}``, coefficients rounded
     to 6 significant digits; ``base`` if they cannot be fitted."""
-    from adaptiveload.fit import Point, fit_cost_model
-
     try:
         fitted = fit_cost_model([Point(b, s, ms, 0) for (s, b), ms in kinds.items()])
     except ValueError:
@@ -83,10 +83,9 @@ def _unpack_entries(entries, key: str) -> dict:
     return kinds
 
 
-def unpack_learned(state: dict) -> tuple[dict, dict]:
-    """The learned times of a state: ``(active, history)``, both keyed by ``(seq_len,
-    batch)``; a state without ``'learned_costs'`` learned nothing."""
-    learned = state.get("learned_costs")
+def unpack_learned(learned: dict | None) -> tuple[dict, dict]:
+    """The learned times of a state's ``'learned_costs'``: ``(active, history)``, both keyed
+    by ``(seq_len, batch)``; a state without that entry (None) learned nothing."""
     if learned is None:
         return {}, {}
     if not isinstance(learned, dict) or set(learned) != {"active", "history"}:
@@ -217,7 +216,18 @@ class Refinement:
                 stacklevel=4,
             )
 
-    def state(self) -> dict | None:
+    def active_model(self) -> CostModel:
+        """The cost model the current epoch plans with: the base one with ``active``."""
+        return self.model(self.active)[0]
+
+    def next_epoch(self) -> bool:
+        """Another epoch plans with the times learned so far; whether they changed."""
+        if self.pending == self.active:
+            return False
+        self.active = dict(self.pending)
+        return True
+
+    def state_dict(self) -> dict | None:
         """The ``'learned_costs'`` entry of a state (None when nothing was learned). Folded by
         every rank alike; records not yet folded are this rank's and stay out."""
         if not self.history:
@@ -227,14 +237,18 @@ class Refinement:
             "history": [[s, b, list(t)] for (s, b), t in sorted(self.history.items())],
         }
 
-    def snapshot(self) -> tuple:
-        return self.active, self.history, self.pending
-
-    def restore(self, snapshot: tuple) -> None:
-        self.active, self.history, self.pending = snapshot
-
-    def load(self, history: dict) -> None:
-        """The learned times of a state, for the next epoch (the sampler then plans the
-        state's epoch with its ``active`` ones)."""
+    def load_state_dict(self, learned: dict | None) -> None:
+        """The learned times of a state's ``'learned_costs'`` (None: nothing learned): those
+        its epoch plans with, and those for the next epoch. This rank's records not folded
+        yet are dropped."""
+        active, history = unpack_learned(learned)
         self.history = history
         self.pending = {k: lower_median(t) for k, t in sorted(history.items())}
+        self.active = active
+        self.records = {}
+
+    def snapshot(self) -> tuple:
+        return self.active, self.history, self.pending, self.records
+
+    def restore(self, snapshot: tuple) -> None:
+        self.active, self.history, self.pending, self.records = snapshot

@@ -95,7 +95,7 @@ def _unpack(state: dict, key: str, n: int) -> np.ndarray:
 def make_state(mine: dict, epoch: int, excluded, position: int, consumed_in_plan, learned) -> dict:
     """The state of a sampler at micro-batch ``position`` of epoch ``epoch``'s plan:
     ``excluded`` (samples left out of the plan, None for none) and the plan's samples up to
-    there are consumed; ``learned``: the learned times (``Refinement.state()``)."""
+    there are consumed; ``learned``: the learned times (``Refinement.state_dict()``)."""
     n = len(consumed_in_plan)
     excluded = np.zeros(n, dtype=bool) if excluded is None else excluded
     consumed = excluded | consumed_in_plan

@@ -156,8 +156,8 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
         return self._max_cost
 
     def _compute_max_cost(self) -> float:
-        if self._max_cost_arg is not None:
-            return self._max_cost_arg
+        if self.options.max_cost is not None:
+            return self.options.max_cost
         return float(self._table.default_max_cost(self.max_tokens, self.max_batch_size or 0))
 
 
