@@ -385,13 +385,8 @@ def figure(rows, predictor, path: str) -> None:
             low = min(low, ys.min())
         ax.axhline(predictor[m], color="gray", ls="--", lw=0.8, label="no-structure predictor")
         ax.set_ylim(0.95 * low, 1.1 * predictor[m])
-        ax.set_title(f"{structure}: {m}, {norm} normalization", fontsize=9)
-        ax.set_xlabel("optimizer steps", fontsize=8)
-        ax.grid(alpha=0.3)
-    panels[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+        _label(ax, structure, m, norm)
+    _save(plt, fig, panels, path)
 
 
 def difference_figure(rows, path: str) -> None:
@@ -416,10 +411,19 @@ def difference_figure(rows, path: str) -> None:
         for y in (-100 * MARGIN, 0, 100 * MARGIN):
             ax.axhline(y, color="gray", ls="--" if y else "-", lw=0.8)
         ax.set_ylim(-8, 8)
-        ax.set_title(f"{structure}: {m}, {norm} normalization", fontsize=9)
-        ax.set_xlabel("optimizer steps", fontsize=8)
+        _label(ax, structure, m, norm)
         ax.set_ylabel("paired difference, %", fontsize=8)
-        ax.grid(alpha=0.3)
+    _save(plt, fig, panels, path)
+
+
+def _label(ax, structure: str, m: str, norm: str) -> None:
+    """A panel's title, step axis and grid."""
+    ax.set_title(f"{structure}: {m}, {norm} normalization", fontsize=9)
+    ax.set_xlabel("optimizer steps", fontsize=8)
+    ax.grid(alpha=0.3)
+
+
+def _save(plt, fig, panels, path: str) -> None:
     panels[0][0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

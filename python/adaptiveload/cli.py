@@ -277,44 +277,31 @@ def _steps_line(comp, no_image: float | None, mix_tolerance: float) -> str:
     )
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
+def _option_type(convert, noun: str, ok, rule: str, shown=lambda text, value: value):
+    """An argparse ``type``: ``convert(text)``, refused unless ``ok``, naming the ``rule``."""
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {shown(text, value)}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value}")
-    return value
-
-
-def _positive_number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {value:g}")
-    return value
+_positive_int = _option_type(int, "an integer", lambda v: v >= 1, "a positive integer")
+_non_negative_int = _option_type(int, "an integer", lambda v: v >= 0, "a non-negative integer")
+_positive_number = _option_type(
+    float, "a number", lambda v: math.isfinite(v) and v > 0, "a finite number > 0",
+    lambda text, value: text,
+)  # fmt: skip
+_fraction = _option_type(
+    float, "a number", lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]",
+    lambda text, value: f"{value:g}",
+)  # fmt: skip
 
 
 def _model_help() -> str:

@@ -242,16 +242,7 @@ def test_backward_subsets_of_gradients(device, norm, kinds, wanted):
             f"bwd.bf16{n.tag}.dy16.plain.vec2",
         )  # fmt: skip
         got.append([g[order.index(k)] for k in names])
-    lowp_in = {k: v.detach().clone().requires_grad_(v.requires_grad) for k, v in inputs.items()}
-    lowp = torch.autograd.grad(
-        n.ref(lowp_in["x"], lowp_in["shift"], lowp_in["scale"]), [lowp_in[k] for k in names], dy
-    )
-    ref_in = dict(zip(inputs, f64(*inputs.values()), strict=True))
-    ref = torch.autograd.grad(
-        n.ref(ref_in["x"], ref_in["shift"], ref_in["scale"]),
-        [ref_in[k] for k in names],
-        dy.double(),
-    )
+    ref, lowp = reference_grads(n, inputs, names, dy)
     for grads in got:
         for name, g, r, lp in zip(names, grads, ref, lowp, strict=True):
             assert_close("d" + name, g, r, lp, BF16)
@@ -279,16 +270,7 @@ def test_per_token_shift_gradient_is_dy(device, norm, wanted):
     assert torch.equal(got[names.index("shift")], dy)
     if device == "cuda" and names != ["shift"]:
         assert ops._last_configs()[1] == f"bwd.bf16{n.tag}.dy16.token2"
-    lowp_in = {k: v.detach().clone().requires_grad_(v.requires_grad) for k, v in inputs.items()}
-    lowp = torch.autograd.grad(
-        n.ref(lowp_in["x"], lowp_in["shift"], lowp_in["scale"]), [lowp_in[k] for k in names], dy
-    )
-    ref_in = dict(zip(inputs, f64(*inputs.values()), strict=True))
-    ref = torch.autograd.grad(
-        n.ref(ref_in["x"], ref_in["shift"], ref_in["scale"]),
-        [ref_in[k] for k in names],
-        dy.double(),
-    )
+    ref, lowp = reference_grads(n, inputs, names, dy)
     for name, g, r, lp in zip(names, got, ref, lowp, strict=True):
         assert_close("d" + name, g, r, lp, BF16)
 
@@ -375,3 +357,19 @@ def test_double_backward_matches_eager_and_is_not_zero(norm, weighted):
     for g, r in zip(ours, eager, strict=True):
         assert r.abs().max() > 0
         torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4)
+
+
+def reference_grads(n, inputs, names, dy):
+    """The gradients of ``names`` by the plain-PyTorch reference of norm ``n`` (x, shift,
+    scale): in float64, and in the inputs' own precision (the accuracy rule's yardstick)."""
+    lowp_in = {k: v.detach().clone().requires_grad_(v.requires_grad) for k, v in inputs.items()}
+    lowp = torch.autograd.grad(
+        n.ref(lowp_in["x"], lowp_in["shift"], lowp_in["scale"]), [lowp_in[k] for k in names], dy
+    )
+    ref_in = dict(zip(inputs, f64(*inputs.values()), strict=True))
+    ref = torch.autograd.grad(
+        n.ref(ref_in["x"], ref_in["shift"], ref_in["scale"]),
+        [ref_in[k] for k in names],
+        dy.double(),
+    )
+    return ref, lowp

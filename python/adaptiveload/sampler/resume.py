@@ -218,7 +218,7 @@ def continue_at(
             problem = "'steps_done' is missing or disagrees with 'micro_batches_done'"
         elif steps > plan.num_steps or (done and steps == plan.num_steps):
             problem = f"'steps_done' = {steps} is past the end of its plan"
-        elif done >= plan.micro_batches_in_step(steps, rank) if done else False:
+        elif done and done >= plan.micro_batches_in_step(steps, rank):
             problem = f"'in_step' = {done} is not inside rank {rank}'s step {steps}"
         elif not np.array_equal(saved.excluded | plan.consumed_steps(steps, n), saved.consumed):
             problem = f"'consumed' does not match the samples of its plan up to step {steps}"
