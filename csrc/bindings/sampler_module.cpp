@@ -28,6 +28,7 @@ using adaptiveload::SampleTable;
 namespace {
 
 using Int64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+using DoubleArray = py::array_t<double, py::array::c_style | py::array::forcecast>;
 using UInt8Array = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
 
 // Hands a vector to numpy without copying it.
@@ -68,7 +69,7 @@ struct BoundLayout {
   }
   template <typename T>
   py::array_t<T> rank_sums(const py::array_t<T, py::array::c_style>& values) const {
-    const int64_t ids = num_steps * num_replicas * micro_batches_per_step;
+    const int64_t ids = get().step_begin(num_steps);
     if (values.ndim() != 1 || values.shape(0) != ids)
       throw py::value_error("rank_sums takes one value per micro-batch (" + std::to_string(ids) +
                             ")");
@@ -197,10 +198,11 @@ PYBIND11_MODULE(_sampler, m) {
            py::arg("max_batch_size") = 0)
       .def(
           "oversize_samples",
-          [](const SampleTable& t, int64_t max_tokens, double max_cost) {
-            return to_numpy(t.oversize_samples(max_tokens, max_cost));
+          [](const SampleTable& t, int64_t max_tokens, double max_cost, int64_t max_degree) {
+            if (max_degree < 1) throw py::value_error("max_degree must be >= 1");
+            return to_numpy(t.oversize_samples(max_tokens, max_cost, max_degree));
           },
-          py::arg("max_tokens"), py::arg("max_cost"))
+          py::arg("max_tokens"), py::arg("max_cost"), py::arg("max_degree") = 1)
       .def(
           "batch_cost",
           [](const SampleTable& t, const Int64Array& idx) {
@@ -241,6 +243,17 @@ PYBIND11_MODULE(_sampler, m) {
       .def_readwrite("uneven_counts", &PlanOptions::uneven_counts)
       .def_readwrite("mix_tolerance", &PlanOptions::mix_tolerance)
       .def_property(
+          "sequence_parallel", [](const PlanOptions& o) { return o.sequence_parallel.max_degree; },
+          [](PlanOptions& o, int64_t d) { o.sequence_parallel.max_degree = d; })
+      .def_property(
+          "sequence_parallel_comm_per_token",
+          [](const PlanOptions& o) { return o.sequence_parallel.comm_per_token; },
+          [](PlanOptions& o, double c) { o.sequence_parallel.comm_per_token = c; })
+      .def_property(
+          "sequence_parallel_comm_fraction",
+          [](const PlanOptions& o) { return o.sequence_parallel.comm_fraction; },
+          [](PlanOptions& o, double c) { o.sequence_parallel.comm_fraction = c; })
+      .def_property(
           "skip_oversize",
           [](const PlanOptions& o) { return o.oversize == adaptiveload::OversizePolicy::kSkip; },
           [](PlanOptions& o, bool skip) {
@@ -278,6 +291,10 @@ PYBIND11_MODULE(_sampler, m) {
         if (table.has_memory_policy()) out["checkpointed"] = to_numpy(std::move(plan.checkpointed));
         if (o.uneven_counts) out["rank_offsets"] = to_numpy(std::move(plan.rank_offsets));
         if (o.balance) out["window_strata"] = to_numpy(std::move(plan.window_strata));
+        if (o.sequence_parallel.enabled()) {
+          out["degrees"] = to_numpy(std::move(plan.degrees));
+          out["members"] = to_numpy(std::move(plan.members));
+        }
         return out;
       },
       py::arg("table"), py::arg("options"), py::arg("exclude") = py::none());
@@ -321,6 +338,14 @@ PYBIND11_MODULE(_sampler, m) {
             return to_numpy(b.get().rank_step_starts(rank));
           },
           py::arg("rank"))
+      .def(
+          "step_begin",
+          [](const BoundLayout& b, int64_t step) {
+            if (step < 0 || step > b.num_steps)
+              throw py::index_error("step " + std::to_string(step) + " out of range");
+            return b.get().step_begin(step);
+          },
+          py::arg("step"))
       .def("rank_sums", &BoundLayout::rank_sums<int64_t>, py::arg("values").noconvert())
       .def("rank_sums", &BoundLayout::rank_sums<double>, py::arg("values"))
       .def(
@@ -332,6 +357,41 @@ PYBIND11_MODULE(_sampler, m) {
             return to_numpy(b.get().first_of_every_rank(done));
           },
           py::arg("done"));
+
+  // One step's degrees and groups (sequence_parallel.h), for tests and the replay.
+  m.def(
+      "assign_with_degrees",
+      [](DoubleArray costs, DoubleArray fixed, DoubleArray floor, Int64Array tokens,
+         Int64Array min_degree, int64_t num_replicas, int64_t max_degree, double comm_per_token,
+         double comm_fraction) {
+        const py::ssize_t n = costs.shape(0);
+        if (costs.ndim() != 1 || fixed.shape(0) != n || floor.shape(0) != n)
+          throw py::value_error("assign_with_degrees: costs, fixed and floor: one per item");
+        const int64_t* tok = checked_1d(tokens, "tokens", n);
+        const int64_t* dmin = checked_1d(min_degree, "min_degree", n);
+        adaptiveload::SequenceParallel sp{max_degree, comm_per_token, comm_fraction};
+        adaptiveload::validate_sequence_parallel(sp, num_replicas);
+        std::vector<adaptiveload::SpItem> items(n);
+        for (py::ssize_t i = 0; i < n; ++i)
+          items[i] = {costs.data()[i], fixed.data()[i], floor.data()[i], tok[i], dmin[i]};
+        const adaptiveload::SpStep st = adaptiveload::assign_with_degrees(items, num_replicas, sp);
+        std::vector<int64_t> offsets{0}, order;
+        for (const auto& r : st.rank_items) {
+          order.insert(order.end(), r.begin(), r.end());
+          offsets.push_back(static_cast<int64_t>(order.size()));
+        }
+        py::dict out;
+        out["degree"] = to_numpy(std::vector<int64_t>(st.degree));
+        out["first_rank"] = to_numpy(std::vector<int64_t>(st.first_rank));
+        out["rank_offsets"] = to_numpy(std::move(offsets));
+        out["rank_items"] = to_numpy(std::move(order));
+        out["makespan"] = st.makespan;
+        out["busy"] = st.busy;
+        return out;
+      },
+      py::arg("costs"), py::arg("fixed"), py::arg("floor"), py::arg("tokens"),
+      py::arg("min_degree"), py::arg("num_replicas"), py::arg("max_degree"),
+      py::arg("comm_per_token") = 0.0, py::arg("comm_fraction") = 0.0);
 
   m.def(
       "mark_samples",

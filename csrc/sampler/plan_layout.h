@@ -5,7 +5,8 @@
 //
 // Layout: micro-batch m = (t * W + r) * K + k holds rank r's k-th micro-batch of step t; with
 // uneven counts rank r takes ids [rank_offsets[t * W + r], rank_offsets[t * W + r + 1]) of step
-// t. Either way step t is ids [t * W * K, (t + 1) * W * K).
+// t. Either way step t is ids [step_begin(t), step_begin(t + 1)): [t * W * K, (t + 1) * W * K),
+// except with sequence parallelism, which lists a shared micro-batch once per member rank.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,12 @@ struct PlanLayout {
     const int64_t t = step * num_replicas + rank;
     if (rank_offsets == nullptr) return t * micro_batches_per_step + k;
     return rank_offsets[t] + k;
+  }
+
+  /// First id of `step` (step = num_steps: the number of ids).
+  int64_t step_begin(int64_t step) const {
+    if (rank_offsets == nullptr) return step * num_replicas * micro_batches_per_step;
+    return rank_offsets[step * num_replicas];
   }
 
   /// num_steps + 1 positions in `rank`'s stream: its micro-batches before each step, and in all.

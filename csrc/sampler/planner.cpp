@@ -48,6 +48,11 @@ void validate_options(const PlanOptions& o) {
     invalid("uneven_counts needs balance: without balancing every rank takes K per step");
   if (!(o.mix_tolerance >= 0.0 && o.mix_tolerance <= 1.0))
     invalid("mix_tolerance must be in [0, 1], got " + std::to_string(o.mix_tolerance));
+  validate_sequence_parallel(o.sequence_parallel, o.num_replicas);
+  if (o.sequence_parallel.enabled() && !o.uneven_counts)
+    invalid(
+        "sequence_parallel > 1 needs uneven_counts: a rank's count of micro-batches in a "
+        "step depends on the groups it joins");
 }
 
 // The stats of `fill` samples of `len` tokens and cost f each, summed one by one as packing
@@ -313,6 +318,90 @@ double assign_window(const std::vector<Item>& arranged, int64_t steps, int64_t W
   return steps > 0 ? imbalance / static_cast<double>(steps) : 0.0;
 }
 
+// Sequence parallelism: one listing of a micro-batch in a rank's list of a step.
+struct Listing {
+  int64_t mb;
+  int32_t degree;
+  int32_t member;
+};
+
+// A micro-batch as degrees see it: its cost, the parts splitting leaves (the cost model's fixed
+// term and host floor), its tokens, and the fewest ranks whose shares fit max_tokens (twice the
+// largest degree where none does).
+SpItem sp_item(const SampleTable& table, const PlanOptions& o, const std::vector<int64_t>& bucketed,
+               const MicroBatch& mb) {
+  const CostModel& cm = table.cost_model();
+  SpItem it;
+  it.cost = mb.cost;
+  it.fixed = std::min(cm.batch_overhead(), mb.cost);
+  it.floor = cm.h0 + cm.hs * static_cast<double>(mb.count());
+  it.tokens = mb.tokens;
+  const int64_t top = o.sequence_parallel.max_degree;
+  for (int64_t d = 1; d <= top; d *= 2) {
+    int64_t share = 0;
+    for (int64_t j = mb.begin; j < mb.end; ++j)
+      share += share_tokens(table.seq_len(bucketed[j]), d, 0);
+    if (share <= o.max_tokens) {
+      it.min_degree = d;
+      return it;
+    }
+  }
+  it.min_degree = 2 * top;
+  return it;
+}
+
+// assign_window with sequence parallelism: each step's degrees, groups and rank lists (`out`),
+// and the steps' mean predicted imbalance, the share of rank time spent waiting.
+double assign_window_sp(const std::vector<Item>& arranged, int64_t steps, int64_t W,
+                        int64_t per_step, const std::vector<SpItem>& info,
+                        const SequenceParallel& sp, std::vector<SpStep>& out) {
+  out.resize(steps);
+  std::vector<SpItem> step_items(per_step);
+  double imbalance = 0.0;
+  for (int64_t c = 0; c < steps; ++c) {
+    for (int64_t j = 0; j < per_step; ++j) step_items[j] = info[arranged[c * per_step + j].second];
+    out[c] = assign_with_degrees(step_items, W, sp);
+    imbalance += out[c].imbalance(W);
+  }
+  return steps > 0 ? imbalance / static_cast<double>(steps) : 0.0;
+}
+
+// Flattens a plan with sequence parallelism: the steps' listings in order, each with its
+// member's share of the micro-batch's tokens and cost; plan.rank_offsets holds each (step,
+// rank)'s count of listings on entry and their first ids on return.
+void flatten_listings(const SampleTable& table, const std::vector<int64_t>& bucketed,
+                      const std::vector<MicroBatch>& mbs,
+                      const std::vector<std::vector<Listing>>& listings, const SequenceParallel& sp,
+                      const std::vector<SpItem>& info, EpochPlan& plan) {
+  int64_t total = 0;
+  for (const auto& step : listings) total += static_cast<int64_t>(step.size());
+  int64_t first = 0;
+  for (size_t tr = 0; tr + 1 < plan.rank_offsets.size(); ++tr) {
+    const int64_t count = plan.rank_offsets[tr];
+    plan.rank_offsets[tr] = first;
+    first += count;
+  }
+  plan.rank_offsets.back() = total;
+  plan.offsets.assign(1, 0);
+  plan.offsets.reserve(total + 1);
+  for (const auto& step : listings) {
+    for (const Listing& l : step) {
+      const MicroBatch& mb = mbs[l.mb];
+      int64_t tokens = 0;
+      for (int64_t j = mb.begin; j < mb.end; ++j)
+        tokens += share_tokens(table.seq_len(bucketed[j]), l.degree, l.member);
+      plan.samples.insert(plan.samples.end(), bucketed.begin() + mb.begin,
+                          bucketed.begin() + mb.end);
+      plan.offsets.push_back(static_cast<int64_t>(plan.samples.size()));
+      plan.costs.push_back(share_cost(info[l.mb], l.degree, sp));
+      plan.tokens.push_back(tokens);
+      plan.padding.push_back(mb.padding ? 1 : 0);
+      plan.degrees.push_back(l.degree);
+      plan.members.push_back(l.member);
+    }
+  }
+}
+
 }  // namespace
 
 SampleTable::SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* group_ids,
@@ -444,19 +533,24 @@ double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size)
   return std::max(heaviest, lightest_full);
 }
 
-bool SampleTable::exceeds_caps(int64_t i, int64_t max_tokens, double max_cost) const {
+bool SampleTable::exceeds_caps(int64_t i, int64_t max_tokens, double max_cost,
+                               int64_t max_degree) const {
   BatchStats one;
   one.add(samples_[i].seq_len, samples_[i].cost);
+  // Split over up to max_degree ranks, a sample over max_tokens runs alone on its shares.
+  if (max_degree > 1 && samples_[i].seq_len > max_tokens)
+    return share_tokens(samples_[i].seq_len, max_degree, 0) > max_tokens || !fits_memory(one);
   // With a memory policy the compute cap binds micro-batches of two or more samples only: a
   // sample over it runs alone (memory is what decides whether it can run at all).
   return samples_[i].seq_len > max_tokens || !fits_memory(one) ||
          (!has_memory_ && stats_cost(one) > max_cost);
 }
 
-std::vector<int64_t> SampleTable::oversize_samples(int64_t max_tokens, double max_cost) const {
+std::vector<int64_t> SampleTable::oversize_samples(int64_t max_tokens, double max_cost,
+                                                   int64_t max_degree) const {
   std::vector<int64_t> out;
   for (int64_t i = 0; i < size(); ++i)
-    if (exceeds_caps(i, max_tokens, max_cost)) out.push_back(i);
+    if (exceeds_caps(i, max_tokens, max_cost, max_degree)) out.push_back(i);
   return out;
 }
 
@@ -566,7 +660,7 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
   std::vector<uint8_t> take(n, 0);
   for (int64_t i = 0; i < n; ++i) {
     if (exclude && exclude[i]) continue;
-    if (table.exceeds_caps(i, o.max_tokens, o.max_cost)) {
+    if (table.exceeds_caps(i, o.max_tokens, o.max_cost, o.sequence_parallel.max_degree)) {
       const int64_t s = table.seq_len(i);
       const double c = table.single_cost(i);
       if (o.oversize == OversizePolicy::kSkip) {
@@ -586,6 +680,14 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
                 ", over the budget of " + std::to_string(mp.budget / (1 << 20)) +
                 " MiB (raise the memory budget, or skip such samples with on_oversize='skip')");
       }
+      if (o.sequence_parallel.enabled() && s > o.max_tokens)
+        invalid("sample " + std::to_string(i) + " has " + std::to_string(s) +
+                " tokens: split over sequence_parallel = " +
+                std::to_string(o.sequence_parallel.max_degree) + " ranks, each share holds " +
+                std::to_string(share_tokens(s, o.sequence_parallel.max_degree, 0)) +
+                ", more than max_tokens = " + std::to_string(o.max_tokens) +
+                " (raise sequence_parallel or max_tokens, or skip such samples with "
+                "on_oversize='skip')");
       if (s > o.max_tokens)
         invalid("sample " + std::to_string(i) + " has " + std::to_string(s) +
                 " tokens, more than max_tokens = " + std::to_string(o.max_tokens) +
@@ -627,6 +729,19 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
     plan.rank_offsets.assign(plan.num_steps * W + 1, 0);
     plan.rank_offsets.back() = m;
   }
+  const bool sp_on = o.sequence_parallel.enabled();
+  std::vector<SpItem> sp_info;                 // per micro-batch, with sequence parallelism
+  std::vector<SpStep> sp_steps, sp_mixed;      // per step of a window
+  std::vector<std::vector<Listing>> listings;  // per step: rank after rank
+  if (sp_on) {
+    if (table.has_memory_policy())
+      invalid(
+          "sequence_parallel > 1 with a memory policy is not supported yet: the memory "
+          "model does not describe a rank's share of a split micro-batch");
+    sp_info.reserve(m);
+    for (const MicroBatch& mb : mbs) sp_info.push_back(sp_item(table, o, bucketed, mb));
+    listings.resize(plan.num_steps);
+  }
   if (o.balance) {
     const int64_t L = o.lookahead_steps;
     std::vector<Item> items, mixed;  // (cost, micro-batch): sorted by cost, and as mixed
@@ -651,21 +766,42 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
       if (o.mix_tolerance > 0.0) {
         for (int64_t s = 1; s < steps; s *= 2) {
           mix_window(items, item_group, steps, s, per_step, mixed);
-          if (assign_window(mixed, steps, W, K, o.uneven_counts, true, mixed_ranks) <=
-              o.mix_tolerance) {
+          const double imbalance =
+              sp_on ? assign_window_sp(mixed, steps, W, per_step, sp_info, o.sequence_parallel,
+                                       sp_mixed)
+                    : assign_window(mixed, steps, W, K, o.uneven_counts, true, mixed_ranks);
+          if (imbalance <= o.mix_tolerance) {
             strata = s;
             arranged = &mixed;
             ranks.swap(mixed_ranks);
+            sp_steps.swap(sp_mixed);
             break;
           }
         }
       }
-      if (strata == steps) assign_window(items, steps, W, K, o.uneven_counts, false, ranks);
+      if (strata == steps) {
+        if (sp_on) {
+          assign_window_sp(items, steps, W, per_step, sp_info, o.sequence_parallel, sp_steps);
+        } else {
+          assign_window(items, steps, W, K, o.uneven_counts, false, ranks);
+        }
+      }
       plan.window_strata.push_back(strata);
       for (int64_t c = 0; c < steps; ++c) {
         const Item* chunk = arranged->data() + c * per_step;
-        const int64_t* rank_of = ranks.data() + c * per_step;
         const int64_t t = t0 + chunk_order[c];
+        if (sp_on) {
+          // Each rank's listings of the step side by side, in the order it runs them.
+          const SpStep& st = sp_steps[c];
+          for (int64_t r = 0; r < W; ++r) {
+            plan.rank_offsets[t * W + r] = static_cast<int64_t>(st.rank_items[r].size());
+            for (int64_t item : st.rank_items[r])
+              listings[t].push_back({chunk[item].second, static_cast<int32_t>(st.degree[item]),
+                                     static_cast<int32_t>(r - st.first_rank[item])});
+          }
+          continue;
+        }
+        const int64_t* rank_of = ranks.data() + c * per_step;
         std::fill(fill.begin(), fill.end(), 0);
         if (o.uneven_counts) {
           // Each rank's micro-batches of the step side by side, in decreasing cost.
@@ -696,6 +832,10 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
   }
 
   // 5. Flatten.
+  if (sp_on) {
+    flatten_listings(table, bucketed, mbs, listings, o.sequence_parallel, sp_info, plan);
+    return plan;
+  }
   plan.offsets.resize(m + 1);
   plan.costs.resize(m);
   plan.tokens.resize(m);

@@ -41,6 +41,10 @@
 //
 // (rank_offsets[t * W] = t * W * K). The loop must then synchronize gradients once per
 // step, at each rank's last micro-batch of it.
+//
+// With sequence parallelism (uneven counts only) a step's micro-batch of degree d is listed
+// once in each of its d ranks' lists, so step t is ids [rank_offsets[t * W], rank_offsets[(t +
+// 1) * W]) and holds W * K micro-batches in more listings; `degrees` and `members` say which.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +53,7 @@
 #include "sampler/cost_model.h"
 #include "sampler/memory_model.h"
 #include "sampler/plan_layout.h"
+#include "sampler/sequence_parallel.h"
 
 namespace adaptiveload {
 
@@ -114,12 +119,14 @@ class SampleTable {
 
   /// True when sample i alone breaks a cap: S_i > max_tokens, single_cost(i) > max_cost
   /// (without a memory policy: with one, such a sample runs alone), or it does not fit the
-  /// memory budget.
+  /// memory budget. With sequence parallelism up to `max_degree` ranks, a sample over
+  /// max_tokens whose 1/max_degree share fits runs alone, split, and breaks no cap.
   /// The planner uses this same test, so a sample it accepts here it accepts there.
-  bool exceeds_caps(int64_t i, int64_t max_tokens, double max_cost) const;
+  bool exceeds_caps(int64_t i, int64_t max_tokens, double max_cost, int64_t max_degree = 1) const;
 
   /// Indices of the samples that alone break a cap (see exceeds_caps), ascending.
-  std::vector<int64_t> oversize_samples(int64_t max_tokens, double max_cost) const;
+  std::vector<int64_t> oversize_samples(int64_t max_tokens, double max_cost,
+                                        int64_t max_degree = 1) const;
 
  private:
   // Length and f(S) side by side: planning reads both for samples in random order,
@@ -162,6 +169,11 @@ struct PlanOptions {
   /// hold one or two groups). 1: every window fully mixed. The Python sampler's default is
   /// MIX_TOLERANCE in python/adaptiveload/sampler/samplers.py.
   double mix_tolerance = 0.0;
+  /// Sequence parallelism chosen per micro-batch (sequence_parallel.h): off by default. On, each
+  /// step's micro-batches get degrees and groups that lower its slowest rank, a micro-batch of
+  /// degree d is listed once per member rank (its share), and max_tokens bounds each share.
+  /// Needs uneven_counts (and no memory policy).
+  SequenceParallel sequence_parallel;
 };
 
 struct EpochPlan {
@@ -185,6 +197,12 @@ struct EpochPlan {
   /// balance only: per window of lookahead_steps steps, the cost strata its steps were mixed
   /// from (1: the whole window mixed; the window's step count: steps of similar cost).
   std::vector<int64_t> window_strata;
+  /// Sequence parallelism only (empty otherwise): per listed micro-batch, its degree d and this
+  /// rank's place in its group (the group is ranks [r - member, r - member + d)). A micro-batch
+  /// of degree d is listed d times, once per member, with that member's share of its tokens
+  /// (`tokens`) and cost (`costs`); member 0's listing stands for the micro-batch.
+  std::vector<int32_t> degrees;
+  std::vector<int32_t> members;
 
   int64_t num_micro_batches() const { return static_cast<int64_t>(offsets.size()) - 1; }
   /// The plan's index arithmetic (plan_layout.h), over its own arrays.

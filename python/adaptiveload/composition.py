@@ -111,13 +111,14 @@ def step_composition(
     """
     seq_lens = np.asarray(seq_lens, dtype=np.int64)
     ids, num_groups = _dense(labels, seq_lens)
-    per_step = plan.num_replicas * plan.micro_batches_per_step
     steps = plan.num_steps
-    m = steps * per_step
     if steps == 0 or num_groups == 0:
         return Composition(0, num_groups, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, min_share)
-    sizes = np.diff(plan.offsets)[:m]
-    entries = plan.samples[: plan.offsets[m]]
+    # Each micro-batch once (a split one by its first member's listing), with its step.
+    mb_ids, step_of = plan.step_micro_batches()
+    m = len(mb_ids)
+    sizes = plan.offsets[mb_ids + 1] - plan.offsets[mb_ids]
+    entries = _entries(plan, mb_ids)
     mb_of = np.repeat(np.arange(m, dtype=np.int64), sizes)
     group = ids[entries]
     tokens = seq_lens[entries].astype(np.float64)
@@ -152,9 +153,9 @@ def step_composition(
             float(np.median(np.bincount(cell_step, minlength=steps))),
         )
 
-    ours = measure(np.arange(m, dtype=np.int64) // per_step)
+    ours = measure(step_of)
     rng = np.random.default_rng(seed)
-    draws = np.array([measure(rng.permutation(m) // per_step) for _ in range(max(1, shuffles))])
+    draws = np.array([measure(rng.permutation(step_of)) for _ in range(max(1, shuffles))])
     ref = draws.mean(axis=0)
     return Composition(
         num_steps=steps,
@@ -181,14 +182,22 @@ def steps_without(plan, mask: np.ndarray) -> float:
     return float(1.0 - held.mean())
 
 
+def _entries(plan, ids: np.ndarray) -> np.ndarray:
+    """The samples of micro-batches ``ids``, in order."""
+    if len(ids) == 0:
+        return plan.samples[:0]
+    starts, ends = plan.offsets[ids], plan.offsets[ids + 1]
+    sizes = ends - starts
+    within = np.arange(sizes.sum(), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    return plan.samples[np.repeat(starts, sizes) + within]
+
+
 def step_entries(plan, steps: int) -> np.ndarray:
-    """The samples of the first ``steps`` steps, in plan order."""
-    return plan.samples[: plan.offsets[steps * plan.num_replicas * plan.micro_batches_per_step]]
+    """The samples of the first ``steps`` steps, in plan order (a split micro-batch's once)."""
+    return _entries(plan, plan.step_micro_batches(steps)[0])
 
 
 def step_of_entries(plan, steps: int) -> np.ndarray:
-    """The step of each sample of ``step_entries(plan, steps)`` (step t is micro-batches
-    ``[t * W * K, (t + 1) * W * K)`` in either layout)."""
-    per_step = plan.num_replicas * plan.micro_batches_per_step
-    m = steps * per_step
-    return np.repeat(np.arange(m, dtype=np.int64) // per_step, np.diff(plan.offsets)[:m])
+    """The step of each sample of ``step_entries(plan, steps)``."""
+    ids, step = plan.step_micro_batches(steps)
+    return np.repeat(step, plan.offsets[ids + 1] - plan.offsets[ids])

@@ -78,7 +78,7 @@ class CostModel:
         model = cls.polynomial(
             n * c["c0"], n * c["c1"], n * c["c2"], per_sample=n * c.get("cs", 0.0), unit="ms"
         )
-        model.meta = {"source": f"wan21_h200:{size}", "layers": n}
+        model.meta = {"source": f"wan21_h200:{size}", "layers": n, "hidden": cfg["dim"]}
         return model
 
     @classmethod
@@ -223,3 +223,50 @@ class CostModel:
 
     def __repr__(self) -> str:
         return f"CostModel.{self._core!r}" + (f" [{self.unit}]" if self.unit else "")
+
+
+# -- sequence parallelism --------------------------------------------------------------------
+#: Communication of a split micro-batch where no bandwidth is given: this share of each rank's
+#: split compute (``sequence_parallel_comm=None``).
+SEQUENCE_PARALLEL_COMM_FRACTION = 0.10
+#: Bytes per second one H200 sends in an intra-node all-to-all, the default of
+#: ``ulysses_comm_per_token``: NVLink 4 gives each GPU 450 GB/s per direction (NVIDIA's H200
+#: datasheet, 900 GB/s bidirectional); NCCL's all-to-all reaches less than its all-reduce bus
+#: bandwidth (460-480 GB/s on 8 x H100 in published nccl-tests runs), and 350e9 is the planning
+#: figure until ``adaptiveload calibrate --comm`` measures the machine at hand.
+H200_ALL_TO_ALL_BYTES_PER_S = 350e9
+
+
+def ulysses_comm_per_token(
+    hidden: int,
+    num_layers: int,
+    *,
+    bytes_per_s: float = H200_ALL_TO_ALL_BYTES_PER_S,
+    element_bytes: int = 2,
+    unit_s: float = 1e-3,
+) -> float:
+    """``sequence_parallel_comm`` for Ulysses attention: the cost (in ``unit_s`` seconds, the
+    cost model's unit; milliseconds by default) of sending one token through a split
+    micro-batch's all-to-alls, forward and backward: per attention layer, q, k and v go out
+    and the output comes back (4 all-to-alls of ``hidden`` values per token), twice.
+
+    The planner charges a rank's share ``comm * T * (d - 1) / d**2`` for a micro-batch of T
+    tokens over d ranks: each rank holds T / d tokens and sends (d - 1) / d of them.
+    """
+    for name, v in (("hidden", hidden), ("num_layers", num_layers)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    if not bytes_per_s > 0 or not unit_s > 0:
+        raise ValueError("bytes_per_s and unit_s must be > 0")
+    return 8.0 * hidden * element_bytes * num_layers / bytes_per_s / unit_s
+
+
+def sequence_parallel_comm_of(cost_model: CostModel) -> float | None:
+    """The default ``sequence_parallel_comm`` of a cost model in milliseconds whose ``meta``
+    names its ``hidden`` size and ``layers`` (the built-in profiles do): Ulysses at
+    ``H200_ALL_TO_ALL_BYTES_PER_S``. None otherwise (the planner then adds the flat
+    ``SEQUENCE_PARALLEL_COMM_FRACTION``)."""
+    hidden, layers = cost_model.meta.get("hidden"), cost_model.meta.get("layers")
+    if cost_model.unit != "ms" or not isinstance(hidden, int) or not isinstance(layers, int):
+        return None
+    return ulysses_comm_per_token(hidden, layers)

@@ -15,7 +15,8 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from adaptiveload import _sampler
-from adaptiveload.cost import CostModel
+from adaptiveload.cost import SEQUENCE_PARALLEL_COMM_FRACTION as SP_COMM_FRACTION
+from adaptiveload.cost import CostModel, sequence_parallel_comm_of
 from adaptiveload.memory import GIB, CheckpointPolicy
 from adaptiveload.sampler import resume
 from adaptiveload.sampler.checks import (
@@ -79,6 +80,8 @@ class PlannedBatchSampler(Sampler[list[int]]):
     uneven_counts = Setting()
     mix_tolerance = Setting()
     drawn_is_trained = Setting()
+    sequence_parallel = Setting()
+    sequence_parallel_comm = Setting()
 
     def __init__(
         self, seq_lens, max_tokens, *, group_keys, process_group, drawn_is_trained, **settings
@@ -136,12 +139,14 @@ class PlannedBatchSampler(Sampler[list[int]]):
     def _refuse_oversize(self) -> None:
         if self.on_oversize != "error":
             return
-        over = self._table.oversize_samples(self.max_tokens, self._max_cost)
+        over = self._table.oversize_samples(self.max_tokens, self._max_cost, self.sequence_parallel)
         if len(over) == 0:
             return
         i = int(over[0])
         cost = float(self._table.batch_cost(np.array([i], np.int64)))
         cap = f"max_tokens = {self.max_tokens}"
+        if self.sequence_parallel > 1:
+            cap += f" on each of sequence_parallel = {self.sequence_parallel} ranks"
         if (
             self.memory_model is not None
             and self._table.checkpointed_blocks(np.array([i], np.int64)) < 0
@@ -192,6 +197,13 @@ class PlannedBatchSampler(Sampler[list[int]]):
         p.seed, p.epoch, p.drop_last, p.balance = s.seed, epoch, s.drop_last, s.balance
         p.lookahead_steps, p.uneven_counts = s.lookahead_steps, s.uneven_counts
         p.mix_tolerance, p.skip_oversize = s.mix_tolerance, s.on_oversize == "skip"
+        if s.sequence_parallel > 1:
+            p.sequence_parallel = s.sequence_parallel
+            comm = s.sequence_parallel_comm
+            if comm is None:
+                comm = sequence_parallel_comm_of(self.options.cost_model)
+            p.sequence_parallel_comm_per_token = 0.0 if comm is None else comm
+            p.sequence_parallel_comm_fraction = 0.0 if comm is not None else SP_COMM_FRACTION
         raw = _sampler.plan_epoch(
             self._table, p, None if excluded is None else excluded.view(np.uint8)
         )

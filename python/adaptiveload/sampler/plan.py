@@ -28,11 +28,23 @@ class MicroBatch(NamedTuple):
     #: tokens and samples of the step over all ranks: the normalizers of a summed loss
     step_tokens: int
     step_samples: int
+    #: sequence parallelism: the ranks that process this micro-batch together (1: this rank
+    #: alone), and this rank's place among them; it holds share ``member`` of ``degree`` of
+    #: every sample's tokens (``adaptiveload.parallel.token_share``)
+    degree: int = 1
+    member: int = 0
+    rank: int = 0
 
     @property
     def last(self) -> bool:
         """The rank's last micro-batch of the step: synchronize gradients and step here."""
         return self.index == self.count - 1
+
+    @property
+    def group_ranks(self) -> range:
+        """The ranks that process this micro-batch together, this one among them."""
+        first = self.rank - self.member
+        return range(first, first + self.degree)
 
 
 @dataclass
@@ -44,7 +56,9 @@ class Plan:
     With uneven counts (``rank_offsets`` set), rank ``r`` takes any number >= 1 of step
     ``t``'s ``W * K`` micro-batches: ``m = rank_offsets[t * W + r] + k`` for
     ``k < micro_batches_in_step(t, r)``. Either way step ``t`` is micro-batches
-    ``[t * W * K, (t + 1) * W * K)``."""
+    ``[t * W * K, (t + 1) * W * K)``, except with sequence parallelism (``degrees``), which
+    lists a micro-batch of degree d once in each of its d ranks' lists: there step ``t`` is
+    ``[step_begin(t), step_begin(t + 1))``."""
 
     num_replicas: int
     micro_batches_per_step: int
@@ -68,6 +82,11 @@ class Plan:
     #: balanced plans only: per window of ``lookahead_steps`` steps, the cost strata its steps
     #: were mixed from (1: the whole window mixed; its step count: steps of similar cost)
     window_strata: np.ndarray | None = None
+    #: sequence parallelism only: per listed micro-batch, its degree d and this listing's place
+    #: in its group of d ranks. A micro-batch of degree d is listed once per member rank, with
+    #: that member's share of its tokens and cost; member 0's listing stands for it
+    degrees: np.ndarray | None = None
+    members: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self._layout = _sampler.PlanLayout(
@@ -135,8 +154,41 @@ class Plan:
         return self.rank_sums(self.tokens).sum(axis=1)
 
     def step_samples(self) -> np.ndarray:
-        """Samples of each step over all ranks (padding repeats included), shape (num_steps,)."""
-        return self.rank_sums(self.micro_batch_sizes()).sum(axis=1)
+        """Samples of each step over all ranks (padding repeats included; a split sample
+        once), shape (num_steps,)."""
+        sizes = self.micro_batch_sizes()
+        if self.members is not None:
+            sizes = np.where(self.members == 0, sizes, 0)
+        return self.rank_sums(sizes).sum(axis=1)
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.degrees is not None
+
+    def step_begin(self, step: int) -> int:
+        """First id of ``step``'s micro-batches (``num_steps``: the number of ids): ``step *
+        W * K``, except with sequence parallelism, which lists a micro-batch per member."""
+        return self._layout.step_begin(step)
+
+    def step_micro_batches(self, steps: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, step)``: the micro-batches of the first ``steps`` steps (default all), each
+        once (member 0's listing of a split one), and the step of each."""
+        steps = self.num_steps if steps is None else steps
+        end = self.step_begin(steps)
+        bounds = (
+            [self.step_begin(t) for t in range(steps + 1)]
+            if self.rank_offsets is not None
+            else None
+        )
+        ids = np.arange(end, dtype=np.int64)
+        if bounds is None:
+            step = ids // (self.num_replicas * self.micro_batches_per_step)
+        else:
+            step = np.repeat(np.arange(steps, dtype=np.int64), np.diff(bounds))
+        if self.members is not None:
+            lead = self.members[:end] == 0
+            ids, step = ids[lead], step[lead]
+        return ids, step
 
     def micro_batch_sizes(self) -> np.ndarray:
         return np.diff(self.offsets)
@@ -148,8 +200,8 @@ class Plan:
 
     def consumed_steps(self, steps_done: int, n: int) -> np.ndarray:
         """Samples of the first ``steps_done`` steps of all ranks (padding repeats excluded),
-        as ``n`` flags: micro-batches ``[0, steps_done * W * K)``, in either layout."""
-        end = steps_done * self.num_replicas * self.micro_batches_per_step
+        as ``n`` flags: micro-batches ``[0, step_begin(steps_done))``, in any layout."""
+        end = self.step_begin(steps_done)
         return self._sample_flags(np.arange(end, dtype=np.int64), n)
 
     def _sample_flags(self, ids: np.ndarray, n: int) -> np.ndarray:

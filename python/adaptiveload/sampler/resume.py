@@ -26,6 +26,8 @@ _OPTIONAL = {
     "uneven_counts",
     "mix_tolerance",
     "halves_in_place",
+    "sequence_parallel",
+    "sequence_parallel_comm",
 }
 
 
@@ -56,6 +58,14 @@ def fingerprint(kind: str, options: Options, num_samples: int, data: str, cost_m
         # Without balancing, a halved micro-batch's halves take its place (they were appended
         # once): states saved before, without the key, re-plan what they did not consume.
         **({"halves_in_place": True} if not o.balance else {}),
+        **(
+            {
+                "sequence_parallel": o.sequence_parallel,
+                "sequence_parallel_comm": o.sequence_parallel_comm,
+            }
+            if o.sequence_parallel > 1
+            else {}
+        ),
         **(
             {
                 "memory_model": o.memory_model.to_dict() | {"meta": {}},

@@ -94,6 +94,18 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
             the micro-batches handed out as trained. Default False: such a ``state_dict()``
             inside a pass is refused unless ``micro_batches(loader)`` counted the loop's
             batches (docs/sampler.md, "Resuming").
+        sequence_parallel: the largest sequence-parallel degree D (1: off; a power of two
+            dividing num_replicas, and no more than the model's attention heads allow). Each
+            step's micro-batches then get a degree d in {1, 2, ..., D} and a group of d ranks
+            that process it together, each on 1/d of every sample's tokens, chosen so that
+            the step's slowest rank finishes soonest; ``max_tokens`` bounds each rank's share,
+            so a clip longer than one GPU holds runs split. The num_replicas ranks are all the
+            job's GPUs. Needs ``uneven_counts=True``. ``MicroBatch.degree`` / ``.member`` /
+            ``.group_ranks`` tell the loop; docs/sampler.md, "Sequence parallelism".
+        sequence_parallel_comm: what sending one token through a split micro-batch's
+            all-to-alls costs, in the cost model's unit (``ulysses_comm_per_token`` computes
+            it from the model and the bandwidth). None: a flat
+            ``SEQUENCE_PARALLEL_COMM_FRACTION`` (10%) of the split compute.
 
     ``record_time`` and ``update_cost_model`` refine the cost model with measured times,
     epoch after epoch (docs/sampler.md, "Online refinement").
@@ -124,6 +136,8 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
         uneven_counts: bool = False,
         mix_tolerance: float = MIX_TOLERANCE,
         drawn_is_trained: bool = False,
+        sequence_parallel: int = 1,
+        sequence_parallel_comm: float | None = None,
     ):
         super().__init__(
             seq_lens,
@@ -148,6 +162,8 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
             memory_budget_gib=memory_budget_gib,
             uneven_counts=uneven_counts,
             mix_tolerance=mix_tolerance,
+            sequence_parallel=sequence_parallel,
+            sequence_parallel_comm=sequence_parallel_comm,
         )
 
     @property

@@ -1,0 +1,234 @@
+"""Sequence parallelism chosen per micro-batch, planned (AdaptiveBatchSampler(sequence_parallel=D)):
+each step's micro-batches get degrees and aligned groups; each member rank lists the micro-batch
+with its share of the tokens; every sample once per epoch, shares within max_tokens, groups
+run in one order on all members, deterministic, resumable; a clip longer than one GPU holds
+runs split. Training through the groups: test_split_sequence.py."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+from adaptiveload import AdaptiveBatchSampler, _sampler
+from adaptiveload.composition import step_composition, steps_without
+from adaptiveload.parallel import share_sizes, token_share
+from plans import IndexDataset, random_mix
+
+
+def make(lens, rank=0, W=8, **kw):
+    kw.setdefault("uneven_counts", True)
+    kw.setdefault("sequence_parallel", W)
+    return AdaptiveBatchSampler(lens, kw.pop("max_tokens", 80000), num_replicas=W, rank=rank, **kw)
+
+
+def check_sp_plan(s, lens):
+    """Caps, groups and coverage of a plan with sequence parallelism."""
+    p = s.plan()
+    W, D = s.num_replicas, s.sequence_parallel
+    seen = collections.Counter()
+    for t in range(p.num_steps):
+        lists = {r: [p.micro_batch_id(t, r, k) for k in range(p.micro_batches_in_step(t, r))]
+                 for r in range(W)}  # fmt: skip
+        # A micro-batch of degree d: listed once by each rank of an aligned group, members
+        # 0..d-1 in rank order, with the same samples, in the same order among its groups'
+        # other shared micro-batches; degrees never rise along a rank's list.
+        shared = collections.defaultdict(list)
+        for r, ids in lists.items():
+            assert len(ids) >= 1
+            degrees = [int(p.degrees[m]) for m in ids]
+            assert degrees == sorted(degrees, reverse=True)
+            for m in ids:
+                d, j = int(p.degrees[m]), int(p.members[m])
+                assert d in (1, 2, 4, 8) and d <= D and j == r % d
+                mb = p.samples[p.offsets[m] : p.offsets[m + 1]]
+                assert p.tokens[m] == sum(share_sizes(int(lens[i]), d)[j] for i in mb)
+                assert p.tokens[m] <= s.max_tokens
+                shared[(r - j, d, tuple(mb.tolist()))].append((r, ids.index(m)))
+                if j == 0 and not p.padding[m]:
+                    seen.update(mb.tolist())
+        for (first, d, _), where in shared.items():
+            assert sorted(r for r, _ in where) == list(range(first, first + d))
+        for r in range(W):
+            order = [key for key, where in shared.items() if key[1] > 1 and r in dict(where)]
+            order.sort(key=lambda key: dict(shared[key])[r])
+            for q in range(W):
+                common = [k for k in order if q in dict(shared[k])]
+                assert common == sorted(common, key=lambda key: dict(shared[key])[q])
+    assert all(c == 1 for c in seen.values()), "a sample appears twice"
+    assert len(seen) + len(p.skipped) + p.num_dropped_samples == len(lens)
+    # step normalizers: every token of the step once, every sample once
+    for t in range(p.num_steps):
+        ids = range(p.step_begin(t), p.step_begin(t + 1))
+        lead = [m for m in ids if p.members[m] == 0]
+        samples = np.concatenate([p.samples[p.offsets[m] : p.offsets[m + 1]] for m in lead])
+        assert p.step_tokens()[t] == lens[samples].sum()
+        assert p.step_samples()[t] == len(samples)
+    return p
+
+
+@pytest.mark.parametrize("K,batch", [(1, 1), (4, 1), (1, None), (4, None)])
+def test_plan_guarantees(K, batch):
+    lens = random_mix(3000, seed=int(np.random.SeedSequence().entropy % 1000))
+    s = make(lens, micro_batches_per_step=K, max_batch_size=batch)
+    p = check_sp_plan(s, lens)
+    assert (p.degrees > 1).any()
+    again = make(lens, micro_batches_per_step=K, max_batch_size=batch).plan()
+    for name in ("samples", "offsets", "costs", "tokens", "degrees", "members", "rank_offsets"):
+        np.testing.assert_array_equal(getattr(p, name), getattr(again, name))
+
+
+def test_representative_and_balanced_where_whole_samples_cannot_be():
+    """Batch size 1, K = 1, 8 ranks: without splitting, balance segregates the steps; with
+    degrees the steps are as representative as a shuffle and balanced."""
+    lens = random_mix(4000, seed=3)
+    image = lens == 1560
+    whole = make(lens, max_batch_size=1, sequence_parallel=1)
+    split = make(lens, max_batch_size=1)
+    out = {}
+    for name, s in (("whole", whole), ("split", split)):
+        p = s.plan()
+        rc = p.rank_costs()
+        comp = step_composition(p, image, lens)
+        out[name] = (
+            float((1 - rc.sum(1) / (8 * rc.max(1))).mean()),
+            comp.tv_tokens / comp.shuffle_tv_tokens,
+            steps_without(p, image),
+        )
+    assert out["whole"][1] > 3.0  # segregated
+    imbalance, tv, no_image = out["split"]
+    assert imbalance <= 0.02 and tv <= 1.10 and no_image <= 0.7**8 + 0.03
+
+
+def test_clip_longer_than_one_gpu_runs_split():
+    lens = np.array([1560] * 60 + [32760] * 10 + [160000, 170000])
+    with pytest.raises(ValueError, match="max_tokens = 80000"):
+        make(lens, sequence_parallel=1)
+    with pytest.raises(ValueError, match="on each of sequence_parallel = 2"):
+        make(lens, sequence_parallel=2)  # 85,000 tokens per share
+    s = make(lens, sequence_parallel=4)
+    p = check_sp_plan(s, lens)
+    for i in (70, 71):
+        m = [m for m in range(len(p.costs)) if i in p.samples[p.offsets[m] : p.offsets[m + 1]]]
+        assert len(m) == int(p.degrees[m[0]]) >= 4
+
+
+def test_errors_name_the_setting():
+    lens = random_mix(200, seed=0)
+    with pytest.raises(ValueError, match="power of two that divides num_replicas = 8"):
+        make(lens, sequence_parallel=3)
+    with pytest.raises(ValueError, match="power of two that divides num_replicas = 8"):
+        make(lens, sequence_parallel=16)
+    with pytest.raises(ValueError, match="needs uneven_counts=True"):
+        make(lens, uneven_counts=False)
+    with pytest.raises(ValueError, match="sequence_parallel_comm must be"):
+        make(lens, sequence_parallel_comm=-1.0)
+    from adaptiveload import MemoryModel
+
+    with pytest.raises(ValueError, match="with a memory_model is not supported"):
+        make(lens, memory_model=MemoryModel(5, m0=2e9, ma=1e5), memory_budget_gib=80)
+
+
+def test_ranks_stream_their_listings_with_labels():
+    """Through a DataLoader, each rank's micro_batches carry degree, member and group; the
+    members of a group get the same samples at the same place among their shared ones."""
+    lens = random_mix(600, seed=5)
+    streams = {}
+    for r in range(8):
+        s = make(lens, rank=r, micro_batches_per_step=2, max_batch_size=1)
+        loader = DataLoader(IndexDataset(lens), batch_sampler=s, collate_fn=list)
+        streams[r] = list(s.micro_batches(loader))
+    p = s.plan()
+    for r, got in streams.items():
+        assert len(got) == p.num_rank_micro_batches(r)
+        for mb in got:
+            m = p.micro_batch_id(mb.step, r, mb.index)
+            assert (mb.degree, mb.member, mb.rank) == (int(p.degrees[m]), int(p.members[m]), r)
+            assert list(mb.group_ranks) == list(range(r - mb.member, r - mb.member + mb.degree))
+            assert [int(x[0]) for x in mb.batch] == p.samples[
+                p.offsets[m] : p.offsets[m + 1]
+            ].tolist()
+            for q in mb.group_ranks:
+                ids = [int(x[0]) for x in mb.batch]
+                twin = [
+                    o
+                    for o in streams[q]
+                    if o.step == mb.step and [int(x[0]) for x in o.batch] == ids
+                ]
+                assert len(twin) == 1 and twin[0].member == q - mb.group_ranks.start
+
+
+def test_resume_exactly_and_across_settings():
+    lens = random_mix(1500, seed=7)
+    kw = dict(micro_batches_per_step=2, max_batch_size=1, lookahead_steps=4)
+    stop = 5
+    for rank in (0, 5):
+        s = make(lens, rank=rank, **kw)
+        s.set_epoch(1)
+        full = [list(b) for b in s]
+        drawn = sum(s.micro_batches_in_step(t) for t in range(stop))
+        state = s.state_dict(steps_done=stop)
+        resumed = make(lens, rank=rank, **kw)
+        resumed.load_state_dict(state)
+        resumed.set_epoch(1)
+        assert [list(b) for b in resumed] == full[drawn:]
+    # Saved with sequence parallelism, continued without (and the reverse): the rest of the
+    # epoch, each sample once over all ranks.
+    p = make(lens, **kw)
+    p.set_epoch(1)
+    done = {int(i) for i in np.flatnonzero(p.plan().consumed_steps(stop, len(lens)))}
+    state = p.state_dict(steps_done=stop)
+    for other in (dict(sequence_parallel=1), dict(sequence_parallel=4)):
+        streamed = set()
+        for r in range(8):
+            o = make(lens, rank=r, **kw, **other)
+            o.load_state_dict(state)
+            plan = o.plan()
+            streamed |= {i for b in o for i in b}
+        lead = collections.Counter()
+        for m in range(len(plan.costs)):
+            if (plan.members is None or plan.members[m] == 0) and not plan.padding[m]:
+                lead.update(plan.samples[plan.offsets[m] : plan.offsets[m + 1]].tolist())
+        assert streamed == set(lead)
+        assert not done & set(lead) and all(c == 1 for c in lead.values())
+        assert len(lead) == len(lens) - len(done)
+
+
+def test_assign_with_degrees_binding():
+    """One step: the costliest micro-batch alone would hold the step; split, the step finishes
+    near the mean load; every rank runs at least one listing."""
+    costs = np.array([40000.0, 10000, 3600, 1500, 240, 240, 240, 3600])
+    out = _sampler.assign_with_degrees(
+        costs, np.zeros(8), np.zeros(8), np.array([75600, 32760, 16380, 8190] + [1560] * 3 + [16380]),
+        np.ones(8, np.int64), 8, 8, 0.0, 0.1,
+    )  # fmt: skip
+    assert out["makespan"] < 0.3 * costs.max()
+    counts = np.diff(out["rank_offsets"])
+    assert (counts >= 1).all() and counts.sum() == out["degree"].sum()
+    assert out["busy"] <= 8 * out["makespan"] * (1 + 1e-12)
+
+
+def test_token_share_is_the_planners_cut():
+    """The members' token counts of a plan equal ``token_share`` of its samples, and the
+    shares of one sample tile it."""
+    rng = np.random.default_rng()
+    lens = rng.choice([45, 48, 1560, 32767, 75601], size=400)
+    s = AdaptiveBatchSampler(
+        lens, 40000, num_replicas=8, rank=0, micro_batches_per_step=2, uneven_counts=True,
+        sequence_parallel=8, mix_tolerance=1.0,
+    )  # fmt: skip
+    p = s.plan()
+    assert (p.degrees > 1).any()
+    for m in range(len(p.costs)):
+        d, j = int(p.degrees[m]), int(p.members[m])
+        samples = p.samples[p.offsets[m] : p.offsets[m + 1]]
+        cut = [token_share(int(lens[i]), d, j) for i in samples]
+        assert p.tokens[m] == sum(c.stop - c.start for c in cut)
+    for n in (1, 2, 7, 45, 48):
+        for d in (1, 2, 4, 8):
+            pieces = [token_share(n, d, j) for j in range(d)]
+            assert pieces[0].start == 0 and pieces[-1].stop == n
+            assert all(a.stop == b.start for a, b in zip(pieces, pieces[1:], strict=False))
+            assert [c.stop - c.start for c in pieces] == share_sizes(n, d)
