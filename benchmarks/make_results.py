@@ -276,6 +276,29 @@ SECTIONS = [
             else []
         ),
     ),
+    (
+        "Does sequence parallelism per micro-batch make representative steps balance?",
+        lambda: (
+            copied(
+                "h200/replay_sp.csv",
+                "Sequence parallelism chosen per micro-batch, replayed",
+                "benchmarks/replay_sp.py: the held-out mix (20,000 samples) for 8 ranks and a "
+                "simulated 64, batch size 1 and packed, K = 1 and 4: shuffled batch size 1, "
+                "today's default plan, today's with uneven counts, and sequence_parallel=4 "
+                "(Wan 2.1-1.3B's 12 heads allow 1, 2, 4) at the default mix_tolerance and fully "
+                "mixed (mix_tolerance=1). Every listing (S, B, d) timed on the H200 as exactly one "
+                "member's share (parallel.ONE_DEVICE; 3 of 30 blocks, bf16, diffusers' adaLN, "
+                "activation checkpointing), all-to-alls modeled at 350 GB/s, each step replayed "
+                "rank by rank with shared micro-batches waiting for their last member.",
+                "Predicted imbalance is the planner's (cost model with the share form of "
+                "sequence_parallel.h); measured, the replay's. Their gap on split arms is the "
+                "share cost model's error (see docs/sampler.md, 'Sequence parallelism').",
+            )
+            + ["![frontier](results/h200/replay_sp.png)", ""]
+            if read("h200/replay_sp.csv")
+            else []
+        ),
+    ),
     ("What does the step order do to training?", convergence),
     ("How fast is rms_norm_modulate (LTX-Video's adaLN)?", rms_bandwidth),
     ("Which rms_norm_modulate kernel is fastest at LTX-Video's shapes?", rms_tuning),

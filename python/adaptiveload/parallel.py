@@ -84,6 +84,21 @@ class SequenceParallelGroups:
         return self.group(mb.rank, mb.degree)
 
 
+class _OneDevice:
+    """The group of ``split_sequence`` that times one member's share on one device: the
+    exchanges are replaced by local copies of the same shapes (no collective), so the member's
+    compute (its layers on its tokens, attention on all tokens for its heads) is exactly a real
+    member's, and the numbers are not the model's."""
+
+    def __repr__(self) -> str:
+        return "ONE_DEVICE"
+
+
+#: ``split_sequence(model, ONE_DEVICE, d, 0)``: member 0's share of compute, on one device
+#: (calibration and the replay, benchmarks/replay_sp.py)
+ONE_DEVICE = _OneDevice()
+
+
 # -- collectives with autograd ----------------------------------------------------------------
 class _AllToAll(torch.autograd.Function):
     """``all_to_all_single`` along dim 0 with split sizes; backward: the reverse exchange."""
@@ -131,6 +146,8 @@ def seq_to_heads(x: torch.Tensor, group, sizes: list[int], member: int) -> torch
         raise ValueError(
             f"sequence parallelism over {d} ranks needs heads divisible by {d}, got {h}"
         )
+    if group is ONE_DEVICE:
+        return x[:, :, : h // d].repeat(1, d, 1, 1)[:, : sum(sizes)]
     send = x.reshape(b, s, d, h // d, dh).permute(2, 1, 0, 3, 4).reshape(d * s, b, h // d, dh)
     out = _AllToAll.apply(send, group, [s] * d, list(sizes))
     return out.permute(1, 0, 2, 3)
@@ -140,6 +157,8 @@ def heads_to_seq(x: torch.Tensor, group, sizes: list[int], member: int) -> torch
     """``(B, S, H / d, D)`` head shards back to ``(B, s_member, H, D)`` token shards."""
     b, _, hd, dh = x.shape
     d, s = len(sizes), sizes[member]
+    if group is ONE_DEVICE:
+        return x[:, :s].repeat(1, 1, d, 1)
     out = _AllToAll.apply(x.permute(1, 0, 2, 3), group, list(sizes), [s] * d)
     return out.reshape(d, s, b, hd, dh).permute(2, 1, 0, 3, 4).reshape(b, s, d * hd, dh)
 
@@ -229,6 +248,8 @@ class _WanSplit:
         if self.current is None:
             return None
         group, _, member = self.current
+        if group is ONE_DEVICE:
+            return out.repeat(1, len(self.sizes), 1)[:, : self.full]
         return _GatherTokens.apply(out, group, self.sizes, member)
 
 

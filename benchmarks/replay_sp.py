@@ -1,0 +1,310 @@
+"""Sequence parallelism chosen per micro-batch, replayed on one GPU (#35).
+
+For 8 ranks (and a simulated 64), batch size 1 and packed, K = 1 and 4, the held-out mix is
+planned four ways: shuffled batch size 1 (equal-token buckets of one sample, dealt
+round-robin), today's default plan (K each), today's with uneven counts, and sequence
+parallelism (``sequence_parallel=D``, uneven counts, default mix_tolerance). Every distinct
+listing (S, B, d) is timed on the GPU as exactly one member's share
+(``adaptiveload.parallel.ONE_DEVICE``: its layers on its tokens, attention over all tokens for
+H/d heads; Wan 2.1-1.3B, ``--layers`` blocks, bf16, diffusers' adaLN, activation checkpointing), the
+all-to-alls are added as modeled (``ulysses_comm_per_token`` at the H200 planning bandwidth),
+and each step is replayed rank by rank in plan order, a shared micro-batch starting when its
+last member is free. Reported per arm: epoch time, speed over shuffled batch size 1 and over
+today's plan, measured and predicted imbalance, composition against a shuffle (tokens, by
+shape) and steps without an image against a shuffle's.
+
+    python benchmarks/replay_sp.py --out out/sp                  # CUDA + diffusers
+    python benchmarks/replay_sp.py --fake --out /tmp/sp          # any machine (synthetic GPU)
+
+Writes sp.json, sp.csv and sp.png under --out; --write also stores the CSV as
+benchmarks/results/<gpu>/replay_sp.csv and rewrites RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import date
+
+import numpy as np
+
+from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
+from adaptiveload.composition import step_composition, steps_without
+from adaptiveload.cost import ulysses_comm_per_token
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from replay_wan import FAMILY, held_out_metadata  # noqa: E402
+
+HIDDEN_1_3B = 1536  # Wan 2.1-1.3B: 12 heads of 128 (degrees 1, 2, 4 divide the heads)
+
+
+class FakeShare:
+    """A synthetic GPU for dry runs: a launch floor, linear and attention work split d ways."""
+
+    meta = {"device": "fake", "config": "fake"}
+
+    def __call__(self, batch, shape, degree):
+        s = FAMILY.seq_len(*shape)
+        return max(9.0, 1.5 + batch * (0.5 + 1.6e-3 * s + 1.4e-7 * s * s) / degree)
+
+
+class ShareTimer:
+    """ms of forward+backward of one member's share of a micro-batch of ``batch`` samples of
+    ``shape`` split ``degree`` ways, on this GPU (WanTimer inside split_sequence(ONE_DEVICE))."""
+
+    def __init__(self, config: str, layers: int):
+        import torch
+
+        from adaptiveload.calibrate import WanTimer
+        from adaptiveload.parallel import ONE_DEVICE, split_sequence
+
+        self.timer = WanTimer(config, layers=layers, dtype=torch.bfloat16, fused=False, warmup=1,
+                              repeat=3, activation_checkpointing=True)  # fmt: skip
+        self.meta = self.timer.meta
+        self._split, self._one = split_sequence, ONE_DEVICE
+
+    def __call__(self, batch, shape, degree):
+        with self._split(self.timer.model, self._one, degree, 0):
+            return self.timer(batch, tuple(int(v) for v in shape))[0]
+
+
+def listings(plan, lens):
+    """Per listing: (S of its samples, B, d), and its tokens."""
+    sizes = np.diff(plan.offsets)
+    first = lens[plan.samples[plan.offsets[:-1]]]
+    degrees = np.ones(len(sizes), np.int64) if plan.degrees is None else plan.degrees
+    return list(zip(first.tolist(), sizes.tolist(), degrees.tolist(), strict=True))
+
+
+def replay(plan, times):
+    """Step times when each rank runs its listings in plan order and a shared micro-batch
+    starts when its last member is free; returns (makespans, busy rank time per step)."""
+    W = plan.num_replicas
+    spans, busy = np.zeros(plan.num_steps), np.zeros(plan.num_steps)
+    for t in range(plan.num_steps):
+        lists = [
+            [plan.micro_batch_id(t, r, k) for k in range(plan.micro_batches_in_step(t, r))]
+            for r in range(W)
+        ]
+        clock, at = [0.0] * W, [0] * W
+        while any(at[r] < len(lists[r]) for r in range(W)):
+            moved = False
+            for r in range(W):
+                if at[r] >= len(lists[r]):
+                    continue
+                m = lists[r][at[r]]
+                d = 1 if plan.degrees is None else int(plan.degrees[m])
+                if d == 1:
+                    clock[r] += times[m]
+                    busy[t] += times[m]
+                    at[r] += 1
+                    moved = True
+                    continue
+                first = r - int(plan.members[m])
+                members = range(first, first + d)
+                ids = [lists[q][at[q]] if at[q] < len(lists[q]) else -1 for q in members]
+                mine = plan.samples[plan.offsets[m] : plan.offsets[m + 1]]
+                same = all(
+                    i >= 0
+                    and plan.members[i] == q - first
+                    and np.array_equal(plan.samples[plan.offsets[i] : plan.offsets[i + 1]], mine)
+                    for i, q in zip(ids, members, strict=True)
+                )
+                if not same or r != first:
+                    continue
+                start = max(clock[q] for q in members)
+                share = max(times[i] for i in ids)
+                for q, i in zip(members, ids, strict=True):
+                    clock[q] = start + share
+                    busy[t] += times[i]
+                    at[q] += 1
+                moved = True
+            if not moved:
+                raise RuntimeError(f"step {t}: the ranks' lists deadlock (a group out of order)")
+        spans[t] = max(clock)
+    return spans, busy
+
+
+def arms_of(meta, max_tokens, w, k, b, model, degree, comm):
+    common = dict(cost_model=model, group_keys=meta.group_keys(), num_replicas=w, rank=0,
+                  micro_batches_per_step=k, max_batch_size=b, on_oversize="skip")  # fmt: skip
+    arms = {}
+    if b == 1:
+        arms["shuffled b1"] = EqualTokenBatchSampler(
+            meta.seq_lens, max_tokens, group_keys=meta.group_keys(), num_replicas=w, rank=0,
+            micro_batches_per_step=k, max_batch_size=1, cost_model=model, on_oversize="skip",
+        )  # fmt: skip
+    arms["today"] = AdaptiveBatchSampler(meta.seq_lens, max_tokens, **common)
+    arms["today uneven"] = AdaptiveBatchSampler(
+        meta.seq_lens, max_tokens, uneven_counts=True, **common
+    )
+    arms[f"sp {degree}"] = AdaptiveBatchSampler(
+        meta.seq_lens, max_tokens, uneven_counts=True, sequence_parallel=degree,
+        sequence_parallel_comm=comm, **common,
+    )  # fmt: skip
+    arms[f"sp {degree} mixed"] = AdaptiveBatchSampler(
+        meta.seq_lens, max_tokens, uneven_counts=True, sequence_parallel=degree,
+        sequence_parallel_comm=comm, mix_tolerance=1.0, **common,
+    )  # fmt: skip
+    return arms
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--samples", type=int, default=20_000, help="of the held-out mix")
+    ap.add_argument("--config", default="wan2.1-1.3B")
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--degree", type=int, default=4, help="largest degree (1.3B: 12 heads)")
+    ap.add_argument("--worlds", default="8,64")
+    ap.add_argument("--epoch", type=int, default=1)
+    ap.add_argument("--fake", action="store_true", help="a synthetic GPU (dry run, any machine)")
+    ap.add_argument("--out", default="out/sp")
+    ap.add_argument("--write", action="store_true", help="store the CSV under benchmarks/results")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    meta = held_out_metadata(args.samples)
+    lens = meta.seq_lens
+    image = meta.shapes[:, 0] == 1
+    max_tokens = int(2 * lens.max())
+    timer = FakeShare() if args.fake else ShareTimer(args.config, args.layers)
+    model = CostModel.wan21_h200("1.3B", layers=args.layers)
+    comm = ulysses_comm_per_token(HIDDEN_1_3B, args.layers)
+    setup = {"data": "held-out", "samples": len(lens), "max_tokens": max_tokens,
+             "layers": args.layers, "degree": args.degree, "comm_ms_per_token": comm,
+             **timer.meta}  # fmt: skip
+    print("setup:", json.dumps(setup), flush=True)
+
+    samplers = {}
+    for w in (int(x) for x in args.worlds.split(",")):
+        for b in (1, None):
+            for k in (1, 4):
+                for arm, s in arms_of(meta, max_tokens, w, k, b, model, args.degree, comm).items():
+                    s.set_epoch(args.epoch)
+                    samplers[(w, k, b, arm)] = s
+    kinds = {}
+    for s in samplers.values():
+        for kind in listings(s.plan(), lens):
+            kinds.setdefault(kind, None)
+    shape_of = {
+        int(FAMILY.seq_len(*sh)): tuple(int(v) for v in sh) for sh in np.unique(meta.shapes, axis=0)
+    }
+    t0 = time.perf_counter()
+    ms = {}
+    for kind in sorted(kinds):
+        s, b, d = kind
+        ms[kind] = timer(b, shape_of[s], d)
+    print(f"timed {len(ms)} kinds in {time.perf_counter() - t0:.0f} s", flush=True)
+
+    rows = []
+    for (w, k, b, arm), s in samplers.items():
+        plan = s.plan()
+        kinds_of = listings(plan, lens)
+        share = np.array([ms[kind] for kind in kinds_of])
+        d = np.array([kind[2] for kind in kinds_of], np.float64)
+        share += comm * plan.tokens * (d - 1) / d  # each member sends (d - 1)/d of its tokens
+        spans, busy = replay(plan, share)
+        rc = plan.rank_costs()
+        comp = step_composition(plan, meta.group_keys(), lens)
+        modality = step_composition(plan, image, lens)
+        rows.append({
+            "ranks": w, "K": k, "batch": b or "packed", "arm": arm, "epoch_s": spans.sum() / 1e3,
+            "imbalance": float(np.mean(1 - busy / (w * spans))),
+            "predicted_imbalance": float(np.mean(1 - rc.sum(1) / (w * rc.max(1)))),
+            "tv_tokens_ratio": comp.tokens_ratio, "no_image": steps_without(plan, image),
+            "shuffle_no_image": modality.shuffle_missing,
+            "split_share": float((d > 1).mean()),
+        })  # fmt: skip
+    for r in rows:
+        same = [
+            x for x in rows if (x["ranks"], x["K"], x["batch"]) == (r["ranks"], r["K"], r["batch"])
+        ]
+        today = next(x for x in same if x["arm"] == "today")
+        b1 = [
+            x for x in rows if (x["ranks"], x["K"], x["arm"]) == (r["ranks"], r["K"], "shuffled b1")
+        ]
+        r["vs_today"] = today["epoch_s"] / r["epoch_s"]
+        r["vs_shuffled_b1"] = b1[0]["epoch_s"] / r["epoch_s"] if b1 and r["batch"] == 1 else None
+    head = f"{'W':>3} {'K':>2} {'batch':>6} {'arm':<13} {'epoch s':>9} {'vs b1':>6} {'vs today':>8} {'imbal':>6} {'pred':>6} {'TV':>6} {'no img':>6} {'shuf':>5}"
+    print("\n" + head)
+    for r in rows:
+        v = f"{r['vs_shuffled_b1']:.2f}x" if r["vs_shuffled_b1"] else "-"
+        print(
+            f"{r['ranks']:>3} {r['K']:>2} {r['batch']!s:>6} {r['arm']:<13} {r['epoch_s']:>9.1f} {v:>6} "
+            f"{r['vs_today']:>7.3f}x {r['imbalance']:>6.1%} {r['predicted_imbalance']:>6.1%} "
+            f"{r['tv_tokens_ratio']:>5.2f}x {r['no_image']:>6.0%} {r['shuffle_no_image']:>5.0%}"
+        )  # fmt: skip
+    with open(os.path.join(args.out, "sp.json"), "w") as f:
+        json.dump(
+            {"setup": setup, "rows": rows, "kinds_ms": {str(k): v for k, v in ms.items()}},
+            f,
+            indent=1,
+        )
+    from make_results import write_csv
+
+    write_csv(os.path.join(args.out, "sp.csv"), rows)
+    figure(rows, os.path.join(args.out, "sp.png"))
+    if args.write:
+        write(rows, setup)
+    return 0
+
+
+def figure(rows, path):
+    """Speed over today's plan against composition distance (vs a shuffle), with and without
+    sequence parallelism, one panel per world size."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no matplotlib: figure skipped", file=sys.stderr)
+        return
+    worlds = sorted({r["ranks"] for r in rows})
+    fig, axes = plt.subplots(1, len(worlds), figsize=(5.5 * len(worlds), 4), squeeze=False)
+    markers = {"shuffled b1": "x", "today": "o", "today uneven": "s"}
+    for ax, w in zip(axes[0], worlds, strict=True):
+        for r in (x for x in rows if x["ranks"] == w):
+            label = f"K={r['K']} {'b1' if r['batch'] == 1 else 'packed'}"
+            m = markers.get(r["arm"], "*")
+            ax.scatter(r["tv_tokens_ratio"], r["vs_today"], marker=m, s=60 if m == "*" else 30,
+                       label=f"{label} {r['arm']}")  # fmt: skip
+        ax.set_xscale("log")
+        ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel("composition distance / a shuffle's (tokens, by shape; log)")
+        ax.set_ylabel("speed over today's plan")
+        ax.set_title(f"{w} ranks (* = sequence parallel)")
+        ax.legend(fontsize=5, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write(rows, setup):
+    from make_results import write_results
+
+    head = ["ranks", "K", "micro-batches", "arm", "epoch (s)", "vs shuffled batch size 1",
+            "vs today's plan", "measured imbalance", "predicted imbalance",
+            "composition vs shuffle (tokens)", "steps without an image", "shuffle's",
+            "listings split"]  # fmt: skip
+    out = [[r["ranks"], r["K"], r["batch"], r["arm"], f"{r['epoch_s']:.1f}",
+            f"{r['vs_shuffled_b1']:.2f}x" if r["vs_shuffled_b1"] else "-",
+            f"{r['vs_today']:.3f}x", f"{r['imbalance']:.1%}", f"{r['predicted_imbalance']:.1%}",
+            f"{r['tv_tokens_ratio']:.2f}x", f"{r['no_image']:.0%}", f"{r['shuffle_no_image']:.0%}",
+            f"{r['split_share']:.0%}"] for r in rows]  # fmt: skip
+    gpu = "fake" if setup.get("device") == "fake" else "h200"
+    meta = {
+        "date": str(date.today()),
+        "machine": setup.get("device", ""),
+        "command": "python benchmarks/replay_sp.py --write",
+        "setup": f"held-out mix, {setup['samples']} samples, max_tokens {setup['max_tokens']}, "
+        f"{setup['layers']} blocks, sequence_parallel {setup['degree']}, all-to-all modeled at "
+        f"{setup['comm_ms_per_token']:.2e} ms per token",
+    }
+    print("wrote", write_results(f"{gpu}/replay_sp.csv", head, out, meta))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
