@@ -262,3 +262,13 @@ def test_one_device_share_runs_a_members_shapes():
     with pytest.raises(ValueError, match="does not divide the model's 4 attention heads"):
         with split_sequence(model, ONE_DEVICE, 8, 0):
             pass
+
+
+def test_labels_without_sequence_parallelism_name_the_rank():
+    """Without splitting, every micro-batch is the rank's own: degree 1, member 0, its rank."""
+    lens = random_mix(300, seed=6)
+    s = make(lens, rank=3, sequence_parallel=1)
+    loader = DataLoader(IndexDataset(lens), batch_sampler=s, collate_fn=list)
+    got = list(s.micro_batches(loader))
+    assert got and all((m.degree, m.member, m.rank) == (1, 0, 3) for m in got)
+    assert all(list(m.group_ranks) == [3] for m in got)

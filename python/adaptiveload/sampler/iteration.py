@@ -64,8 +64,12 @@ def micro_batches(cursor: Cursor, loader) -> Iterator[MicroBatch]:
             received += 1
             cursor.received(received)  # the pass began at the first batch
             m = plan.micro_batch_id(step, rank, k)
-            sp = () if plan.degrees is None else (int(plan.degrees[m]), int(plan.members[m]), rank)
-            yield MicroBatch(batch, step, k, count, int(tokens[step]), int(samples[step]), *sp)
+            split = plan.degrees is not None
+            degree, member = (plan.degrees[m], plan.members[m]) if split else (1, 0)
+            yield MicroBatch(
+                batch, step, k, count, int(tokens[step]), int(samples[step]), int(degree),
+                int(member), rank,
+            )  # fmt: skip
     if first is not end or next(it, end) is not end:
         raise RuntimeError(
             f"micro_batches: the loader yielded more batches than this rank's plan holds "
