@@ -37,7 +37,7 @@ from adaptiveload.cost import ulysses_comm_per_token
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from replay_wan import FAMILY, held_out_metadata  # noqa: E402
+from replay_wan import FAMILY, held_out_metadata, parse_ints  # noqa: E402
 
 HIDDEN_1_3B = 1536  # Wan 2.1-1.3B: 12 heads of 128 (degrees 1, 2, 4 divide the heads)
 
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="wan2.1-1.3B")
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--degree", type=int, default=4, help="largest degree (1.3B: 12 heads)")
-    ap.add_argument("--worlds", default="8,64")
+    ap.add_argument("--worlds", type=parse_ints, default=[8, 64])
     ap.add_argument("--epoch", type=int, default=1)
     ap.add_argument("--fake", action="store_true", help="a synthetic GPU (dry run, any machine)")
     ap.add_argument("--out", default="out/sp")
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     print("setup:", json.dumps(setup), flush=True)
 
     samplers = {}
-    for w in (int(x) for x in args.worlds.split(",")):
+    for w in args.worlds:
         for b in (1, None):
             for k in (1, 4):
                 for arm, s in arms_of(meta, max_tokens, w, k, b, model, args.degree, comm).items():

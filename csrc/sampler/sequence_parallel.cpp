@@ -242,6 +242,17 @@ SpStep assign_with_degrees(const std::vector<SpItem>& items, int64_t W,
             " ranks one at the degrees max_tokens needs (raise "
             "micro_batches_per_step or max_tokens)");
   std::vector<int64_t> best_degree = degree;
+  // Places the items at `degree`; keeps the placement where it beats the best. Its makespan.
+  auto consider = [&]() {
+    SpStep t = place(items, degree, W, sp, trial_finish);
+    const double makespan = t.makespan;
+    if (makespan < kInfinity && score(t, trial_finish) < score(best, finish)) {
+      best = std::move(t);
+      finish = trial_finish;
+      best_degree = degree;
+    }
+    return makespan;
+  };
   // Degrees for a target finish T: each item the fewest ranks whose share is within T. The
   // smallest T whose placement finishes by T is bisected (geometrically) between the bound `lo`
   // and the finish at the fewest ranks; every placement tried competes for the best.
@@ -253,24 +264,13 @@ SpStep assign_with_degrees(const std::vector<SpItem>& items, int64_t W,
       while (d < top && share_cost(items[i], d, sp) > target) d *= 2;
       degree[i] = d;
     }
-    SpStep t = place(items, degree, W, sp, trial_finish);
-    if (t.makespan < kInfinity && score(t, trial_finish) < score(best, finish)) {
-      best = t;
-      finish = trial_finish;
-      best_degree = degree;
-    }
-    (t.makespan <= target ? hi : lo) = target;
+    (consider() <= target ? hi : lo) = target;
   }
   // Every item at one degree d (its min_degree where higher): where one micro-batch dominates
   // a step, splitting all of them alike keeps the groups in step.
   for (int64_t d = 2; d <= top; d *= 2) {
     for (int64_t i = 0; i < n; ++i) degree[i] = std::max<int64_t>(items[i].min_degree, d);
-    SpStep t = place(items, degree, W, sp, trial_finish);
-    if (t.makespan < kInfinity && score(t, trial_finish) < score(best, finish)) {
-      best = t;
-      finish = trial_finish;
-      best_degree = degree;
-    }
+    consider();
   }
   refine(items, W, sp, best_degree, best, finish);
   return best;

@@ -18,7 +18,7 @@
 // floor (launch time); T: the micro-batch's tokens. Ulysses moves, per attention layer, four
 // all-to-alls of each rank's T / d tokens, of which (d - 1) / d leave the rank: comm_per_token is
 // what one token costs to send through all of them, forward and backward (see
-// adaptiveload/cost.py, sequence_parallel_comm). comm_fraction is a flat share where no bandwidth
+// adaptiveload/cost.py, ulysses_comm_per_token). comm_fraction is a flat share where no bandwidth
 // is known.
 #pragma once
 
@@ -67,10 +67,11 @@ struct SpStep {
 };
 
 /// \brief Degrees and groups for one step's `items` over `W` ranks, lowering the step's
-/// makespan: every item starts at its min_degree; then, while it lowers the makespan, the item
-/// of the slowest rank whose doubled degree lowers it most is doubled (up to max_degree). Each
-/// rank gets at least one item. Throws std::invalid_argument where an item's min_degree exceeds
-/// max_degree or the items cannot give every rank one.
+/// makespan. The best of three starts (every item at its min_degree; the degrees of a target
+/// finish time, bisected; every item at one degree) is improved by a local search that doubles
+/// or halves one degree at a time while the step's score improves (makespan, then ranks at it,
+/// then busy time). Each rank gets at least one item. Throws std::invalid_argument where an
+/// item's min_degree exceeds max_degree or the items cannot give every rank one.
 SpStep assign_with_degrees(const std::vector<SpItem>& items, int64_t W, const SequenceParallel& sp);
 
 /// Throws std::invalid_argument unless `sp` suits W ranks (the degree a power of two dividing W).

@@ -10,7 +10,7 @@ The sampler (``sequence_parallel=D``) gives each micro-batch a degree d and a gr
   by every rank (``torch.distributed.new_group`` is collective), and the group of a micro-batch.
 - ``token_share``: the tokens of one sample a member holds (the planner's cut, planner.h: the
   sample in d contiguous pieces, the first ``S % d`` one token longer).
-- ``split_sequence(model, group, mb)``: a context in which ``model``'s forward runs on this
+- ``split_sequence(model, group, degree, member)``: a context in which ``model``'s forward runs on this
   member's share, with Ulysses self-attention over ``group``, and gathers the output so that the
   loop computes its loss on the whole micro-batch as usual. The gather's backward keeps this
   member's own tokens' gradient only, so the members' gradients sum (DDP's all-reduce) to the
@@ -171,29 +171,23 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.stack((even * c - odd * s, even * s + odd * c), dim=-1).flatten(-2).type_as(x)
 
 
-class _UlyssesWanSelfAttention:
-    """A WanAttention processor for self-attention on a member's token shard: projections,
-    q/k norms and rotary embedding on the shard, attention over all tokens for H / d heads."""
-
-    def __init__(self, group, sizes: list[int], member: int):
-        self.group, self.sizes, self.member = group, sizes, member
-
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                 rotary_emb=None):  # fmt: skip
-        if encoder_hidden_states is not None or attention_mask is not None:
-            raise NotImplementedError("split_sequence: self-attention without a mask only")
-        q = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (attn.heads, -1))
-        k = attn.norm_k(attn.to_k(hidden_states)).unflatten(2, (attn.heads, -1))
-        v = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
-        if rotary_emb is not None:
-            q, k = _rotate(q, *rotary_emb), _rotate(k, *rotary_emb)
-        q, k, v = (seq_to_heads(t, self.group, self.sizes, self.member) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        )
-        out = heads_to_seq(out.transpose(1, 2), self.group, self.sizes, self.member)
-        out = out.flatten(2, 3).type_as(q)
-        return attn.to_out[1](attn.to_out[0](out))
+def _ulysses_self_attention(attn, hidden_states, group, sizes: list[int], member: int,
+                            encoder_hidden_states=None, attention_mask=None,
+                            rotary_emb=None):  # fmt: skip
+    """Wan's self-attention on a member's token shard: projections, q/k norms and rotary
+    embedding on the shard, attention over all tokens for H / d heads."""
+    if encoder_hidden_states is not None or attention_mask is not None:
+        raise NotImplementedError("split_sequence: self-attention without a mask only")
+    q = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (attn.heads, -1))
+    k = attn.norm_k(attn.to_k(hidden_states)).unflatten(2, (attn.heads, -1))
+    v = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
+    if rotary_emb is not None:
+        q, k = _rotate(q, *rotary_emb), _rotate(k, *rotary_emb)
+    q, k, v = (seq_to_heads(t, group, sizes, member) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    out = heads_to_seq(out.transpose(1, 2), group, sizes, member)
+    out = out.flatten(2, 3).type_as(q)
+    return attn.to_out[1](attn.to_out[0](out))
 
 
 def _check_wan(model: nn.Module, degree: int) -> None:
@@ -263,8 +257,9 @@ class _SwitchedSelfAttention:
         if self.split.current is None:
             return self.plain(attn, hidden_states, *args, **kwargs)
         group, _, member = self.split.current
-        ulysses = _UlyssesWanSelfAttention(group, self.split.sizes, member)
-        return ulysses(attn, hidden_states, *args, **kwargs)
+        return _ulysses_self_attention(
+            attn, hidden_states, group, self.split.sizes, member, *args, **kwargs
+        )
 
 
 @contextmanager

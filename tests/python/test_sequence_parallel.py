@@ -234,36 +234,6 @@ def test_token_share_is_the_planners_cut():
             assert [c.stop - c.start for c in pieces] == share_sizes(n, d)
 
 
-def test_one_device_share_runs_a_members_shapes():
-    """``ONE_DEVICE``: one member's share on one device, no collective; the output has the
-    whole micro-batch's shape and gradients reach every parameter the whole one reaches."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("diffusers")
-    from diffusers import WanTransformer3DModel
-
-    from adaptiveload.parallel import ONE_DEVICE, split_sequence
-
-    torch.manual_seed(0)
-    model = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=12, in_channels=4,
-        out_channels=4, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2,
-    )  # fmt: skip
-    x = torch.randn(1, 4, 3, 6, 10)
-    inputs = {"hidden_states": x, "timestep": torch.tensor([500.0]),
-              "encoder_hidden_states": torch.randn(1, 7, 32)}  # fmt: skip
-    for d in (2, 4):
-        with split_sequence(model, ONE_DEVICE, d, 0):
-            out = model(**inputs, return_dict=False)[0]
-        assert out.shape == x.shape
-        out.square().mean().backward()
-    with split_sequence(model, None, 1, 0):  # degree 1: the model as it is again
-        whole = model(**inputs, return_dict=False)[0]
-    assert whole.shape == x.shape
-    with pytest.raises(ValueError, match="does not divide the model's 4 attention heads"):
-        with split_sequence(model, ONE_DEVICE, 8, 0):
-            pass
-
-
 def test_labels_without_sequence_parallelism_name_the_rank():
     """Without splitting, every micro-batch is the rank's own: degree 1, member 0, its rank."""
     lens = random_mix(300, seed=6)

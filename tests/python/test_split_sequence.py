@@ -1,7 +1,7 @@
 """Sequence parallelism per micro-batch, trained (adaptiveload.parallel): a sample split over d
 gloo ranks gives the loss and every gradient of the same sample processed whole by one process
 (fp32, relative error <= 1e-5), lengths divisible by d and not, in a step mixing degrees, under
-DDP; and the token cut matches the planner's."""
+DDP; and one member's share runs on one device (``ONE_DEVICE``, what the replay times)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from adaptiveload.parallel import SequenceParallelGroups, split_sequence
+from adaptiveload.parallel import ONE_DEVICE, SequenceParallelGroups, split_sequence
 from processes import run_on_ranks
-
-pytestmark = pytest.mark.distributed
 
 # Tiny Wan: 4 heads (d = 2 and 4 divide them), latent 4 x (f, h, w) -> f * h/2 * w/2 tokens.
 SHAPES = {
@@ -105,6 +103,7 @@ def _check(results, schedule, seed):
             torch.testing.assert_close(res["grads"][n], grads[n], rtol=0, atol=0)
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("degree", [2, 4])
 @pytest.mark.parametrize("shape", ["even", "odd"])
 def test_split_sample_equals_whole(tmp_path, degree, shape):
@@ -114,6 +113,7 @@ def test_split_sample_equals_whole(tmp_path, degree, shape):
     _check(results, schedule, seed)
 
 
+@pytest.mark.distributed
 def test_step_mixing_degrees_under_ddp(tmp_path):
     """4 ranks: one micro-batch over all 4, then one over ranks 0-1, then each rank its own and
     rank 2 and 3 a pair: the schedule of a step with degrees 4, 2 and 1, under DDP."""
@@ -129,3 +129,29 @@ def test_step_mixing_degrees_under_ddp(tmp_path):
     seed = int(np.random.SeedSequence().entropy % 10_000)
     results = run_on_ranks(_split_rank, 4, tmp_path, "mixed", schedule, seed, True)
     _check(results, schedule, seed)
+
+
+def test_one_device_share_runs_a_members_shapes():
+    """``ONE_DEVICE``: one member's share on one device, no collective; the output has the
+    whole micro-batch's shape and gradients reach every parameter the whole one reaches; back at
+    degree 1 the model gives its own output again."""
+    model = _model()
+    x = torch.randn(1, 4, 3, 6, 10)
+    inputs = {"hidden_states": x, "timestep": torch.tensor([500.0]),
+              "encoder_hidden_states": torch.randn(1, 7, 32)}  # fmt: skip
+    before = model(**inputs, return_dict=False)[0]
+    before.square().mean().backward()
+    reached = {n for n, p in model.named_parameters() if p.grad is not None}
+    for d in (2, 4):
+        model.zero_grad(set_to_none=True)
+        with split_sequence(model, ONE_DEVICE, d, 0):
+            out = model(**inputs, return_dict=False)[0]
+        assert out.shape == x.shape
+        out.square().mean().backward()
+        assert {n for n, p in model.named_parameters() if p.grad is not None} == reached
+    with split_sequence(model, None, 1, 0):  # degree 1: the model as it is again
+        whole = model(**inputs, return_dict=False)[0]
+    torch.testing.assert_close(whole, before, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="does not divide the model's 4 attention heads"):
+        with split_sequence(model, ONE_DEVICE, 8, 0):
+            pass

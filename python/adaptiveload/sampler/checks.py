@@ -196,10 +196,12 @@ class Options:
     uneven_counts: bool
     mix_tolerance: float
     drawn_is_trained: bool
-    #: the largest sequence-parallel degree (1: off); docs/sampler.md, "Sequence parallelism"
+    #: the largest sequence-parallel degree (1: off); docs/sampler.md, "Sequence parallelism
+    #: per micro-batch"
     sequence_parallel: int = 1
     #: cost of sending one token through a split micro-batch's all-to-alls, in the cost model's
-    #: unit (None: a flat SP_COMM_FRACTION of the split compute)
+    #: unit (None: ``cost.sequence_parallel_comm_of`` the cost model, else a flat
+    #: SEQUENCE_PARALLEL_COMM_FRACTION of the split compute)
     sequence_parallel_comm: float | None = None
 
 

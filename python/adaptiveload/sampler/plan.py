@@ -161,10 +161,6 @@ class Plan:
             sizes = np.where(self.members == 0, sizes, 0)
         return self.rank_sums(sizes).sum(axis=1)
 
-    @property
-    def sequence_parallel(self) -> bool:
-        return self.degrees is not None
-
     def step_begin(self, step: int) -> int:
         """First id of ``step``'s micro-batches (``num_steps``: the number of ids): ``step *
         W * K``, except with sequence parallelism, which lists a micro-batch per member."""
@@ -175,16 +171,12 @@ class Plan:
         once (member 0's listing of a split one), and the step of each."""
         steps = self.num_steps if steps is None else steps
         end = self.step_begin(steps)
-        bounds = (
-            [self.step_begin(t) for t in range(steps + 1)]
-            if self.rank_offsets is not None
-            else None
-        )
         ids = np.arange(end, dtype=np.int64)
-        if bounds is None:
+        if self.rank_offsets is None:
             step = ids // (self.num_replicas * self.micro_batches_per_step)
-        else:
-            step = np.repeat(np.arange(steps, dtype=np.int64), np.diff(bounds))
+        else:  # step t starts at its rank 0's first id
+            starts = self.rank_offsets[: steps * self.num_replicas + 1 : self.num_replicas]
+            step = np.repeat(np.arange(steps, dtype=np.int64), np.diff(starts))
         if self.members is not None:
             lead = self.members[:end] == 0
             ids, step = ids[lead], step[lead]

@@ -101,10 +101,12 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
             the step's slowest rank finishes soonest; ``max_tokens`` bounds each rank's share,
             so a clip longer than one GPU holds runs split. The num_replicas ranks are all the
             job's GPUs. Needs ``uneven_counts=True``. ``MicroBatch.degree`` / ``.member`` /
-            ``.group_ranks`` tell the loop; docs/sampler.md, "Sequence parallelism".
+            ``.group_ranks`` tell the loop; docs/sampler.md, "Sequence parallelism per
+            micro-batch".
         sequence_parallel_comm: what sending one token through a split micro-batch's
             all-to-alls costs, in the cost model's unit (``ulysses_comm_per_token`` computes
-            it from the model and the bandwidth). None: a flat
+            it from the model and the bandwidth). None: ``sequence_parallel_comm_of(cost_model)``
+            (the built-in Wan profiles know their size), else a flat
             ``SEQUENCE_PARALLEL_COMM_FRACTION`` (10%) of the split compute.
 
     ``record_time`` and ``update_cost_model`` refine the cost model with measured times,
