@@ -125,13 +125,7 @@ def test_gated_residual(device, norm, d, mod_kind, dtype):
     r, y = n.gated(*inputs)
     dr, dy = rand(shape, dtype, device, gen), rand(shape, dtype, device, gen)
     got = torch.autograd.grad([r, y], inputs, [dr, dy])
-
-    lowp_in = [t.detach().clone().requires_grad_() for t in inputs]
-    r_lp, y_lp = n.ref_gated(*lowp_in)
-    lowp = torch.autograd.grad([r_lp, y_lp], lowp_in, [dr, dy])
-    ref_in = f64(*inputs)
-    r_ref, y_ref = n.ref_gated(*ref_in)
-    ref = torch.autograd.grad([r_ref, y_ref], ref_in, [dr.double(), dy.double()])
+    (r_ref, y_ref, ref), (r_lp, y_lp, lowp), (ref_in, lowp_in) = gated_references(n, inputs, dr, dy)
 
     assert_close("r", r, r_ref, r_lp, dtype)
     assert_close("y", y, y_ref, y_lp, dtype)
@@ -160,12 +154,7 @@ def test_gated_residual_affine(device, norm, dtype):
     r, y = n.gated(*t, *m, **dict(zip(n.affine, params, strict=True)))
     dr, dy = torch.randn_like(r), torch.randn_like(y)
     got = torch.autograd.grad([r, y], inputs, [dr, dy])
-    lowp_in = [v.detach().clone().requires_grad_() for v in inputs]
-    r_lp, y_lp = n.ref_gated(*lowp_in)
-    lowp = torch.autograd.grad([r_lp, y_lp], lowp_in, [dr, dy])
-    ref_in = f64(*inputs)
-    r_ref, y_ref = n.ref_gated(*ref_in)
-    ref = torch.autograd.grad([r_ref, y_ref], ref_in, [dr.double(), dy.double()])
+    (r_ref, y_ref, ref), (r_lp, y_lp, lowp), _ = gated_references(n, inputs, dr, dy)
     assert_close("r", r, r_ref, r_lp, dtype)
     assert_close("y", y, y_ref, y_lp, dtype)
     names = ["dresidual", "dh", "dgate", "dshift", "dscale", "dweight", "dbias"]
@@ -357,6 +346,20 @@ def test_double_backward_matches_eager_and_is_not_zero(norm, weighted):
     for g, r in zip(ours, eager, strict=True):
         assert r.abs().max() > 0
         torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4)
+
+
+def gated_references(n, inputs, dr, dy):
+    """The plain-PyTorch gated reference of norm ``n`` on ``inputs`` (residual, h, gate, shift,
+    scale, then any affine parameters) with output gradients ``dr``, ``dy``: ``(r, y, grads)``
+    in float64 and in the inputs' own precision (the accuracy rule's yardstick), and the two
+    copies of the inputs they ran on."""
+    lowp_in = [v.detach().clone().requires_grad_() for v in inputs]
+    r_lp, y_lp = n.ref_gated(*lowp_in)
+    lowp = torch.autograd.grad([r_lp, y_lp], lowp_in, [dr, dy])
+    ref_in = f64(*inputs)
+    r_ref, y_ref = n.ref_gated(*ref_in)
+    ref = torch.autograd.grad([r_ref, y_ref], ref_in, [dr.double(), dy.double()])
+    return (r_ref, y_ref, ref), (r_lp, y_lp, lowp), (ref_in, lowp_in)
 
 
 def reference_grads(n, inputs, names, dy):
