@@ -32,14 +32,13 @@ from datetime import date
 import numpy as np
 
 from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
+from adaptiveload.calibrate import calibrate_plan
 from adaptiveload.composition import step_composition, steps_without
 from adaptiveload.cost import ulysses_comm_per_token
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from replay_wan import FAMILY, held_out_metadata, parse_ints  # noqa: E402
-
-HIDDEN_1_3B = 1536  # Wan 2.1-1.3B: 12 heads of 128 (degrees 1, 2, 4 divide the heads)
 
 
 class FakeShare:
@@ -129,28 +128,40 @@ def replay(plan, times):
     return spans, busy
 
 
-def arms_of(meta, max_tokens, w, k, b, model, degree, comm):
-    common = dict(cost_model=model, group_keys=meta.group_keys(), num_replicas=w, rank=0,
+def arms_of(meta, max_tokens, w, k, b, degree, comm):
+    """Each arm's sampler, made from a cost model: ``{name: make(model)}``."""
+    common = dict(group_keys=meta.group_keys(), num_replicas=w, rank=0,
                   micro_batches_per_step=k, max_batch_size=b, on_oversize="skip")  # fmt: skip
+    sp = dict(uneven_counts=True, sequence_parallel=degree, sequence_parallel_comm=comm)
+    lens = meta.seq_lens
     arms = {}
     if b == 1:
-        arms["shuffled b1"] = EqualTokenBatchSampler(
-            meta.seq_lens, max_tokens, group_keys=meta.group_keys(), num_replicas=w, rank=0,
-            micro_batches_per_step=k, max_batch_size=1, cost_model=model, on_oversize="skip",
-        )  # fmt: skip
-    arms["today"] = AdaptiveBatchSampler(meta.seq_lens, max_tokens, **common)
-    arms["today uneven"] = AdaptiveBatchSampler(
-        meta.seq_lens, max_tokens, uneven_counts=True, **common
+        arms["shuffled b1"] = lambda m: EqualTokenBatchSampler(lens, max_tokens, cost_model=m,
+                                                               **common)  # fmt: skip
+    arms["today"] = lambda m: AdaptiveBatchSampler(lens, max_tokens, cost_model=m, **common)
+    arms["today uneven"] = lambda m: AdaptiveBatchSampler(
+        lens, max_tokens, cost_model=m, uneven_counts=True, **common
     )
-    arms[f"sp {degree}"] = AdaptiveBatchSampler(
-        meta.seq_lens, max_tokens, uneven_counts=True, sequence_parallel=degree,
-        sequence_parallel_comm=comm, **common,
-    )  # fmt: skip
-    arms[f"sp {degree} mixed"] = AdaptiveBatchSampler(
-        meta.seq_lens, max_tokens, uneven_counts=True, sequence_parallel=degree,
-        sequence_parallel_comm=comm, mix_tolerance=1.0, **common,
-    )  # fmt: skip
+    arms[f"sp {degree}"] = lambda m: AdaptiveBatchSampler(lens, max_tokens, cost_model=m,
+                                                          **sp, **common)  # fmt: skip
+    arms[f"sp {degree} mixed"] = lambda m: AdaptiveBatchSampler(
+        lens, max_tokens, cost_model=m, mix_tolerance=1.0, **sp, **common
+    )
     return arms
+
+
+class Timings:
+    """The timer's ms of each kind (S, B, d), each timed once; as ``calibrate_plan``'s
+    ``measure``, it returns (ms, 0)."""
+
+    def __init__(self, timer, seq_len):
+        self.timer, self.seq_len, self.ms = timer, seq_len, {}
+
+    def __call__(self, batch, shape, degree=1):
+        kind = (int(self.seq_len(*shape)), int(batch), int(degree))
+        if kind not in self.ms:
+            self.ms[kind] = self.timer(batch, shape, degree)
+        return self.ms[kind], 0
 
 
 def main(argv=None) -> int:
@@ -158,45 +169,72 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=20_000, help="of the held-out mix")
     ap.add_argument("--config", default="wan2.1-1.3B")
     ap.add_argument("--layers", type=int, default=3)
-    ap.add_argument("--degree", type=int, default=4, help="largest degree (1.3B: 12 heads)")
+    ap.add_argument("--degree", type=int, default=4,
+                    help="largest degree; it divides the heads (1.3B: 12, 14B: 40)")  # fmt: skip
+    ap.add_argument("--data", choices=["held-out", "demo"], default="held-out",
+                    help="the held-out mix, or the `plan --demo` mix")  # fmt: skip
     ap.add_argument("--worlds", type=parse_ints, default=[8, 64])
-    ap.add_argument("--epoch", type=int, default=1)
+    ap.add_argument("--epoch", type=int, default=1, help="the epoch scored (calibrated on 0)")
+    ap.add_argument("--max-rounds", type=int, default=4, help="of each arm's calibration")
+    ap.add_argument("--builtin", action="store_true", help="plan with the built-in profile")
     ap.add_argument("--fake", action="store_true", help="a synthetic GPU (dry run, any machine)")
     ap.add_argument("--out", default="out/sp")
     ap.add_argument("--write", action="store_true", help="store the CSV under benchmarks/results")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    meta = held_out_metadata(args.samples)
+    if args.data == "demo":  # the `plan --demo` mix (joint-pretrain, seed 0)
+        from adaptiveload.demo import demo_metadata
+
+        meta = demo_metadata(args.samples)
+    else:
+        meta = held_out_metadata(args.samples)
     lens = meta.seq_lens
     image = meta.shapes[:, 0] == 1
     max_tokens = int(2 * lens.max())
     timer = FakeShare() if args.fake else ShareTimer(args.config, args.layers)
-    model = CostModel.wan21_h200("1.3B", layers=args.layers)
-    comm = ulysses_comm_per_token(HIDDEN_1_3B, args.layers)
-    setup = {"data": "held-out", "samples": len(lens), "max_tokens": max_tokens,
+    from adaptiveload.wan import CONFIGS
+
+    cfg = CONFIGS[args.config]
+    heads = cfg["num_attention_heads"]
+    if heads % args.degree:
+        ap.error(f"--degree {args.degree} does not divide {args.config}'s {heads} heads")
+    prior = CostModel.wan21_h200(args.config.rsplit("-", 1)[-1], layers=args.layers)
+    comm = ulysses_comm_per_token(heads * cfg["attention_head_dim"], args.layers)
+    setup = {"data": args.data, "samples": len(lens), "max_tokens": max_tokens,
              "layers": args.layers, "degree": args.degree, "comm_ms_per_token": comm,
+             "cost_model": "built-in" if args.builtin else "plan-aware, epoch 0",
+             "epoch": args.epoch,
              **timer.meta}  # fmt: skip
     print("setup:", json.dumps(setup), flush=True)
 
-    samplers = {}
+    # Each arm plans with a cost model calibrated on its own plans of epoch 0 (plan-aware, the
+    # split micro-batches measured as shares) and is scored on epoch --epoch; the built-in
+    # profile is the prior. Every kind is timed once, calibration and scoring alike.
+    timings = Timings(timer, FAMILY.seq_len)
+    t0 = time.perf_counter()
+    samplers, calibrated = {}, {}
     for w in args.worlds:
         for b in (1, None):
             for k in (1, 4):
-                for arm, s in arms_of(meta, max_tokens, w, k, b, model, args.degree, comm).items():
+                for arm, make in arms_of(meta, max_tokens, w, k, b, args.degree, comm).items():
+                    model = prior
+                    if arm != "shuffled b1" and not args.builtin:
+                        cal = calibrate_plan(make, prior, meta.shapes, timings, epochs=(0,),
+                                             max_rounds=args.max_rounds, progress=False)  # fmt: skip
+                        model = cal.cost_model
+                        calibrated[(w, k, b, arm)] = cal.meta["converged"]
+                    s = make(model)
                     s.set_epoch(args.epoch)
                     samplers[(w, k, b, arm)] = s
-    kinds = {}
-    for s in samplers.values():
-        for kind in listings(s.plan(), lens):
-            kinds.setdefault(kind, None)
+    print(f"calibrated {len(calibrated)} arms ({sum(calibrated.values())} converged), "
+          f"{len(timings.ms)} kinds timed, {time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
     shape_of = {
         int(FAMILY.seq_len(*sh)): tuple(int(v) for v in sh) for sh in np.unique(meta.shapes, axis=0)
     }
-    t0 = time.perf_counter()
-    ms = {}
-    for kind in sorted(kinds):
-        s, b, d = kind
-        ms[kind] = timer(b, shape_of[s], d)
+    for s in samplers.values():
+        for s_, b_, d_ in listings(s.plan(), lens):
+            timings(b_, shape_of[s_], d_)
+    ms = timings.ms
     print(f"timed {len(ms)} kinds in {time.perf_counter() - t0:.0f} s", flush=True)
 
     rows = []

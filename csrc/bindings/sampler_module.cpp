@@ -93,17 +93,21 @@ PYBIND11_MODULE(_sampler, m) {
       .def("with_floor", &CostModel::with_floor, py::arg("h0"), py::arg("hs"))
       .def(
           "with_measured",
-          [](const CostModel& c, const std::vector<std::tuple<int64_t, int64_t, double>>& kinds) {
+          [](const CostModel& c,
+             const std::vector<std::tuple<int64_t, int64_t, double, int64_t>>& kinds) {
             std::vector<adaptiveload::MeasuredKind> v;
             v.reserve(kinds.size());
-            for (const auto& [s, b, cost] : kinds) v.push_back({s, b, cost});
+            for (const auto& [s, b, cost, d] : kinds) v.push_back({s, b, cost, d});
             return c.with_measured(v);
           },
-          py::arg("kinds"), "A copy whose measured kinds are [(seq_len, batch, cost), ...].")
+          py::arg("kinds"),
+          "A copy whose measured kinds are [(seq_len, batch, cost, degree), ...] (degree 1: a "
+          "whole micro-batch; d > 1: one rank's share of it split d ways).")
       .def("measured",
            [](const CostModel& c) {
-             std::vector<std::tuple<int64_t, int64_t, double>> out;
-             for (const auto& k : c.measured()) out.emplace_back(k.seq_len, k.batch, k.cost);
+             std::vector<std::tuple<int64_t, int64_t, double, int64_t>> out;
+             for (const auto& k : c.measured())
+               out.emplace_back(k.seq_len, k.batch, k.cost, k.degree);
              return out;
            })
       .def_property_readonly("num_measured", &CostModel::num_measured)

@@ -44,15 +44,25 @@ CostModel CostModel::with_floor(double floor0, double floor_per_sample) const {
 CostModel CostModel::with_measured(const std::vector<MeasuredKind>& kinds) const {
   CostModel m = *this;
   m.measured_.clear();
+  m.shares_.clear();
   m.measured_.reserve(kinds.size());
   for (const MeasuredKind& k : kinds) {
-    const std::string which = "measured kind (seq_len=" + std::to_string(k.seq_len) +
-                              ", batch=" + std::to_string(k.batch) + ")";
+    const std::string which =
+        "measured kind (seq_len=" + std::to_string(k.seq_len) +
+        ", batch=" + std::to_string(k.batch) +
+        (k.degree != 1 ? ", degree=" + std::to_string(k.degree) : std::string()) + ")";
     if (k.seq_len < 1 || k.seq_len >= (int64_t{1} << 40)) fail(which + ": seq_len out of range");
     if (k.batch < 1 || k.batch >= (int64_t{1} << 24)) fail(which + ": batch out of range");
+    if (k.degree < 1 || k.degree > kMaxMeasuredDegree || (k.degree & (k.degree - 1)) != 0)
+      fail(which + ": degree must be a power of two in [1, " + std::to_string(kMaxMeasuredDegree) +
+           "]");
     if (!std::isfinite(k.cost) || k.cost <= 0.0)
       fail(which + ": cost must be finite and > 0, got " + std::to_string(k.cost));
-    if (!m.measured_.emplace(key(k.seq_len, k.batch), k).second) fail(which + " given twice");
+    const bool fresh =
+        k.degree == 1
+            ? m.measured_.emplace(key(k.seq_len, k.batch), k).second
+            : m.shares_.emplace(std::make_pair(key(k.seq_len, k.batch), k.degree), k).second;
+    if (!fresh) fail(which + " given twice");
   }
   return m;
 }
@@ -61,10 +71,21 @@ std::vector<MeasuredKind> CostModel::measured() const {
   std::vector<MeasuredKind> out;
   out.reserve(measured_.size());
   for (const auto& kv : measured_) out.push_back(kv.second);
+  for (const auto& kv : shares_) out.push_back(kv.second);
   std::sort(out.begin(), out.end(), [](const MeasuredKind& a, const MeasuredKind& b) {
-    return a.seq_len != b.seq_len ? a.seq_len < b.seq_len : a.batch < b.batch;
+    if (a.seq_len != b.seq_len) return a.seq_len < b.seq_len;
+    return a.batch != b.batch ? a.batch < b.batch : a.degree < b.degree;
   });
   return out;
+}
+
+double CostModel::measured_share(int64_t seq_len, int64_t batch, int64_t degree) const {
+  if (degree == 1) {
+    auto it = measured_.find(key(seq_len, batch));
+    return it != measured_.end() ? it->second.cost : 0.0;
+  }
+  auto it = shares_.find(std::make_pair(key(seq_len, batch), degree));
+  return it != shares_.end() ? it->second.cost : 0.0;
 }
 
 double CostModel::sample_cost(int64_t seq_len) const {
@@ -110,7 +131,7 @@ std::string CostModel::describe() const {
     if (cs != 0.0) os << ", per_sample=" << cs;
   }
   if (h0 != 0.0 || hs != 0.0) os << ", floor=" << h0 << "+" << hs << "*B";
-  if (!measured_.empty()) os << ", measured kinds=" << measured_.size();
+  if (num_measured() > 0) os << ", measured kinds=" << num_measured();
   os << ")";
   return os.str();
 }

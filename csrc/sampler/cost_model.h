@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace adaptiveload {
@@ -28,17 +30,25 @@ struct BatchStats {
   }
 };
 
-/// A measured micro-batch kind: `batch` samples of `seq_len` tokens took `cost`.
+/// The largest degree a measured share may have.
+constexpr int64_t kMaxMeasuredDegree = 1024;
+
+/// A measured micro-batch kind: `batch` samples of `seq_len` tokens took `cost`. With
+/// `degree` d > 1 it is one rank's share of that micro-batch split d ways (sequence
+/// parallelism: each sample's tokens cut into d pieces), timed as exactly that share on one
+/// GPU, communication not included.
 struct MeasuredKind {
   int64_t seq_len;
   int64_t batch;
   double cost;
+  int64_t degree = 1;  ///< a power of two, 1 for a whole micro-batch
 };
 
 /// \brief Predicted cost of a micro-batch. Two layers, the first that applies wins:
 ///
 ///  1. measured: a micro-batch of B samples of S tokens each whose (S, B) was measured
-///     costs exactly what was measured;
+///     costs exactly what was measured (and a rank's share of it split d ways, where
+///     (S, B, d) was: measured_share);
 ///  2. the fitted form, for everything else:
 ///       cost(batch) = max( h0 + hs * B,  c0 + sum_i f(S_i) )
 ///     with f, for the two kinds,
@@ -72,9 +82,12 @@ struct CostModel {
   /// A copy whose measured kinds are `kinds` (replacing any it had). Throws on a bad entry
   /// or a kind given twice.
   CostModel with_measured(const std::vector<MeasuredKind>& kinds) const;
-  /// The measured kinds, by increasing (seq_len, batch).
+  /// The measured kinds, by increasing (seq_len, batch, degree).
   std::vector<MeasuredKind> measured() const;
-  int64_t num_measured() const { return static_cast<int64_t>(measured_.size()); }
+  int64_t num_measured() const { return static_cast<int64_t>(measured_.size() + shares_.size()); }
+  /// What one rank's share of B samples of S tokens split `degree` ways was measured at
+  /// (degree 1: the whole micro-batch); 0 where it was not measured.
+  double measured_share(int64_t seq_len, int64_t batch, int64_t degree) const;
 
   /// f(S): the part of a micro-batch's fitted cost that one sample of S tokens adds.
   double sample_cost(int64_t seq_len) const;
@@ -94,6 +107,9 @@ struct CostModel {
   }
   // (seq_len, batch) -> measured cost. Keys: seq_len < 2^40, batch < 2^24 (checked).
   std::unordered_map<uint64_t, MeasuredKind> measured_;
+  // (key(seq_len, batch), degree) -> measured share, degree > 1. Read only while planning
+  // with sequence parallelism, once per micro-batch and degree.
+  std::map<std::pair<uint64_t, int64_t>, MeasuredKind> shares_;
 };
 
 }  // namespace adaptiveload

@@ -326,7 +326,8 @@ struct Listing {
 };
 
 // A micro-batch as degrees see it: its cost, the parts splitting leaves (the cost model's fixed
-// term and host floor), its tokens, and the fewest ranks whose shares fit max_tokens (twice the
+// term and host floor), its tokens, the shares the cost model measured for its kind (where all
+// its samples have one length), and the fewest ranks whose shares fit max_tokens (twice the
 // largest degree where none does).
 SpItem sp_item(const SampleTable& table, const PlanOptions& o, const std::vector<int64_t>& bucketed,
                const MicroBatch& mb) {
@@ -337,16 +338,25 @@ SpItem sp_item(const SampleTable& table, const PlanOptions& o, const std::vector
   it.floor = cm.h0 + cm.hs * static_cast<double>(mb.count());
   it.tokens = mb.tokens;
   const int64_t top = o.sequence_parallel.max_degree;
+  const int64_t first = table.seq_len(bucketed[mb.begin]);
+  bool uniform = cm.num_measured() > 0;
+  for (int64_t j = mb.begin; uniform && j < mb.end; ++j)
+    uniform = table.seq_len(bucketed[j]) == first;
+  if (uniform) {
+    it.measured.push_back(0.0);  // degree 1: mb.cost already is what was measured
+    for (int64_t d = 2; d <= top; d *= 2)
+      it.measured.push_back(cm.measured_share(first, mb.count(), d));
+  }
+  it.min_degree = 2 * top;
   for (int64_t d = 1; d <= top; d *= 2) {
     int64_t share = 0;
     for (int64_t j = mb.begin; j < mb.end; ++j)
       share += share_tokens(table.seq_len(bucketed[j]), d, 0);
     if (share <= o.max_tokens) {
       it.min_degree = d;
-      return it;
+      break;
     }
   }
-  it.min_degree = 2 * top;
   return it;
 }
 

@@ -150,7 +150,10 @@ double share_cost(const SpItem& item, int64_t d, const SequenceParallel& sp) {
   const double dd = static_cast<double>(d);
   const double comm = sp.comm_fraction * split +
                       sp.comm_per_token * static_cast<double>(item.tokens) * (dd - 1.0) / (dd * dd);
-  return std::max(item.floor, item.fixed + split) + comm;
+  size_t level = 0;
+  while ((int64_t{1} << level) < d) ++level;
+  const double measured = level < item.measured.size() ? item.measured[level] : 0.0;
+  return (measured > 0.0 ? measured : std::max(item.floor, item.fixed + split)) + comm;
 }
 
 void validate_sequence_parallel(const SequenceParallel& sp, int64_t W) {
@@ -171,6 +174,57 @@ namespace {
 // taking the move that improves the step's score most, while one does. `best`, `finish` and
 // `degree` describe the start and are updated in place.
 constexpr int64_t kCandidates = 16;
+
+// Where no single move improves: the best pair of moves on two of the kPairCandidates
+// costliest items (a clip that must split further only pays once a second one splits to fill
+// the ranks it frees). Applies it and returns true where it improves the score.
+constexpr int64_t kPairCandidates = 8;
+
+bool pair_move(const std::vector<SpItem>& items, int64_t W, const SequenceParallel& sp,
+               const std::vector<int64_t>& costliest, std::vector<int64_t>& degree, SpStep& best,
+               std::vector<double>& finish) {
+  const int64_t m = std::min<int64_t>(static_cast<int64_t>(costliest.size()), kPairCandidates);
+  auto moves_of = [&](int64_t item) {
+    std::vector<int64_t> to;
+    const int64_t d = degree[item];
+    for (const int64_t t : {d * 2, d / 2})
+      if (t <= sp.max_degree && t >= std::max<int64_t>(items[item].min_degree, 1) && t != d)
+        to.push_back(t);
+    return to;
+  };
+  Score bar = score(best, finish);
+  std::vector<double> trial_finish, best_finish;
+  SpStep pick_step;
+  int64_t pa = -1, pb = -1, da = 0, db = 0;
+  for (int64_t x = 0; x < m; ++x) {
+    const int64_t a = costliest[x];
+    const int64_t a0 = degree[a];
+    for (const int64_t ta : moves_of(a)) {
+      degree[a] = ta;
+      for (int64_t y = x + 1; y < m; ++y) {
+        const int64_t b = costliest[y];
+        const int64_t b0 = degree[b];
+        for (const int64_t tb : moves_of(b)) {
+          degree[b] = tb;
+          SpStep t = place(items, degree, W, sp, trial_finish);
+          degree[b] = b0;
+          if (!(t.makespan < kInfinity)) continue;
+          const Score st = score(t, trial_finish);
+          if (st < bar)
+            bar = st, pa = a, pb = b, da = ta, db = tb, pick_step = std::move(t),
+            best_finish = trial_finish;
+        }
+      }
+      degree[a] = a0;
+    }
+  }
+  if (pa < 0) return false;
+  degree[pa] = da;
+  degree[pb] = db;
+  best = std::move(pick_step);
+  finish = best_finish;
+  return true;
+}
 
 void refine(const std::vector<SpItem>& items, int64_t W, const SequenceParallel& sp,
             std::vector<int64_t>& degree, SpStep& best, std::vector<double>& finish) {
@@ -209,7 +263,8 @@ void refine(const std::vector<SpItem>& items, int64_t W, const SequenceParallel&
           best_finish = trial_finish;
       }
     }
-    if (pick < 0) return;
+    if (pick < 0 && !pair_move(items, W, sp, costliest, degree, best, finish)) return;
+    if (pick < 0) continue;
     degree[pick] = pick_degree;
     best = std::move(pick_step);
     finish = best_finish;
@@ -253,18 +308,23 @@ SpStep assign_with_degrees(const std::vector<SpItem>& items, int64_t W,
     }
     return makespan;
   };
-  // Degrees for a target finish T: each item the fewest ranks whose share is within T. The
-  // smallest T whose placement finishes by T is bisected (geometrically) between the bound `lo`
-  // and the finish at the fewest ranks; every placement tried competes for the best.
-  double hi = best.makespan;
-  for (int64_t it = 0; it < 24 && hi > lo * (1.0 + 1e-3); ++it) {
-    const double target = std::sqrt(lo * hi);
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t d = std::max<int64_t>(items[i].min_degree, 1);
-      while (d < top && share_cost(items[i], d, sp) > target) d *= 2;
-      degree[i] = d;
+  // Degrees for a target finish T: each item the fewest ranks whose share is within f * T.
+  // The smallest T whose placement finishes by T is bisected (geometrically) between the bound
+  // `lo` and the finish at the fewest ranks; every placement tried competes for the best.
+  // f = 1 splits only what exceeds T; f = 1/2 also what would leave a rank a gap no smaller
+  // item fills.
+  const double start_hi = best.makespan;
+  for (const double f : {1.0, 0.5}) {
+    double low = lo, hi = start_hi;
+    for (int64_t it = 0; it < 24 && hi > low * (1.0 + 1e-3); ++it) {
+      const double target = std::sqrt(low * hi);
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t d = std::max<int64_t>(items[i].min_degree, 1);
+        while (d < top && share_cost(items[i], d, sp) > f * target) d *= 2;
+        degree[i] = d;
+      }
+      (consider() <= target ? hi : low) = target;
     }
-    (consider() <= target ? hi : lo) = target;
   }
   // Every item at one degree d (its min_degree where higher): where one micro-batch dominates
   // a step, splitting all of them alike keeps the groups in step.

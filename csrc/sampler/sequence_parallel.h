@@ -11,13 +11,16 @@
 //
 // One rank's share of a micro-batch of cost c split d ways (the cost model's unit):
 //
-//   share(d) = max(floor, fixed + (c - fixed) / d) + comm(d)
+//   share(d) = measured(d) + comm(d)                              where (S, B, d) was measured
+//   share(d) = max(floor, fixed + (c - fixed) / d) + comm(d)      elsewhere
 //   comm(d)  = comm_fraction * (c - fixed) / d + comm_per_token * T * (d - 1) / d^2   (d >= 2)
 //
-// fixed: the cost model's per-micro-batch term, which splitting does not shrink; floor: its host
-// floor (launch time); T: the micro-batch's tokens. Ulysses moves, per attention layer, four
-// all-to-alls of each rank's T / d tokens, of which (d - 1) / d leave the rank: comm_per_token is
-// what one token costs to send through all of them, forward and backward (see
+// measured(d): the cost model's measured share of this kind (B samples of S tokens, split d
+// ways, timed on one GPU as exactly one member's share); fixed: the cost model's
+// per-micro-batch term, which splitting does not shrink; floor: its host floor (launch time),
+// which every share pays in full; T: the micro-batch's tokens. Ulysses moves, per attention layer,
+// four all-to-alls of each rank's T / d tokens, of which (d - 1) / d leave the rank: comm_per_token
+// is what one token costs to send through all of them, forward and backward (see
 // adaptiveload/cost.py, ulysses_comm_per_token). comm_fraction is a flat share where no bandwidth
 // is known.
 #pragma once
@@ -41,6 +44,8 @@ struct SpItem {
   double floor = 0.0;      ///< the host floor of the micro-batch
   int64_t tokens = 0;      ///< T: all its samples' tokens
   int64_t min_degree = 1;  ///< the fewest ranks whose shares fit max_tokens
+  /// measured[k]: the measured share at degree 2^k, 0 where not measured (may be short).
+  std::vector<double> measured;
 };
 
 /// One rank's share of `item` split over `d` ranks (see the header comment).

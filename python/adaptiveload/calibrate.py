@@ -8,8 +8,9 @@ knows, ``WanTimer`` for Wan) and fits with ``adaptiveload.fit``:
 - ``calibrate_grid`` (``calibrate_model`` for any model, ``calibrate_family``,
   ``calibrate_wan``): a fixed grid of shapes and batch sizes (``grid``); the fitted form only.
 - ``calibrate_plan``: plan-aware. Plans the user's own dataset with the sampler, measures the
-  micro-batch kinds ``(S, B)`` the plan uses, re-plans with what was measured, measures the new
-  kinds, and so on until the plan uses no kind left to measure. The model is exact on the
+  micro-batch kinds ``(S, B)`` the plan uses (and with sequence parallelism the shares
+  ``(S, B, d)`` its split micro-batches give one rank), re-plans with what was measured,
+  measures the new kinds, and so on until the plan uses no kind left to measure. The model is exact on the
   measured kinds and falls back to a form fitted to them elsewhere. Resumable: every
   measurement is appended to a JSON-lines file as it is made.
 
@@ -182,23 +183,27 @@ def calibrate_wan(
                           source="calibrate_wan")  # fmt: skip
 
 
-def kinds_of_plan(plan, seq_lens, shapes) -> dict[tuple[int, int], tuple[int, ...]]:
+def kinds_of_plan(plan, seq_lens, shapes) -> dict[tuple[int, ...], tuple[int, ...]]:
     """The micro-batch kinds ``(S, B) -> shape`` of ``plan``, by increasing ``(S, B)``
-    (micro-batches of mixed lengths have no kind and are left out)."""
-    kinds: dict[tuple[int, int], tuple[int, ...]] = {}
+    (micro-batches of mixed lengths have no kind and are left out); a micro-batch split over
+    ``d > 1`` ranks (sequence parallelism) is the share ``(S, B, d)``."""
+    kinds: dict[tuple[int, ...], tuple[int, ...]] = {}
     sizes = np.diff(plan.offsets)
+    degrees = plan.degrees
     for m in np.flatnonzero(sizes > 0):
         batch = plan.samples[plan.offsets[m] : plan.offsets[m + 1]]
         s = int(seq_lens[batch[0]])
         if np.all(seq_lens[batch] == s):
-            kinds.setdefault((s, int(sizes[m])), tuple(int(v) for v in shapes[batch[0]]))
+            d = 1 if degrees is None else int(degrees[m])
+            kind = (s, int(sizes[m])) + ((d,) if d > 1 else ())
+            kinds.setdefault(kind, tuple(int(v) for v in shapes[batch[0]]))
     return dict(sorted(kinds.items()))
 
 
-def plan_kinds(sampler, shapes, epochs=(0,)) -> dict[tuple[int, int], tuple[int, ...]]:
+def plan_kinds(sampler, shapes, epochs=(0,)) -> dict[tuple[int, ...], tuple[int, ...]]:
     """The micro-batch kinds ``(S, B) -> shape`` that ``sampler``'s plans of ``epochs`` use
     (``kinds_of_plan`` of each)."""
-    kinds: dict[tuple[int, int], tuple[int, ...]] = {}
+    kinds: dict[tuple[int, ...], tuple[int, ...]] = {}
     for epoch in epochs:
         sampler.set_epoch(epoch)
         for kind, shape in kinds_of_plan(sampler.plan(), sampler.seq_lens, shapes).items():
@@ -270,6 +275,7 @@ def _point_of_row(d: dict) -> Point:
         float(d["ms"]),
         int(d["peak_bytes"]),
         tuple(d["shape"]) if d.get("shape") else None,
+        degree=int(d.get("degree", 1)),
     )
 
 
@@ -290,7 +296,9 @@ def calibrate_plan(
     Round after round: ``make_sampler(model)`` (the user's sampler settings with this cost
     model) plans ``epochs``, the kinds ``(S, B)`` the plans use are collected
     (``plan_kinds``, ``shapes[i]`` the pixel shape of sample ``i``),
-    ``measure(B, shape) -> (ms, peak_bytes)`` measures the ones not yet measured, and the
+    ``measure(B, shape) -> (ms, peak_bytes)`` measures the ones not yet measured
+    (``measure(B, shape, degree=d)`` one rank's share of a micro-batch split ``d`` ways, where
+    the sampler plans with sequence parallelism), and the
     model is refit; it stops when a round finds nothing new (or after ``max_rounds``,
     reported in ``meta``). Each round's model is ``fitted.with_measured(every measured kind)``,
     ``fitted`` being ``fit_cost_model``'s choice of form on the measured points (``prior``
@@ -311,7 +319,7 @@ def calibrate_plan(
         for r in range(max_rounds):
             model = _model_of(points, prior)
             kinds = plan_kinds(make_sampler(model), shapes, epochs)
-            done = {(p.seq_len, p.batch) for p in points}
+            done = {p.kind for p in points}
             new = [k for k in kinds if k not in done]
             rounds.append({"round": r, "kinds_used": len(kinds), "kinds_new": len(new)})
             if not new:
@@ -334,43 +342,47 @@ def calibrate_plan(
         "measure_seconds": round(t_measure, 1),
         "form": cost.meta.get("form"),
     }
-    if len(points) >= 8:
-        e = np.abs(heldout_errors(points, cost.meta.get("form", "additive")))
+    whole = [p for p in points if p.degree == 1]
+    if len(whole) >= 8:
+        e = np.abs(heldout_errors(whole, cost.meta.get("form", "additive")))
         meta["fallback_heldout_median"] = float(np.median(e))
         meta["fallback_heldout_p90"] = float(np.percentile(e, 90))
     predicted = cost.uniform_costs(
-        [p.seq_len for p in points], [p.batch for p in points], fitted_only=True
+        [p.seq_len for p in whole], [p.batch for p in whole], fitted_only=True
     )
-    for p, ms in zip(points, predicted, strict=True):
+    for p, ms in zip(whole, predicted, strict=True):
         p.predicted_ms = float(ms)
     cost.meta = {**cost.meta, **meta}
-    cuda = any(p.peak_bytes for p in points)
-    m0, m1 = fit_memory_model(points) if cuda and len(points) >= 2 else (0.0, 1.0)
+    cuda = any(p.peak_bytes for p in whole)
+    m0, m1 = fit_memory_model(whole) if cuda and len(whole) >= 2 else (0.0, 1.0)
     return Calibration(cost, m0, m1, points, meta)
 
 
 def _measure_kinds(new, kinds: dict, measure, points: list, out, bar) -> float:
-    """Measure each kind ``(S, B)`` of ``new`` (``kinds[(S, B)]``: its pixel shape), append
-    its point to ``points`` (and to ``out``, JSON lines, as measured); the seconds spent."""
+    """Measure each kind ``(S, B)`` or share ``(S, B, d)`` of ``new`` (``kinds[kind]``: its
+    pixel shape), append its point to ``points`` (and to ``out``, JSON lines, as measured);
+    the seconds spent."""
     seconds = 0.0
-    for s, b in new:
+    for kind in new:
+        s, b, d = (*kind, 1)[:3]
         t0 = time.perf_counter()
-        ms, peak = measure(b, kinds[(s, b)])
+        ms, peak = measure(b, kinds[kind], degree=d) if d > 1 else measure(b, kinds[kind])
         seconds += time.perf_counter() - t0
-        p = Point(b, s, float(ms), int(peak), kinds[(s, b)])
+        p = Point(b, s, float(ms), int(peak), kinds[kind], degree=d)
         points.append(p)
         if out is not None:
             out.write(json.dumps(asdict(p)) + "\n")
             out.flush()
-        bar(f"B={b} S={s}: {ms:.1f} ms")
+        bar(f"B={b} S={s}" + (f" d={d}" if d > 1 else "") + f": {ms:.1f} ms")
     return seconds
 
 
 def _model_of(points: list[Point], prior: CostModel) -> CostModel:
-    """The fitted form on ``points`` (``prior``'s until there are 8) with every point as a
-    measured kind."""
-    fitted = fit_cost_model(points) if len(points) >= 8 else prior.fitted()
-    model = fitted.with_measured({(p.seq_len, p.batch): p.ms for p in points})
+    """The fitted form on the whole micro-batches of ``points`` (``prior``'s until there are
+    8) with every point as a measured kind (a share as a measured share)."""
+    whole = [p for p in points if p.degree == 1]
+    fitted = fit_cost_model(whole) if len(whole) >= 8 else prior.fitted()
+    model = fitted.with_measured({p.kind: p.ms for p in points})
     model.meta = dict(fitted.meta)
     return model
 

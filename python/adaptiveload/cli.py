@@ -406,6 +406,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--lookahead-steps", type=_positive_int, default=64, help="with --metadata")
     c.add_argument("--max-batch-size", type=_positive_int, default=None, help="with --metadata")
+    c.add_argument(
+        "--sequence-parallel",
+        type=_positive_int,
+        default=1,
+        help="with --metadata: plan as AdaptiveBatchSampler(sequence_parallel=D, "
+        "uneven_counts=True) does and measure each split micro-batch as one rank's share "
+        "(Wan; the all-to-alls are modeled: --comm measures them)",
+    )
     c.add_argument("--seed", type=_non_negative_int, default=0, help="with --metadata")
     c.add_argument(
         "--epochs",
@@ -450,6 +458,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="timed calls per kind, median kept (default 5; --metadata: 2, whose run-to-run "
         "spread on an H200 was 0.4%% median)",
+    )
+    c.add_argument(
+        "--comm",
+        action="store_true",
+        help="measure the all-to-all bandwidth of sequence parallelism over this machine's "
+        "GPUs (one process each) and store it in the cost model at --out (read if it exists, "
+        "else the built-in profile of --config); the sampler's default then uses it",
+    )
+    c.add_argument(
+        "--comm-ranks",
+        type=_positive_int,
+        default=None,
+        help="with --comm: processes (default: every GPU; gloo CPU processes with --device cpu)",
     )
     c.add_argument("--out", default="cost_model.json")
     c.add_argument("--no-progress", action="store_true")

@@ -46,6 +46,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.comm:
+        return _calibrate_comm(args)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     plan_aware = args.metadata is not None
     if args.warmup is None:
@@ -83,16 +85,52 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate_comm(args: argparse.Namespace) -> int:
+    """``--comm``: the all-to-all rates of degrees 2, 4, .. stored in the cost model at
+    ``--out`` (``comm.with_comm``)."""
+    from adaptiveload.comm import measure_comm, with_comm
+    from adaptiveload.wan import CONFIGS
+
+    family, config = model_of_args(args)
+    if family.name != "wan" or config not in CONFIGS:
+        raise ValueError(f"calibrate --comm: Wan configs only so far ({sorted(CONFIGS)})")
+    cfg = CONFIGS[config]
+    hidden = cfg["num_attention_heads"] * cfg["attention_head_dim"]
+    layers = args.layers if args.layers is not None else cfg["num_layers"]
+    if os.path.exists(args.out):
+        model = CostModel.from_json(args.out)
+    else:
+        size = config.rsplit("-", 1)[-1]
+        model = CostModel.wan21_h200(size if size in ("1.3B", "14B") else "1.3B", layers=layers)
+    backend = "gloo" if args.device == "cpu" else None
+    rates = measure_comm(args.comm_ranks, backend=backend)
+    for d, r in sorted(rates.items()):
+        print(f"all-to-all over {d} ranks: {r / 1e9:.1f} GB/s sent per rank")
+    model = with_comm(model, rates, hidden, layers)
+    model.to_json(args.out)
+    print(
+        f"sequence_parallel_comm = {model.meta['sequence_parallel_comm']:.3g} ms per token "
+        f"({config}, {layers} layers); wrote {args.out}"
+    )
+    return 0
+
+
 def _print_calibration(cal, args: argparse.Namespace) -> None:
     """Each point measured and predicted, the model, its fit error, the memory model."""
     print(
-        f"\n{'shape':>12} {'B':>4} {'S':>7} {'measured ms':>12} {'predicted':>10} {'error':>7} {'peak GiB':>9}"
+        f"\n{'shape':>12} {'B':>4} {'S':>7} {'d':>2} {'measured ms':>12} {'predicted':>10} "
+        f"{'error':>7} {'peak GiB':>9}"
     )
     for p in cal.points:
         shape = "x".join(map(str, p.shape)) if p.shape else "-"
+        fit = (  # a share (d > 1) is used as measured: the fitted form leaves it out
+            f"{p.predicted_ms:>10.2f} {p.rel_error:>+7.1%}"
+            if p.degree == 1
+            else f"{'-':>10} {'-':>7}"
+        )
         print(
-            f"{shape:>12} {p.batch:>4} {p.seq_len:>7} {p.ms:>12.2f} {p.predicted_ms:>10.2f} "
-            f"{p.rel_error:>+7.1%} {p.peak_bytes / 2**30:>9.2f}"
+            f"{shape:>12} {p.batch:>4} {p.seq_len:>7} {p.degree:>2} {p.ms:>12.2f} {fit} "
+            f"{p.peak_bytes / 2**30:>9.2f}"
         )
     summary = cal.summary()
     print(f"\ncost model: {cal.cost_model!r}")
@@ -110,10 +148,11 @@ def _print_calibration(cal, args: argparse.Namespace) -> None:
                 f"{m['fallback_heldout_median']:.1%}, 90th percentile {m['fallback_heldout_p90']:.1%}"
                 " (the fit errors below are the fallback's; measured kinds are exact)"
             )
-    print(
-        f"fit error: median {summary['median_abs_rel_error']:.1%}, 90th percentile "
-        f"{summary['p90_abs_rel_error']:.1%}, max {summary['max_abs_rel_error']:.1%}"
-    )
+    if summary["median_abs_rel_error"] is not None:
+        print(
+            f"fit error: median {summary['median_abs_rel_error']:.1%}, 90th percentile "
+            f"{summary['p90_abs_rel_error']:.1%}, max {summary['max_abs_rel_error']:.1%}"
+        )
     print(
         f"memory model: peak = {cal.memory_m0 / 2**30:.2f} GiB + {cal.memory_m1 / 2**10:.1f} KiB x tokens"
     )
@@ -201,6 +240,9 @@ def _calibrate_plan(args: argparse.Namespace, dtype):
     size = config.rsplit("-", 1)[-1] if family.name == "wan" else "1.3B"
     prior = CostModel.wan21_h200(size if size in ("1.3B", "14B") else "1.3B", layers=args.layers)
     keys = meta.group_keys()
+    sequence_parallel = {}
+    if args.sequence_parallel > 1:
+        sequence_parallel = dict(uneven_counts=True, sequence_parallel=args.sequence_parallel)
 
     def make_sampler(model):
         return AdaptiveBatchSampler(
@@ -215,6 +257,7 @@ def _calibrate_plan(args: argparse.Namespace, dtype):
             seed=args.seed,
             on_oversize="skip",
             max_batch_size=args.max_batch_size,
+            **sequence_parallel,
         )
 
     timer = _timer(args, dtype)

@@ -23,7 +23,8 @@ class CostModel:
 
     1. **measured kinds** (``with_measured``): a micro-batch of ``B`` samples of ``S`` tokens
        each whose ``(S, B)`` was measured costs what was measured (plan-aware calibration and
-       online refinement fill these in);
+       online refinement fill these in); with sequence parallelism, one rank's share of it
+       split ``d`` ways costs what ``(S, B, d)`` was measured at, where it was (``measured_shares``);
     2. **the fitted form**: ``cost(batch) = max(h0 + hs * B, c0 + sum_i f(S_i))``, with
 
        - ``CostModel.power(p)``: ``f(S) = coef * S**p``, ``c0 = 0`` (the paper's ``B x S^p``);
@@ -116,7 +117,15 @@ class CostModel:
                 model = model.with_floor(d["floor"]["h0"], d["floor"]["hs"])
             if d.get("measured"):
                 model = model.with_measured(
-                    [(int(k["seq_len"]), int(k["batch"]), float(k["cost"])) for k in d["measured"]]
+                    [
+                        (
+                            int(k["seq_len"]),
+                            int(k["batch"]),
+                            int(k.get("degree", 1)),
+                            float(k["cost"]),
+                        )
+                        for k in d["measured"]
+                    ]
                 )
         except KeyError as e:
             raise ValueError(
@@ -144,7 +153,8 @@ class CostModel:
             d["floor"] = {"h0": c.h0, "hs": c.hs}
         if c.num_measured:
             d["measured"] = [
-                {"seq_len": s, "batch": b, "cost": cost} for s, b, cost in c.measured()
+                {"seq_len": s, "batch": b, "cost": cost, **({"degree": g} if g > 1 else {})}
+                for s, b, cost, g in c.measured()
             ]
         if self.meta:
             d["meta"] = self.meta
@@ -171,17 +181,28 @@ class CostModel:
         )
 
     def with_measured(self, kinds) -> CostModel:
-        """A copy whose measured kinds are ``kinds``: ``(seq_len, batch, cost)`` triples, or a
-        ``{(seq_len, batch): cost}`` mapping (replacing the measured kinds this one has)."""
+        """A copy whose measured kinds are ``kinds`` (replacing the measured kinds this one
+        has): a ``{(seq_len, batch): cost}`` mapping, or ``(seq_len, batch, cost)`` triples.
+        Keys ``(seq_len, batch, degree)`` (tuples ``(seq_len, batch, degree, cost)``) with a
+        degree ``d > 1`` are one rank's share of that micro-batch split ``d`` ways (sequence
+        parallelism), timed alone on one GPU, communication not included."""
         if isinstance(kinds, dict):
-            kinds = [(s, b, c) for (s, b), c in kinds.items()]
-        triples = [(int(s), int(b), float(c)) for s, b, c in kinds]
-        return CostModel(self._core.with_measured(triples), unit=self.unit, meta=self.meta)
+            kinds = [(*key, c) for key, c in kinds.items()]
+        rows = []
+        for kind in kinds:
+            s, b, d, c = kind if len(kind) == 4 else (kind[0], kind[1], 1, kind[2])
+            rows.append((int(s), int(b), float(c), int(d)))
+        return CostModel(self._core.with_measured(rows), unit=self.unit, meta=self.meta)
 
     @property
     def measured(self) -> dict[tuple[int, int], float]:
-        """``{(seq_len, batch): cost}`` of the measured kinds."""
-        return {(s, b): c for s, b, c in self._core.measured()}
+        """``{(seq_len, batch): cost}`` of the measured whole micro-batches."""
+        return {(s, b): c for s, b, c, d in self._core.measured() if d == 1}
+
+    @property
+    def measured_shares(self) -> dict[tuple[int, int, int], float]:
+        """``{(seq_len, batch, degree): cost}`` of the measured shares (degree > 1)."""
+        return {(s, b, d): c for s, b, c, d in self._core.measured() if d > 1}
 
     def fitted(self) -> CostModel:
         """This model without its measured kinds (the fitted form only)."""
@@ -262,10 +283,14 @@ def ulysses_comm_per_token(
 
 
 def sequence_parallel_comm_of(cost_model: CostModel) -> float | None:
-    """The default ``sequence_parallel_comm`` of a cost model in milliseconds whose ``meta``
-    names its ``hidden`` size and ``layers`` (the built-in profiles do): Ulysses at
-    ``H200_ALL_TO_ALL_BYTES_PER_S``. None otherwise (the planner then adds the flat
-    ``SEQUENCE_PARALLEL_COMM_FRACTION``)."""
+    """The default ``sequence_parallel_comm`` of a cost model: the one ``calibrate --comm``
+    measured and stored in its ``meta`` (``comm.with_comm``); else, for a model in
+    milliseconds whose ``meta`` names its ``hidden`` size and ``layers`` (the built-in
+    profiles do), Ulysses at ``H200_ALL_TO_ALL_BYTES_PER_S``. None otherwise (the planner then
+    adds the flat ``SEQUENCE_PARALLEL_COMM_FRACTION``)."""
+    measured = cost_model.meta.get("sequence_parallel_comm")
+    if isinstance(measured, (int, float)) and measured >= 0:
+        return float(measured)
     hidden, layers = cost_model.meta.get("hidden"), cost_model.meta.get("layers")
     if cost_model.unit != "ms" or not isinstance(hidden, int) or not isinstance(layers, int):
         return None

@@ -29,7 +29,9 @@ from adaptiveload.cost import CostModel
 @dataclass
 class Point:
     """One measured micro-batch: ``batch`` samples of ``seq_len`` tokens took ``ms``
-    milliseconds and peaked at ``peak_bytes``; ``predicted_ms`` is filled in by the fit."""
+    milliseconds and peaked at ``peak_bytes``; ``predicted_ms`` is filled in by the fit.
+    ``degree`` > 1: one rank's share of it split that many ways (sequence parallelism),
+    which the fitted forms leave out (``whole``)."""
 
     batch: int
     seq_len: int
@@ -37,6 +39,13 @@ class Point:
     peak_bytes: int
     shape: tuple[int, int, int] | None = None
     predicted_ms: float | None = None
+    degree: int = 1
+
+    @property
+    def kind(self) -> tuple[int, ...]:
+        """``(seq_len, batch)``, or ``(seq_len, batch, degree)`` for a share: the key of
+        ``CostModel.with_measured``."""
+        return (self.seq_len, self.batch) + ((self.degree,) if self.degree > 1 else ())
 
     @property
     def rel_error(self) -> float | None:

@@ -176,16 +176,33 @@ class ModelTimer(StepTimer):
         out = self.model(**self._inputs, return_dict=False)[0]
         out.float().square().mean().backward()
 
-    def __call__(self, batch: int, shape, checkpointed: int | None = None) -> tuple[float, int]:
+    def __call__(
+        self, batch: int, shape, checkpointed: int | None = None, *, degree: int = 1
+    ) -> tuple[float, int]:
+        """``degree`` > 1: one rank's share of the micro-batch split ``degree`` ways
+        (sequence parallelism), timed alone: its layers on its tokens, attention over all of
+        them for its heads (``parallel.split_sequence`` with ``parallel.ONE_DEVICE``; the
+        all-to-alls are not timed)."""
+        from contextlib import nullcontext
+
         from adaptiveload.models.checkpointing import set_checkpointed_blocks
+        from adaptiveload.parallel import ONE_DEVICE, split_sequence
 
         set_checkpointed_blocks(
             self.model, self.default_checkpointed if checkpointed is None else checkpointed
         )
         self.model.zero_grad(set_to_none=True)
         self._inputs = self.inputs(batch, tuple(shape))
+        # A split stays in force until the next split_sequence: after a share, degree 1 resets.
+        was_split = "_adaptiveload_split" in self.model.__dict__
+        split = (
+            split_sequence(self.model, ONE_DEVICE, degree, 0)
+            if degree > 1 or was_split
+            else nullcontext()
+        )
         try:
-            return super().__call__(batch, shape, checkpointed)
+            with split:
+                return super().__call__(batch, shape, checkpointed)
         finally:
             self._inputs = None
 

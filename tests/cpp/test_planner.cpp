@@ -11,6 +11,7 @@
 #include "plan_stats.h"
 #include "sampler/cost_model.h"
 #include "sampler/planner.h"
+#include "sampler/sequence_parallel.h"
 #include "wan_mix.h"
 
 namespace adaptiveload {
@@ -120,6 +121,80 @@ TEST(CostModel, RejectsBadMeasuredKindsNamingThem) {
   EXPECT_NE(message({{5, 1, -1.0}}).find("cost"), std::string::npos);
   EXPECT_NE(message({{5, 1, NAN}}).find("cost"), std::string::npos);
   EXPECT_NE(message({{5, 2, 1.0}, {5, 2, 3.0}}).find("twice"), std::string::npos);
+}
+
+TEST(CostModel, MeasuredSharesAreKeyedByDegree) {
+  // A share of (S, B) split d ways measured at degree d: found only at that degree, listed
+  // after the degree-1 kind of the same (S, B), never the cost of a whole micro-batch.
+  const CostModel fit = CostModel::polynomial(1.0, 0.5, 0.0);
+  const CostModel m = fit.with_measured({{10, 2, 100.0}, {10, 2, 60.0, 2}, {10, 2, 35.0, 4}});
+  EXPECT_DOUBLE_EQ(m.batch_cost(uniform(10, 2, m)), 100.0);
+  EXPECT_DOUBLE_EQ(m.measured_share(10, 2, 2), 60.0);
+  EXPECT_DOUBLE_EQ(m.measured_share(10, 2, 4), 35.0);
+  EXPECT_DOUBLE_EQ(m.measured_share(10, 2, 8), 0.0);  // not measured
+  EXPECT_DOUBLE_EQ(m.measured_share(10, 1, 2), 0.0);
+  EXPECT_DOUBLE_EQ(m.measured_share(10, 2, 1), 100.0);
+  ASSERT_EQ(m.num_measured(), 3);
+  const std::vector<MeasuredKind> all = m.measured();
+  EXPECT_EQ(all[0].degree, 1);
+  EXPECT_EQ(all[1].degree, 2);
+  EXPECT_EQ(all[2].degree, 4);
+  // Only shares, no whole kind: the whole micro-batch still costs the fit.
+  const CostModel only = fit.with_measured({{10, 2, 60.0, 2}});
+  EXPECT_DOUBLE_EQ(only.batch_cost(uniform(10, 2, only)), 11.0);
+}
+
+TEST(CostModel, RejectsBadDegreeNamingIt) {
+  const CostModel m = CostModel::power(1.5);
+  for (int64_t d : {int64_t{0}, int64_t{3}, int64_t{-2}, int64_t{1} << 20}) {
+    try {
+      m.with_measured({{5, 1, 1.0, d}});
+      ADD_FAILURE() << "degree " << d << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("degree"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(m.with_measured({{5, 1, 1.0, 2}, {5, 1, 2.0, 2}}), std::invalid_argument);
+}
+
+TEST(SequenceParallel, MeasuredShareReplacesTheSplitFormula) {
+  SpItem it;
+  it.cost = 100.0;
+  it.fixed = 10.0;
+  it.tokens = 1000;
+  SequenceParallel sp;
+  sp.max_degree = 4;
+  sp.comm_per_token = 0.01;
+  const double comm2 = 0.01 * 1000 * 1.0 / 4.0;
+  EXPECT_DOUBLE_EQ(share_cost(it, 2, sp), 10.0 + 45.0 + comm2);
+  it.measured = {0.0, 80.0};  // degree 2 measured, 4 not
+  EXPECT_DOUBLE_EQ(share_cost(it, 2, sp), 80.0 + comm2);
+  EXPECT_DOUBLE_EQ(share_cost(it, 4, sp), 10.0 + 22.5 + 0.01 * 1000 * 3.0 / 16.0);
+  EXPECT_DOUBLE_EQ(share_cost(it, 1, sp), 100.0);
+}
+
+TEST(SequenceParallel, SplitsTwoClipsTogetherWhereOneAloneDoesNotPay) {
+  // One step of 32 micro-batches (batch size 1) over 8 ranks, D = 8: two long clips (559) and
+  // many short ones, images at the launch floor (9). Balance needs both long clips at 4 ranks
+  // and the two 164s split as well: no single change of one degree improves on the first
+  // placements, so the search must try moves together (it left about 3% before it did).
+  std::vector<double> costs(19, 9.0);
+  for (double c :
+       {12.6, 12.6, 12.6, 36.2, 36.2, 108.4, 108.4, 116.1, 116.1, 164.2, 164.2, 558.6, 558.6})
+    costs.push_back(c);
+  std::vector<SpItem> items;
+  for (double c : costs) {
+    SpItem it;
+    it.cost = c;
+    it.fixed = 1.5;
+    it.floor = 9.0;
+    it.tokens = 1000;
+    items.push_back(it);
+  }
+  SequenceParallel sp;
+  sp.max_degree = 8;
+  const SpStep s = assign_with_degrees(items, 8, sp);
+  EXPECT_LE(s.imbalance(8), 0.02) << "makespan " << s.makespan;
 }
 
 TEST(PlanEpochTest, PackingUsesMeasuredCosts) {

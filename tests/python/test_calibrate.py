@@ -154,6 +154,47 @@ def test_plan_aware_calibration_measures_every_kind_its_plan_uses(tmp_path):
     assert resumed.cost_model.to_dict()["measured"] == cal.cost_model.to_dict()["measured"]
 
 
+def test_plan_aware_calibration_measures_the_shares_of_split_micro_batches(tmp_path):
+    """With sequence parallelism the plan's split micro-batches are measured as one rank's
+    share ``(S, B, d)`` (``measure(..., degree=d)``), kept as measured shares beside the whole
+    kinds, left out of the fitted form, and resumed from the points file."""
+    from adaptiveload.demo import demo_metadata
+
+    meta = demo_metadata(3000, "wan-mix", seed=5)
+    max_tokens = int(2 * meta.seq_lens.max())
+
+    def make_sampler(model):
+        return AdaptiveBatchSampler(
+            meta.seq_lens, max_tokens, cost_model=model, group_keys=meta.group_keys(),
+            num_replicas=8, rank=0, micro_batches_per_step=1, max_batch_size=1,
+            uneven_counts=True, sequence_parallel=4,
+        )  # fmt: skip
+
+    calls = []
+
+    def measure(batch, shape, degree=1):
+        calls.append((batch, tuple(shape), degree))
+        return true_ms(batch, wan_seq_len(*shape) / degree) + 2.0 * (degree > 1), 1000 * batch
+
+    prior = CostModel.wan21_h200("1.3B", layers=3)
+    points = tmp_path / "points.jsonl"
+    cal = calibrate_plan(make_sampler, prior, meta.shapes, measure, points_file=points,
+                         header={"gpu": "fake"}, progress=False)  # fmt: skip
+    assert cal.meta["converged"]
+    shares = cal.cost_model.measured_shares
+    assert shares and {d for _, _, d in calls} > {1}
+    for (s, b, d), ms in shares.items():
+        shape = next(sh for bb, sh, dd in calls if dd == d and bb == b and wan_seq_len(*sh) == s)
+        assert ms == measure(b, shape, d)[0]
+    kinds = plan_kinds(make_sampler(cal.cost_model), meta.shapes)
+    assert set(kinds) <= set(cal.cost_model.measured) | set(shares)
+    assert all(p.predicted_ms is None for p in cal.points if p.degree > 1)
+    calls.clear()
+    resumed = calibrate_plan(make_sampler, prior, meta.shapes, measure, points_file=points,
+                             header={"gpu": "fake"}, progress=False)  # fmt: skip
+    assert calls == [] and resumed.cost_model.measured_shares == shares
+
+
 def test_plan_aware_calibration_resumes_an_interrupted_run(tmp_path):
     meta, make_sampler, measure, calls = plan_setup(seed=4)
     prior = CostModel.wan21_h200("1.3B", layers=3)
@@ -205,6 +246,14 @@ def test_plan_aware_calibrate_cli_on_cpu_tiny_model(tmp_path, capsys):
     assert main([*args.split(), "--out", str(out)]) == 0
     again = json.loads(out.read_text())["meta"]
     assert again["kinds_resumed"] == again["kinds_measured"] == d["meta"]["kinds_measured"]
+    # With sequence parallelism: the clips over --max-tokens are split, their shares measured
+    # (one member's share of the tiny Wan on the CPU) and kept as measured shares.
+    sp = tmp_path / "cost_sp.json"
+    assert main([*args.split(), "--sequence-parallel", "2", "--max-tokens", "40",
+                 "--out", str(sp)]) == 0  # fmt: skip
+    model = CostModel.from_json(sp)
+    assert model.measured_shares and {d for _, _, d in model.measured_shares} == {2}
+    assert " 2 " in capsys.readouterr().out
 
 
 # -- time and peak memory per (S, B, checkpointed blocks) ------------------------------------
@@ -373,3 +422,36 @@ def test_calibrate_cli_memory_model_needs_cuda(tmp_path, capsys):
     rc = main([*args.split(), "--out", str(tmp_path / "c.json"), "--memory-model", str(mem)])
     assert rc == 0
     assert "measured on CUDA only" in capsys.readouterr().out and not mem.exists()
+
+
+@pytest.mark.distributed
+def test_calibrate_comm_measures_all_to_all_and_the_sampler_uses_it(tmp_path, capsys):
+    """``calibrate --comm`` over 4 gloo CPU processes: a rate per degree (2, 4), stored in the
+    cost model with the cost per token the sampler then plans split micro-batches with; one
+    rank is refused with a message saying why."""
+    from adaptiveload.cli import main
+    from adaptiveload.comm import measure_comm
+    from adaptiveload.cost import sequence_parallel_comm_of, ulysses_comm_per_token
+
+    out = tmp_path / "cost.json"
+    CostModel.wan21_h200("1.3B", layers=3).to_json(out)
+    args = f"calibrate --comm --comm-ranks 4 --device cpu --layers 3 --out {out}".split()
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "all-to-all over 2 ranks" in text and "all-to-all over 4 ranks" in text
+    model = CostModel.from_json(out)
+    rates = {int(d): r for d, r in model.meta["all_to_all_bytes_per_s"].items()}
+    assert set(rates) == {2, 4} and all(r > 0 for r in rates.values())
+    comm = sequence_parallel_comm_of(model)
+    assert comm == pytest.approx(ulysses_comm_per_token(1536, 3, bytes_per_s=rates[4]))
+    assert model.measured == {} and model.meta["source"] == "wan21_h200:1.3B"
+    lens = np.array([1560] * 60 + [32760] * 8)
+    plans = [
+        AdaptiveBatchSampler(lens, 80000, cost_model=model, num_replicas=4, rank=0,
+                             uneven_counts=True, sequence_parallel=4, **kw).plan()
+        for kw in ({}, {"sequence_parallel_comm": comm}, {"sequence_parallel_comm": 0.0})
+    ]  # fmt: skip
+    assert np.array_equal(plans[0].costs, plans[1].costs)  # the default is the measured one
+    assert not np.array_equal(plans[0].costs, plans[2].costs)
+    with pytest.raises(ValueError, match="needs at least 2 ranks"):
+        measure_comm(1)

@@ -242,3 +242,60 @@ def test_labels_without_sequence_parallelism_name_the_rank():
     got = list(s.micro_batches(loader))
     assert got and all((m.degree, m.member, m.rank) == (1, 0, 3) for m in got)
     assert all(list(m.group_ranks) == [3] for m in got)
+
+
+def test_measured_shares_steer_the_degrees():
+    """A cost model with measured shares (S, B, d): the planner prices a split micro-batch of
+    that kind at what was measured. Shares measured as dear as the whole keep the long clips
+    whole; measured at a quarter of it, the clips are split. The kinds survive a round trip
+    through JSON, and a bad degree is refused naming it."""
+    from adaptiveload import CostModel
+
+    lens = np.array([1560] * 120 + [32760] * 8)
+    fit = CostModel.wan21_h200("1.3B", layers=3)
+    clip = float(fit.batch_cost([32760]))
+
+    def degrees_of_clips(model):
+        p = make(lens, max_batch_size=1, cost_model=model, sequence_parallel_comm=0.0).plan()
+        return {
+            int(p.degrees[m]) for m in range(len(p.costs)) if p.tokens[m] * p.degrees[m] > 20000
+        }
+
+    dear = fit.with_measured({(32760, 1, d): clip * 1.5 for d in (2, 4, 8)})
+    cheap = fit.with_measured({(32760, 1, d): clip / d for d in (2, 4, 8)})
+    assert degrees_of_clips(dear) == {1}
+    assert degrees_of_clips(cheap) != {1}
+    assert dear.measured_shares == {(32760, 1, d): clip * 1.5 for d in (2, 4, 8)}
+    assert dear.measured == {}
+    both = fit.with_measured({(32760, 1): clip, (32760, 1, 2): clip / 2})
+    again = CostModel.from_dict(both.to_dict())
+    assert again.measured == {(32760, 1): clip} and again.measured_shares == {
+        (32760, 1, 2): clip / 2
+    }
+    with pytest.raises(ValueError, match="degree"):
+        fit.with_measured({(32760, 1, 3): 1.0})
+
+
+def test_refinement_keeps_measured_shares_and_never_learns_a_share_as_a_whole():
+    """record_time with sequence parallelism names the degree it ran at: a share (d > 1) is
+    not learned as the whole micro-batch's time (it would halve what a clip seems to cost);
+    a degree-1 micro-batch is learned as before; the calibrated shares outlive the update."""
+    from adaptiveload import CostModel
+
+    lens = np.array([1560] * 120 + [32760] * 8)
+    fit = CostModel.wan21_h200("1.3B", layers=3)
+    model = fit.with_measured({(32760, 1, 2): 123.0})
+    s = make(lens, max_batch_size=1, cost_model=model)
+    s.set_epoch(0)
+    with pytest.raises(ValueError, match="record_time: degree"):
+        s.record_time([120], 50.0)
+    assert not s.record_time([120], 50.0, degree=2)
+    assert s.record_time([0], 12.0, degree=1)
+    s.update_cost_model()
+    s.set_epoch(1)
+    assert s.cost_model.measured == {(1560, 1): 12.0}
+    assert s.cost_model.measured_shares == {(32760, 1, 2): 123.0}
+    with pytest.raises(ValueError, match="record_time: degree"):
+        s.record_time([0], 42.0, degree=16)
+    whole = make(lens, max_batch_size=1, sequence_parallel=1)
+    assert whole.record_time([0], 42.0)

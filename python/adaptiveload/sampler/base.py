@@ -286,13 +286,18 @@ class PlannedBatchSampler(Sampler[list[int]]):
         is it with the learned kinds of the current epoch."""
         return self.options.cost_model
 
-    def record_time(self, indices, ms: float) -> bool:
+    def record_time(self, indices, ms: float, degree: int | None = None) -> bool:
         """Record the measured forward+backward time of one micro-batch this rank trained.
 
         Args:
             indices: the micro-batch as the sampler yielded it (list, array or tensor of
                 dataset indices).
             ms: its time in milliseconds, a finite number > 0.
+            degree: with ``sequence_parallel`` > 1, the degree it ran at
+                (``MicroBatch.degree``), required there: a share of a split micro-batch is
+                not learned (False), so that it never stands for the whole one; the shares
+                are priced by the cost model's measured shares (``calibrate
+                --sequence-parallel``).
 
         Returns True when recorded: its kind is ``(seq_len, batch)`` when all its samples
         have ``seq_len`` tokens; a micro-batch of mixed lengths has no kind and is not
@@ -302,6 +307,16 @@ class PlannedBatchSampler(Sampler[list[int]]):
             raise ValueError(
                 f"record_time: ms must be a finite number > 0 (milliseconds), got {ms!r}"
             )
+        top = self.options.sequence_parallel
+        if (degree is None and top > 1) or (
+            degree is not None and (degree not in [2**k for k in range(11)] or degree > top)
+        ):
+            raise ValueError(
+                f"record_time: degree must be the degree the micro-batch ran at "
+                f"(MicroBatch.degree: a power of two <= sequence_parallel = {top}), got {degree!r}"
+            )
+        if top > 1 and degree > 1:
+            return False
         idx = self._indices(indices, "record_time")
         lens = self.seq_lens[idx]
         seq_len = int(lens[0])

@@ -152,7 +152,7 @@ class Refinement:
         base = self.base
         if cap is None and len(kinds) >= REFIT_MIN_KINDS:
             base = refit(kinds, base)
-        return base.with_measured(kinds), held
+        return base.with_measured({**kinds, **self.base.measured_shares}), held
 
     def measured_over_fitted(self) -> float | None:
         if not self.pending:
