@@ -61,8 +61,15 @@ class ShareTimer:
         from adaptiveload.calibrate import WanTimer
         from adaptiveload.parallel import ONE_DEVICE, split_sequence
 
-        self.timer = WanTimer(config, layers=layers, dtype=torch.bfloat16, fused=False, warmup=1,
-                              repeat=3, activation_checkpointing=True)  # fmt: skip
+        # The project's fused adaLN inside the split blocks where its kernels are built.
+        try:
+            import adaptiveload._C  # noqa: F401
+
+            fused = True
+        except ImportError:
+            fused = False
+        self.timer = WanTimer(config, layers=layers, dtype=torch.bfloat16, fused=fused,
+                              warmup=1, repeat=3, activation_checkpointing=True)  # fmt: skip
         self.meta = self.timer.meta
         self._split, self._one = split_sequence, ONE_DEVICE
 

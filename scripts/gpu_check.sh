@@ -4,7 +4,7 @@
 #
 #   bash scripts/gpu_check.sh [build] [test] [bench] [host] [tune] [profile] [e2e] [replay]
 #                             [uneven] [calibrate] [memory] [train_memory] [diffsynth_step]
-#                             [hostprof] [mix] [convergence] [families] [rms]
+#                             [hostprof] [mix] [convergence] [families] [rms] [sp] [keep]
 #                                                             (default: build test bench host)
 #
 # Results go to $OUT (or ./out): logs, and the benchmarks' CSVs (copy them to
@@ -94,7 +94,7 @@ PY
       # TEST_ARGS is split like a shell line, so quoted -k expressions work.
       eval "extra=(${TEST_ARGS:-})"
       run_step test ours timeout "${TEST_TIMEOUT:-420}" $PY -m pytest tests/python/test_ops.py tests/python/test_ops_properties.py tests/python/test_ops_tables.py tests/python/test_ops_cuda.py \
-        tests/python/test_wan_integration.py -q -rs -p no:cacheprovider "${extra[@]}"
+        tests/python/test_wan_integration.py tests/python/test_split_sequence.py -q -rs -p no:cacheprovider "${extra[@]}"
       ;;
     bench)
       eval "extra=(${BENCH_ARGS:---no-compile})"
@@ -152,6 +152,22 @@ PY
         --uneven --worlds 8 --ks 4 --max-batch-size 1 --out "$OUT/uneven_b1"
       run_step uneven ours timeout "${UNEVEN_TIMEOUT:-240}" $PY benchmarks/replay_wan.py \
         --uneven --worlds 8 --ks 4 --out "$OUT/uneven"
+      ;;
+    sp)
+      # Issue 35: sequence parallelism per micro-batch, replayed (benchmarks/replay_sp.py):
+      # every arm calibrated plan-aware on its own epoch 0, scored on epoch 1.
+      eval "extra=(${SP_ARGS:-})"
+      run_step sp ours timeout "${SP_TIMEOUT:-540}" $PY benchmarks/replay_sp.py \
+        --out "$OUT/sp" "${extra[@]}"
+      ;;
+    keep)
+      # The built extensions, stripped, back through $OUT (in pieces of 15 MiB where larger),
+      # to carry into the next call: cat the pieces back into python/adaptiveload/.
+      for so in python/adaptiveload/*.so; do
+        strip --strip-debug "$so"
+        split -b 15M -d "$so" "$OUT/$(basename "$so")."
+      done
+      ls -la "$OUT"/*.so.*
       ;;
     mix)
       # Issue 25: the mix_tolerance frontier, replayed (benchmarks/replay_mix.py).

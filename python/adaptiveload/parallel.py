@@ -146,8 +146,9 @@ def seq_to_heads(x: torch.Tensor, group, sizes: list[int], member: int) -> torch
         raise ValueError(
             f"sequence parallelism over {d} ranks needs heads divisible by {d}, got {h}"
         )
-    if group is ONE_DEVICE:
-        return x[:, :, : h // d].repeat(1, d, 1, 1)[:, : sum(sizes)]
+    if group is ONE_DEVICE:  # this member's tokens stand in for every member's
+        reps = -(-sum(sizes) // s)
+        return x[:, :, : h // d].repeat(1, reps, 1, 1)[:, : sum(sizes)]
     send = x.reshape(b, s, d, h // d, dh).permute(2, 1, 0, 3, 4).reshape(d * s, b, h // d, dh)
     out = _AllToAll.apply(send, group, [s] * d, list(sizes))
     return out.permute(1, 0, 2, 3)
@@ -243,7 +244,7 @@ class _WanSplit:
             return None
         group, _, member = self.current
         if group is ONE_DEVICE:
-            return out.repeat(1, len(self.sizes), 1)[:, : self.full]
+            return out.repeat(1, -(-self.full // out.shape[1]), 1)[:, : self.full]
         return _GatherTokens.apply(out, group, self.sizes, member)
 
 

@@ -142,9 +142,9 @@ def test_one_device_share_runs_a_members_shapes():
     before = model(**inputs, return_dict=False)[0]
     before.square().mean().backward()
     reached = {n for n, p in model.named_parameters() if p.grad is not None}
-    for d in (2, 4):
+    for d, member in ((2, 0), (4, 0), (2, 1), (4, 3)):  # 45 tokens: the last members hold fewer
         model.zero_grad(set_to_none=True)
-        with split_sequence(model, ONE_DEVICE, d, 0):
+        with split_sequence(model, ONE_DEVICE, d, member):
             out = model(**inputs, return_dict=False)[0]
         assert out.shape == x.shape
         out.square().mean().backward()
@@ -155,3 +155,30 @@ def test_one_device_share_runs_a_members_shapes():
     with pytest.raises(ValueError, match="does not divide the model's 4 attention heads"):
         with split_sequence(model, ONE_DEVICE, 8, 0):
             pass
+
+
+@pytest.mark.cuda
+def test_fused_kernels_inside_a_split_share_match_diffusers_norms():
+    """On the GPU, the project's fused adaLN kernels inside a split block: one member's share
+    (``ONE_DEVICE``, d = 2 and 4, a length divisible by neither) with the fused ops gives the
+    output and every gradient of the same share with diffusers' own norms (fp32)."""
+    import copy
+
+    from adaptiveload.integrations.diffusers import apply_fused_ops
+
+    plain = _model().cuda()
+    fused = apply_fused_ops(copy.deepcopy(plain))
+    inputs = {k: v.cuda() for k, v in _inputs(plain, SHAPES["odd"], 11).items()}
+    for d in (2, 4):
+        outs, grads = [], []
+        for model in (plain, fused):
+            model.zero_grad(set_to_none=True)
+            with split_sequence(model, ONE_DEVICE, d, 1):
+                out = model(**inputs, return_dict=False)[0]
+            out.square().mean().backward()
+            outs.append(out.detach())
+            grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-5)
+        assert grads[1].keys() == grads[0].keys()
+        for name, g in grads[0].items():
+            torch.testing.assert_close(grads[1][name], g, rtol=1e-3, atol=1e-5, msg=name)
