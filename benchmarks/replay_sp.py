@@ -53,13 +53,13 @@ class FakeShare:
 
 class ShareTimer:
     """ms of forward+backward of one member's share of a micro-batch of ``batch`` samples of
-    ``shape`` split ``degree`` ways, on this GPU (WanTimer inside split_sequence(ONE_DEVICE))."""
+    ``shape`` split ``degree`` ways, on this GPU (``WanTimer(..., degree=)``, which runs it
+    inside ``split_sequence(ONE_DEVICE)``)."""
 
     def __init__(self, config: str, layers: int):
         import torch
 
         from adaptiveload.calibrate import WanTimer
-        from adaptiveload.parallel import ONE_DEVICE, split_sequence
 
         # The project's fused adaLN inside the split blocks where its kernels are built.
         try:
@@ -71,11 +71,9 @@ class ShareTimer:
         self.timer = WanTimer(config, layers=layers, dtype=torch.bfloat16, fused=fused,
                               warmup=1, repeat=3, activation_checkpointing=True)  # fmt: skip
         self.meta = self.timer.meta
-        self._split, self._one = split_sequence, ONE_DEVICE
 
     def __call__(self, batch, shape, degree):
-        with self._split(self.timer.model, self._one, degree, 0):
-            return self.timer(batch, tuple(int(v) for v in shape))[0]
+        return self.timer(batch, tuple(int(v) for v in shape), degree=degree)[0]
 
 
 def listings(plan, lens):

@@ -455,3 +455,17 @@ def test_calibrate_comm_measures_all_to_all_and_the_sampler_uses_it(tmp_path, ca
     assert not np.array_equal(plans[0].costs, plans[2].costs)
     with pytest.raises(ValueError, match="needs at least 2 ranks"):
         measure_comm(1)
+
+
+def test_timer_at_a_degree_runs_one_members_share_then_the_whole_again():
+    """``ModelTimer(..., degree=d)`` times one member's share: every block sees 1/d of the
+    tokens; the next call at degree 1 times the whole micro-batch again."""
+    pytest.importorskip("diffusers")
+    timer = tiny_timer(activation_checkpointing=True)
+    seen = []
+    for block in timer.model.blocks:
+        block.register_forward_hook(lambda m, a, out: seen.append(out.shape[1]))
+    for degree, tokens in ((1, 72), (2, 36), (1, 72)):
+        seen.clear()
+        ms, _ = timer(1, (9, 64, 96), degree=degree)
+        assert ms > 0 and set(seen) == {tokens}, (degree, seen)
