@@ -233,8 +233,8 @@ class _WanSplit:
             self.cut = token_share(self.full, self.current[1], self.current[2])
         if temb.ndim == 4 and temb.shape[1] == self.full:
             raise NotImplementedError("split_sequence: per-token timesteps are not supported")
-        if hidden.shape[1] == self.full:
-            hidden = hidden[:, self.cut]
+        if hidden.shape[1] == self.full:  # contiguous: fused kernels take rows back to back
+            hidden = hidden[:, self.cut].contiguous()
         if rope is not None and rope[0].shape[1] == self.full:
             rope = (rope[0][:, self.cut], rope[1][:, self.cut])
         return hidden, text, temb, rope

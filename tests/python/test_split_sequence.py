@@ -161,14 +161,16 @@ def test_one_device_share_runs_a_members_shapes():
 def test_fused_kernels_inside_a_split_share_match_diffusers_norms():
     """On the GPU, the project's fused adaLN kernels inside a split block: one member's share
     (``ONE_DEVICE``, d = 2 and 4, a length divisible by neither) with the fused ops gives the
-    output and every gradient of the same share with diffusers' own norms (fp32)."""
+    output and every gradient of the same share with diffusers' own norms (fp32), for a batch
+    of two samples."""
     import copy
 
     from adaptiveload.integrations.diffusers import apply_fused_ops
 
     plain = _model().cuda()
     fused = apply_fused_ops(copy.deepcopy(plain))
-    inputs = {k: v.cuda() for k, v in _inputs(plain, SHAPES["odd"], 11).items()}
+    two = [_inputs(plain, SHAPES["odd"], seed) for seed in (11, 12)]  # batch 2: a cut is strided
+    inputs = {k: torch.cat([two[0][k], two[1][k]]).cuda() for k in two[0]}
     for d in (2, 4):
         outs, grads = [], []
         for model in (plain, fused):
