@@ -182,11 +182,15 @@ def main(argv=None) -> int:
     ap.add_argument("--epoch", type=int, default=1, help="the epoch scored (calibrated on 0)")
     ap.add_argument("--max-rounds", type=int, default=4, help="of each arm's calibration")
     ap.add_argument("--builtin", action="store_true", help="plan with the built-in profile")
+    ap.add_argument("--render", metavar="DIR", help="only render a run's DIR/sp.csv and "
+                    "DIR/setup.json (the figure, and RESULTS.md with --write)")  # fmt: skip
     ap.add_argument("--fake", action="store_true", help="a synthetic GPU (dry run, any machine)")
     ap.add_argument("--out", default="out/sp")
     ap.add_argument("--write", action="store_true", help="store the CSV under benchmarks/results")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.render:
+        return render(args.render, args.out, args.write)
     if args.data == "demo":  # the `plan --demo` mix (joint-pretrain, seed 0)
         from adaptiveload.demo import demo_metadata
 
@@ -211,6 +215,8 @@ def main(argv=None) -> int:
              "epoch": args.epoch,
              **timer.meta}  # fmt: skip
     print("setup:", json.dumps(setup), flush=True)
+    with open(os.path.join(args.out, "setup.json"), "w") as f:
+        json.dump(setup, f)
 
     # Each arm plans with a cost model calibrated on its own plans of epoch 0 (plan-aware, the
     # split micro-batches measured as shares) and is scored on epoch --epoch; the built-in
@@ -295,6 +301,27 @@ def main(argv=None) -> int:
     return 0
 
 
+def render(run: str, out: str, write_too: bool) -> int:
+    """The figure (and with ``write_too`` the results) of a run's rows and setup."""
+    import csv
+
+    with open(os.path.join(run, "setup.json")) as f:
+        setup = json.load(f)
+    rows = []
+    with open(os.path.join(run, "sp.csv")) as f:
+        for r in csv.DictReader(f):
+            row = {
+                k: (v if k in ("arm", "batch") else float(v) if v else None) for k, v in r.items()
+            }
+            row["ranks"], row["K"] = int(row["ranks"]), int(row["K"])
+            row["batch"] = int(row["batch"]) if row["batch"] != "packed" else "packed"
+            rows.append(row)
+    figure(rows, os.path.join(out, "sp.png"))
+    if write_too:
+        write(rows, setup)
+    return 0
+
+
 def figure(rows, path):
     """Speed over today's plan against composition distance (vs a shuffle), with and without
     sequence parallelism, one panel per world size."""
@@ -341,12 +368,17 @@ def write(rows, setup):
     meta = {
         "date": str(date.today()),
         "machine": setup.get("device", ""),
-        "command": "python benchmarks/replay_sp.py --write",
-        "setup": f"held-out mix, {setup['samples']} samples, max_tokens {setup['max_tokens']}, "
-        f"{setup['layers']} blocks, sequence_parallel {setup['degree']}, all-to-all modeled at "
-        f"{setup['comm_ms_per_token']:.2e} ms per token",
+        "command": f"python benchmarks/replay_sp.py --config {setup['config']} --degree "
+        f"{setup['degree']} --layers {setup['layers']} --data {setup['data']} --write",
+        "setup": f"{setup['data']} mix, {setup['samples']} samples, max_tokens "
+        f"{setup['max_tokens']}, {setup['config']}, {setup['layers']} block(s), "
+        f"{'fused adaLN' if setup.get('fused') else 'diffusers adaLN'}, sequence_parallel "
+        f"{setup['degree']}, cost models {setup.get('cost_model', 'built-in')}, epoch "
+        f"{setup.get('epoch', 1)} scored, all-to-all modeled at {setup['comm_ms_per_token']:.2e} "
+        "ms per token",
     }
-    print("wrote", write_results(f"{gpu}/replay_sp.csv", head, out, meta))
+    name = "replay_sp" + ("_demo" if setup["data"] == "demo" else "")
+    print("wrote", write_results(f"{gpu}/{name}.csv", head, out, meta))
 
 
 if __name__ == "__main__":

@@ -62,11 +62,12 @@ def all_to_all_bytes_per_s(
 
 
 def _worker(rank: int, world: int, port: int, backend: str, message_bytes: int, out: str):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, rank=rank, world_size=world)
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
     try:
         rates = {}
         d = 2
