@@ -22,6 +22,13 @@ rank's count (sampler.micro_batches_in_step), the normalizer above is unchanged,
 are still synchronized once per step (DDP: the all-reduce after the step's last micro-batch;
 FSDP2: parameters stay gathered through the step, reduce-scatter at its last backward).
 
+Sequence parallelism (--sequence-parallel D or auto; DDP): the plan gives each micro-batch a
+degree d and a group of d ranks; each member runs it inside adaptiveload.parallel.split_sequence
+(its 1/d of the tokens, Ulysses attention over the group) and computes the loss on the gathered
+output, whose backward sends back its own tokens' gradient only, so the summed gradients are the
+whole micro-batch's; the step's normalizer is unchanged, and a split micro-batch's loss, samples
+and tokens are counted once (on its member 0). The log's "degrees" gives each listing's degree.
+
 Online refinement (--refine-cost-model, on by default with the adaptive sampler): each
 micro-batch's measured forward+backward time is recorded in the sampler, and at each
 epoch's end the ranks fold their records into the cost model the next epoch plans with
@@ -81,6 +88,7 @@ from wan_training import (  # noqa: E402 - beside this script
 from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler, MemoryModel
 from adaptiveload.composition import step_composition
 from adaptiveload.models.checkpointing import set_checkpointed_blocks
+from adaptiveload.parallel import SequenceParallelGroups, split_sequence
 from adaptiveload.wan import CONFIGS, PATCH
 
 
@@ -122,6 +130,14 @@ def parse_args(argv=None):
     )
     ap.add_argument(
         "--max-batch-size", type=int, default=None, help="samples per micro-batch at most"
+    )
+    ap.add_argument(
+        "--sequence-parallel",
+        default="1",
+        help="D, or 'auto' (the largest power of two <= 8 dividing the world size and the "
+        "model's heads): the planner gives each micro-batch a degree d <= D and a group of d "
+        "ranks that run it together, each on 1/d of its tokens (Ulysses attention; turns on "
+        "--uneven-counts; DDP)",
     )
     ap.add_argument("--lookahead-steps", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=1)
@@ -173,11 +189,37 @@ def parse_args(argv=None):
         ap.error(
             "--memory-budget chooses checkpointing per micro-batch; drop --activation-checkpointing"
         )
+    if args.sequence_parallel != "auto":
+        try:
+            args.sequence_parallel = int(args.sequence_parallel)
+        except ValueError:
+            ap.error(
+                f"--sequence-parallel must be 'auto' or an int, got {args.sequence_parallel!r}"
+            )
+    if args.sequence_parallel != 1:
+        if args.sampler != "adaptive" or args.parallel != "ddp" or args.memory_budget is not None:
+            ap.error(
+                "--sequence-parallel needs --sampler adaptive and --parallel ddp, without "
+                "--memory-budget (FSDP2 and the memory policy are not covered yet)"
+            )
+        args.uneven_counts = True
     if args.uneven_counts and args.sampler != "adaptive":
         ap.error("--uneven-counts needs --sampler adaptive")
     if args.refine_cost_model is None:
         args.refine_cost_model = args.sampler == "adaptive"
     return args
+
+
+def sequence_parallel_degree(arg, world: int, config: str) -> int:
+    """``--sequence-parallel``: the number given, or for 'auto' the largest power of two <= 8
+    (one node's GPUs) dividing the world size and the model's attention heads."""
+    if arg != "auto":
+        return int(arg)
+    heads = CONFIGS[config]["num_attention_heads"]
+    d = 1
+    while 2 * d <= 8 and world % (2 * d) == 0 and heads % (2 * d) == 0:
+        d *= 2
+    return d
 
 
 def main(argv=None):
@@ -197,6 +239,8 @@ def main(argv=None):
         args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     ]
 
+    degree = sequence_parallel_degree(args.sequence_parallel, world, args.config)
+    groups = SequenceParallelGroups(degree) if degree > 1 else None
     data = LatentDataset(args.data, seed=args.seed)
     seq_lens = data.seq_lens
     memory = MemoryModel.load(args.memory_model) if args.memory_model else None
@@ -234,6 +278,7 @@ def main(argv=None):
             cost_model=cost,
             lookahead_steps=args.lookahead_steps,
             uneven_counts=args.uneven_counts,
+            **({"sequence_parallel": degree} if degree > 1 else {}),
             **common,
             **(
                 {"memory_model": memory, "memory_budget_gib": plan_budget}
@@ -362,6 +407,7 @@ def main(argv=None):
                     loss_sum = torch.zeros((), device=device)
                     samples = tokens = 0
                     batches = []
+                    degrees = []  # of each micro-batch (1 unless split)
                     micro_batch_ms = []  # forward+backward of each micro-batch
                     # Per micro-batch: (start, inputs on GPU, end) events; model time =
                     # end - inputs.
@@ -389,8 +435,13 @@ def main(argv=None):
                     marks.append(torch.cuda.Event(enable_timing=True))
                     marks[-1].record()
                 t_micro = time.perf_counter()
+                d, member, split = 1, 0, nullcontext()
+                if groups is not None:  # this micro-batch's degree and this rank's share
+                    m = plan.micro_batch_id(step, rank, k)
+                    d, member = int(plan.degrees[m]), int(plan.members[m])
+                    split = split_sequence(inner, groups.group(rank, d), d, member)
                 try:
-                    with sync:
+                    with sync, split:
                         scale = world if args.parallel == "fsdp" else 1  # FSDP averages over ranks
                         loss = flow_matching_loss(model, batch, device, dtype, normalizer, marks)
                         (loss * scale).backward()
@@ -415,9 +466,11 @@ def main(argv=None):
                     policy.check_peak(lens_k, n_ckpt, peak_k)
                     step_peaks.append((int(n_ckpt), int(peak_k)))
                 batches.append(batch["index"].tolist())
-                samples += len(batch["index"])
-                tokens += int(lens_k.sum())
-                loss_sum += loss.detach()
+                degrees.append(d)
+                if member == 0:  # a split micro-batch counts once: its members' losses are one
+                    samples += len(batch["index"])
+                    tokens += int(lens_k.sum())
+                    loss_sum += loss.detach()
                 k += 1
             if on_cuda:
                 torch.cuda.synchronize(device)
@@ -430,9 +483,9 @@ def main(argv=None):
             model_s = sum(micro_batch_ms) / 1000 if marks else 0.0
             warming_up = steps_run < args.warmup_steps  # this process's first steps
             if args.refine_cost_model and not warming_up:
-                for idx, ms in zip(batches, micro_batch_ms, strict=True):
+                for idx, ms, d in zip(batches, micro_batch_ms, degrees, strict=True):
                     if ms > 0:
-                        sampler.record_time(idx, ms)
+                        sampler.record_time(idx, ms, **({"degree": d} if groups else {}))
             if ddp_manual and world > 1:
                 allreduce_gradients(params)
             optimizer.step()
@@ -459,8 +512,8 @@ def main(argv=None):
             gathered = [torch.zeros_like(stats) for _ in range(world)]
             dist.all_gather(gathered, stats)
             per_rank = [None] * world
-            dist.all_gather_object(per_rank, (batches, micro_batch_ms))
-            all_batches = [b for b, _ in per_rank]
+            dist.all_gather_object(per_rank, (batches, micro_batch_ms, degrees))
+            all_batches = [b for b, _, _ in per_rank]
             global_step += 1
             if rank == 0:
                 g = torch.stack(gathered).cpu()
@@ -480,13 +533,15 @@ def main(argv=None):
                     "samples": int(g[:, 3].sum()),
                     "tokens": int(g[:, 4].sum()),
                     "batches": all_batches,
-                    "micro_batch_ms": [ms for _, ms in per_rank],
+                    "micro_batch_ms": [ms for _, ms, _ in per_rank],
                 }
+                if groups is not None:  # a micro-batch of degree d is listed by its d ranks
+                    record["degrees"] = [d for _, _, d in per_rank]
                 if policy is not None:
                     record["checkpointed_and_peak"] = step_peaks  # rank 0's micro-batches
                 if not warming_up:
                     imbalances.append(record["imbalance"])
-                    for r, (_, times) in enumerate(per_rank):
+                    for r, (_, times, _) in enumerate(per_rank):
                         for k, ms in enumerate(times):
                             if ms > 0:
                                 errors.append(

@@ -6,6 +6,7 @@ Runs that are compared batch for batch pass --no-refine-cost-model: with refinem
 plans of later epochs depend on measured times."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -479,3 +480,43 @@ def test_out_of_memory_reruns_the_step_fully_checkpointed_without_counting_twice
     assert mem["oom_retries"] == 1 and mem["oom_fallback_kinds"] == 1
     # 8 micro-batches, the failed call, and the re-run of the step's first micro-batch.
     assert calls["n"] == 4 * 2 + 2, "the failed step ran again from its first micro-batch"
+
+
+def test_sequence_parallel_auto_trains_clips_longer_than_one_gpu_holds(dataset, tmp_path):
+    """--sequence-parallel auto on 2 ranks (the tiny model's 2 heads: D = 2): the two clips of
+    315 tokens exceed --max-tokens 200 and train split over both ranks; each sample of an
+    epoch trains once (a split micro-batch is listed by both members), losses are finite, and
+    the run resumes exactly from its checkpoint."""
+    full, first, rest = (str(tmp_path / n) for n in ("full.jsonl", "first.jsonl", "rest.jsonl"))
+    common = ("--data", dataset, "--no-refine-cost-model", "--sequence-parallel", "auto",
+              "--max-batch-size", "1", "--max-tokens", "200", "--epochs", "1")  # fmt: skip
+    ckpt = str(tmp_path / "ckpt")
+    torchrun(*common, "--log-file", full)
+    log = read_log(full)
+    split, trained = set(), []
+    for rec in log:
+        for batches, degrees in zip(rec["batches"], rec["degrees"], strict=True):
+            for mb, d in zip(batches, degrees, strict=True):
+                if d == 1:
+                    trained += mb
+                else:
+                    split.add(tuple(mb))
+    trained += [i for mb in split for i in mb]
+    assert sorted(trained) == list(range(60)), "a sample trained twice or not at all"
+    lens = {i: n for i, n in enumerate(_seq_lens(dataset))}
+    assert {lens[i] for mb in split for i in mb} >= {315}, "the long clips did not run split"
+    assert all(math.isfinite(rec["loss"]) for rec in log)
+    half = len(log) // 2
+    torchrun(*common, "--max-steps", str(half), "--log-file", first, "--checkpoint-dir", ckpt)
+    torchrun(*common, "--log-file", rest, "--checkpoint-dir", ckpt, "--resume")
+    resumed = read_log(first) + read_log(rest)
+    assert [r["batches"] for r in resumed] == [r["batches"] for r in log]
+    for a, b in zip(log, resumed, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), f"step {a['global_step']}"
+
+
+def _seq_lens(dataset):
+    from adaptiveload.metadata import read_metadata
+    from adaptiveload.wan import wan_seq_len
+
+    return read_metadata(os.path.join(dataset, "metadata.csv"), wan_seq_len).seq_lens
