@@ -338,6 +338,20 @@ SECTIONS = [
             "the joint-pretrain mix.",
         ),
     ),
+    (
+        "How does planning scale with the epoch?",
+        lambda: copied(
+            "cpu/scale.csv",
+            "Planning at scale, today (the baseline of issue 36)",
+            "benchmarks/bench_scale.py: lengths of an image and video mix memory-mapped from a "
+            ".npy, rank processes of one node started together, 1,024 ranks, K = 4: each plans "
+            "the whole epoch before its first micro-batch and keeps it (peak memory includes "
+            "the ~0.45 GiB of importing torch).",
+            "The resume state holds two bits per sample (the excluded and consumed sets); "
+            "plans that stream by window, lengths shared by a node's processes and a state of "
+            "constant size are issue 36's work, not done yet.",
+        ),
+    ),
 ]
 
 

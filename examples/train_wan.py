@@ -22,7 +22,7 @@ rank's count (sampler.micro_batches_in_step), the normalizer above is unchanged,
 are still synchronized once per step (DDP: the all-reduce after the step's last micro-batch;
 FSDP2: parameters stay gathered through the step, reduce-scatter at its last backward).
 
-Sequence parallelism (--sequence-parallel D or auto; DDP): the plan gives each micro-batch a
+Sequence parallelism (--sequence-parallel D or auto; DDP or FSDP2): the plan gives each micro-batch a
 degree d and a group of d ranks; each member runs it inside adaptiveload.parallel.split_sequence
 (its 1/d of the tokens, Ulysses attention over the group) and computes the loss on the gathered
 output, whose backward sends back its own tokens' gradient only, so the summed gradients are the
@@ -137,7 +137,7 @@ def parse_args(argv=None):
         help="D, or 'auto' (the largest power of two <= 8 dividing the world size and the "
         "model's heads): the planner gives each micro-batch a degree d <= D and a group of d "
         "ranks that run it together, each on 1/d of its tokens (Ulysses attention; turns on "
-        "--uneven-counts; DDP)",
+        "--uneven-counts; DDP or FSDP2)",
     )
     ap.add_argument("--lookahead-steps", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=1)
@@ -197,10 +197,10 @@ def parse_args(argv=None):
                 f"--sequence-parallel must be 'auto' or an int, got {args.sequence_parallel!r}"
             )
     if args.sequence_parallel != 1:
-        if args.sampler != "adaptive" or args.parallel != "ddp" or args.memory_budget is not None:
+        if args.sampler != "adaptive" or args.memory_budget is not None:
             ap.error(
-                "--sequence-parallel needs --sampler adaptive and --parallel ddp, without "
-                "--memory-budget (FSDP2 and the memory policy are not covered yet)"
+                "--sequence-parallel needs --sampler adaptive, without --memory-budget (the "
+                "memory policy does not describe a share yet)"
             )
         args.uneven_counts = True
     if args.uneven_counts and args.sampler != "adaptive":

@@ -276,7 +276,9 @@ def split_sequence(model: nn.Module, group, degree: int, member: int) -> Iterato
     forward in its own context. Wan (diffusers' ``WanTransformer3DModel``), one sequence length
     per micro-batch, timesteps per sample; the first call installs hooks on the model."""
     inner = getattr(model, "module", model)  # DDP
-    if type(inner).__name__ != "WanTransformer3DModel":
+    # FSDP2's fully_shard gives the model a subclass (FSDPWanTransformer3DModel): look at the
+    # ancestry, by name (diffusers is optional here).
+    if "WanTransformer3DModel" not in {c.__name__ for c in type(inner).__mro__}:
         if degree == 1:
             yield
             return

@@ -485,8 +485,8 @@ def test_out_of_memory_reruns_the_step_fully_checkpointed_without_counting_twice
 def test_sequence_parallel_auto_trains_clips_longer_than_one_gpu_holds(dataset, tmp_path):
     """--sequence-parallel auto on 2 ranks (the tiny model's 2 heads: D = 2): the two clips of
     315 tokens exceed --max-tokens 200 and train split over both ranks; each sample of an
-    epoch trains once (a split micro-batch is listed by both members), losses are finite, and
-    the run resumes exactly from its checkpoint."""
+    epoch trains once (a split micro-batch is listed by both members), losses are finite, the
+    run resumes exactly from its checkpoint, and FSDP2 gives DDP's losses."""
     full, first, rest = (str(tmp_path / n) for n in ("full.jsonl", "first.jsonl", "rest.jsonl"))
     common = ("--data", dataset, "--no-refine-cost-model", "--sequence-parallel", "auto",
               "--max-batch-size", "1", "--max-tokens", "200", "--epochs", "1")  # fmt: skip
@@ -513,6 +513,12 @@ def test_sequence_parallel_auto_trains_clips_longer_than_one_gpu_holds(dataset, 
     assert [r["batches"] for r in resumed] == [r["batches"] for r in log]
     for a, b in zip(log, resumed, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), f"step {a['global_step']}"
+    # Under FSDP2 the same steps give the same losses (parameters gathered through the step).
+    fsdp = str(tmp_path / "fsdp.jsonl")
+    torchrun(*common, "--max-steps", str(half), "--log-file", fsdp, "--parallel", "fsdp")
+    for a, b in zip(log[:half], read_log(fsdp), strict=True):
+        assert a["batches"] == b["batches"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), f"fsdp step {a['global_step']}"
 
 
 def _seq_lens(dataset):

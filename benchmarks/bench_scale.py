@@ -1,0 +1,163 @@
+"""How does planning scale with the epoch? Time to the first micro-batch, memory per rank
+process, resume state and planning rate, for epochs of N samples (issue 36's baseline; CPU).
+
+The lengths are drawn once from an image and video mix (40% images of 1,560 tokens, clips of
+7,800-75,600) and written to a ``.npy`` under --dir; every rank process reads it memory-mapped.
+For each N, --procs rank processes of one node start together; each makes
+``AdaptiveBatchSampler(lengths, num_replicas=--ranks, rank=r)``, calls ``set_epoch(0)`` and
+reports: seconds to its first micro-batch, micro-batches per second while iterating the next
+--iterate, its peak resident memory, and the size of ``state_dict`` after them. A second part
+times the whole plan of N samples for the ranks against ``numpy.random.permutation(N)`` in the
+same process.
+
+    python benchmarks/bench_scale.py --sizes 1e6,1e7 --procs 2 [--write]
+
+The node's memory is the processes' peaks summed: each plans the whole epoch today.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import pickle
+import platform
+import resource
+import sys
+import time
+from datetime import date
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MAX_TOKENS = 151_200
+CLIPS = np.array([7_800, 14_040, 32_760, 75_600])
+
+
+def lengths_file(directory: str, n: int) -> str:
+    """The ``.npy`` of ``n`` lengths (drawn once, seed 0), written where missing."""
+    path = os.path.join(directory, f"lengths_{n}.npy")
+    if not os.path.exists(path):
+        os.makedirs(directory, exist_ok=True)
+        out = np.lib.format.open_memmap(path + ".tmp", mode="w+", dtype=np.int64, shape=(n,))
+        rng = np.random.default_rng(0)
+        for a in range(0, n, 1 << 24):
+            b = min(n, a + (1 << 24))
+            image = rng.random(b - a) < 0.4
+            out[a:b] = np.where(image, 1_560, rng.choice(CLIPS, b - a))
+        out.flush()
+        del out
+        os.replace(path + ".tmp", path)
+    return path
+
+
+def rank_process(path, ranks, rank, k, iterate, queue):
+    from adaptiveload import AdaptiveBatchSampler
+
+    lens = np.load(path, mmap_mode="r")
+    t0 = time.perf_counter()
+    s = AdaptiveBatchSampler(lens, MAX_TOKENS, num_replicas=ranks, rank=rank,
+                             micro_batches_per_step=k, drawn_is_trained=True)  # fmt: skip
+    s.set_epoch(0)
+    it = iter(s)
+    next(it)
+    first = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    done = 1
+    for _ in range(iterate):
+        if next(it, None) is None:
+            break
+        done += 1
+    rate = (done - 1) / max(time.perf_counter() - t1, 1e-9)
+    state = len(pickle.dumps(s.state_dict()))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    queue.put({"rank": rank, "first_s": first, "rate": rate, "peak": peak, "state": state})
+
+
+def node(path, ranks, procs, k, iterate):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    ps = [ctx.Process(target=rank_process, args=(path, ranks, r, k, iterate, queue))
+          for r in range(procs)]  # fmt: skip
+    for p in ps:
+        p.start()
+    out = [queue.get() for _ in ps]
+    for p in ps:
+        p.join()
+        if p.exitcode:
+            raise RuntimeError(f"a rank process failed ({p.exitcode})")
+    return out
+
+
+def whole_plan(path, ranks, k):
+    """Seconds to plan the whole epoch for ``ranks``, and numpy.random.permutation(N)'s."""
+    from adaptiveload import AdaptiveBatchSampler
+
+    lens = np.load(path, mmap_mode="r")
+    t0 = time.perf_counter()
+    s = AdaptiveBatchSampler(lens, MAX_TOKENS, num_replicas=ranks, rank=0,
+                             micro_batches_per_step=k)  # fmt: skip
+    s.set_epoch(0)
+    s.plan()
+    plan_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    np.random.default_rng(0).permutation(len(lens))
+    return plan_s, time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1e6,1e7", help="epochs' sample counts")
+    ap.add_argument("--ranks", type=int, default=1024, help="num_replicas")
+    ap.add_argument("--procs", type=int, default=2, help="rank processes started together")
+    ap.add_argument("--k", type=int, default=4, help="micro_batches_per_step")
+    ap.add_argument("--iterate", type=int, default=2000, help="micro-batches timed after the first")
+    ap.add_argument("--dir", default="/tmp/adaptiveload_scale", help="where the lengths go")
+    ap.add_argument("--write", action="store_true", help="store results/cpu/scale.csv")
+    args = ap.parse_args(argv)
+    sizes = [int(float(v)) for v in args.sizes.split(",")]
+    rows = []
+    print(f"{'samples':>13} {'first s':>8} {'mb/s':>8} {'peak/proc':>10} {'node':>9} "
+          f"{'state':>10} {'plan s':>7} {'perm s':>7} {'ratio':>6}")  # fmt: skip
+    for n in sizes:
+        path = lengths_file(args.dir, n)
+        per = node(path, args.ranks, args.procs, args.k, args.iterate)
+        plan_s, perm_s = whole_plan(path, args.ranks, args.k)
+        row = {
+            "samples": n,
+            "first_s": max(r["first_s"] for r in per),
+            "rate": min(r["rate"] for r in per),
+            "peak_gib": max(r["peak"] for r in per) / 2**30,
+            "node_gib": sum(r["peak"] for r in per) / 2**30,
+            "state_kib": max(r["state"] for r in per) / 2**10,
+            "plan_s": plan_s,
+            "perm_s": perm_s,
+        }
+        rows.append(row)
+        print(f"{n:>13,} {row['first_s']:>8.2f} {row['rate']:>8.0f} {row['peak_gib']:>9.2f}G "
+              f"{row['node_gib']:>8.2f}G {row['state_kib']:>8.1f}KB {plan_s:>7.2f} "
+              f"{perm_s:>7.3f} {plan_s / perm_s:>5.1f}x", flush=True)  # fmt: skip
+    if args.write:
+        sys.path.insert(0, HERE)
+        from make_results import write_results
+
+        head = ["samples", "first micro-batch (s)", "micro-batches/s while iterating",
+                "peak memory per process (GiB)", f"node of {args.procs} processes (GiB)",
+                "resume state (KiB)", f"whole plan, {args.ranks} ranks (s)",
+                "numpy permutation (s)", "plan / permutation"]  # fmt: skip
+        out = [[f"{r['samples']:,}", f"{r['first_s']:.2f}", f"{r['rate']:.0f}",
+                f"{r['peak_gib']:.2f}", f"{r['node_gib']:.2f}", f"{r['state_kib']:.1f}",
+                f"{r['plan_s']:.2f}", f"{r['perm_s']:.3f}", f"{r['plan_s'] / r['perm_s']:.1f}x"]
+               for r in rows]  # fmt: skip
+        meta = {
+            "date": str(date.today()),
+            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+            "command": f"python benchmarks/bench_scale.py --sizes {args.sizes} --procs "
+            f"{args.procs} --ranks {args.ranks} --k {args.k} --write",
+        }
+        print("wrote", write_results("cpu/scale.csv", head, out, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
