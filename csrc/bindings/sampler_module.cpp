@@ -80,11 +80,8 @@ struct BoundLayout {
   }
 };
 
-}  // namespace
-
-PYBIND11_MODULE(_sampler, m) {
-  m.doc() = "AdaptiveLoad sampler core (C++): cost model, epoch planning, rank balancing.";
-
+// CostModel: the fitted form, its floor and measured kinds (cost_model.h).
+void bind_cost_model(py::module_& m) {
   py::class_<CostModel>(m, "CostModel")
       .def_static("power", &CostModel::power, py::arg("p"), py::arg("coef") = 1.0)
       .def_static("polynomial", &CostModel::polynomial, py::arg("c0"), py::arg("c1"), py::arg("c2"),
@@ -145,7 +142,10 @@ PYBIND11_MODULE(_sampler, m) {
       .def_readonly("h0", &CostModel::h0)
       .def_readonly("hs", &CostModel::hs)
       .def("__repr__", &CostModel::describe);
+}
 
+// MemoryModel: peak memory and the checkpointing policy (memory_model.h).
+void bind_memory_model(py::module_& m) {
   py::class_<MemoryModel>(m, "MemoryModel")
       .def(py::init([](int64_t num_blocks, double m0, double mb, double mbk, double mt, double ma,
                        double mc, double mr, double margin, double recompute_share) {
@@ -181,7 +181,10 @@ PYBIND11_MODULE(_sampler, m) {
       .def_readonly("margin", &MemoryModel::margin)
       .def_readonly("recompute_share", &MemoryModel::recompute_share)
       .def("__repr__", &MemoryModel::describe);
+}
 
+// SampleTable: the lengths, groups and costs the planner reads (planner.h).
+void bind_sample_table(py::module_& m) {
   py::class_<SampleTable>(m, "SampleTable")
       .def(py::init([](const Int64Array& seq_lens, std::optional<Int64Array> group_ids,
                        const CostModel& cost, std::optional<MemoryModel> memory_model,
@@ -231,6 +234,10 @@ PYBIND11_MODULE(_sampler, m) {
       .def_property_readonly("has_memory_policy", &SampleTable::has_memory_policy);
 
   // The planner's options as one object; Python sets them by name.
+}
+
+// PlanOptions and plan_epoch: one epoch planned (planner.h).
+void bind_planning(py::module_& m) {
   py::class_<PlanOptions>(m, "PlanOptions")
       .def(py::init<>())
       .def_readwrite("max_tokens", &PlanOptions::max_tokens)
@@ -304,6 +311,10 @@ PYBIND11_MODULE(_sampler, m) {
       py::arg("table"), py::arg("options"), py::arg("exclude") = py::none());
 
   // The plan's index arithmetic (plan_layout.h), for adaptiveload.sampler.Plan.
+}
+
+// PlanLayout: a plan read by step and rank (plan_layout.h).
+void bind_plan_layout(py::module_& m) {
   py::class_<BoundLayout>(m, "PlanLayout")
       .def(py::init([](int64_t w, int64_t k, int64_t steps, std::optional<Int64Array> offsets) {
              if (w < 1 || k < 1 || steps < 0)
@@ -361,8 +372,10 @@ PYBIND11_MODULE(_sampler, m) {
             return to_numpy(b.get().first_of_every_rank(done));
           },
           py::arg("done"));
+}
 
-  // One step's degrees and groups (sequence_parallel.h), for tests and the replay.
+// One step's degrees and groups (sequence_parallel.h), for tests and the replay.
+void bind_sequence_parallel(py::module_& m) {
   m.def(
       "assign_with_degrees",
       [](DoubleArray costs, DoubleArray fixed, DoubleArray floor, Int64Array tokens,
@@ -377,7 +390,7 @@ PYBIND11_MODULE(_sampler, m) {
         adaptiveload::validate_sequence_parallel(sp, num_replicas);
         std::vector<adaptiveload::SpItem> items(n);
         for (py::ssize_t i = 0; i < n; ++i)
-          items[i] = {costs.data()[i], fixed.data()[i], floor.data()[i], tok[i], dmin[i]};
+          items[i] = {costs.data()[i], fixed.data()[i], floor.data()[i], tok[i], dmin[i], {}};
         const adaptiveload::SpStep st = adaptiveload::assign_with_degrees(items, num_replicas, sp);
         std::vector<int64_t> offsets{0}, order;
         for (const auto& r : st.rank_items) {
@@ -396,7 +409,10 @@ PYBIND11_MODULE(_sampler, m) {
       py::arg("costs"), py::arg("fixed"), py::arg("floor"), py::arg("tokens"),
       py::arg("min_degree"), py::arg("num_replicas"), py::arg("max_degree"),
       py::arg("comm_per_token") = 0.0, py::arg("comm_fraction") = 0.0);
+}
 
+// mark_samples: which samples a set of micro-batches holds (resume).
+void bind_mark_samples(py::module_& m) {
   m.def(
       "mark_samples",
       [](Int64Array ids, Int64Array offsets, Int64Array samples, UInt8Array padding, int64_t n) {
@@ -417,4 +433,17 @@ PYBIND11_MODULE(_sampler, m) {
         return out;
       },
       py::arg("ids"), py::arg("offsets"), py::arg("samples"), py::arg("padding"), py::arg("n"));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_sampler, m) {
+  m.doc() = "AdaptiveLoad sampler core (C++): cost model, epoch planning, rank balancing.";
+  bind_cost_model(m);
+  bind_memory_model(m);
+  bind_sample_table(m);
+  bind_planning(m);
+  bind_plan_layout(m);
+  bind_sequence_parallel(m);
+  bind_mark_samples(m);
 }

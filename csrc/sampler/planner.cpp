@@ -654,58 +654,85 @@ std::vector<int64_t> assign_uneven(const double* costs, int64_t n_items, int64_t
   return bin_of;
 }
 
-EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8_t* exclude) {
-  validate_options(o);
-  const int64_t n = table.size();
-  const int64_t W = o.num_replicas, K = o.micro_batches_per_step, per_step = W * K;
-  EpochPlan plan;
-  plan.num_replicas = W;
-  plan.micro_batches_per_step = K;
+namespace {
 
-  // 1. The samples of this epoch, grouped (a stable counting sort by group id), each
-  //    group then shuffled: the same as a full shuffle followed by a stable sort by
-  //    group, but every pass over the dataset reads it in order.
+// Throws std::invalid_argument saying why sample `i` exceeds a cap and how to let it in.
+[[noreturn]] void refuse_oversize(const SampleTable& table, const PlanOptions& o, int64_t i) {
+  const int64_t s = table.seq_len(i);
+  const double c = table.single_cost(i);
+  BatchStats one;
+  one.add(s, table.sample_cost(i));
+  if (!table.fits_memory(one)) {
+    const MemoryPolicy& mp = table.memory_policy();
+    const double peak = mp.model.peak(1, s, mp.model.num_blocks);
+    invalid("sample " + std::to_string(i) + " has " + std::to_string(s) + " tokens; with all " +
+            std::to_string(mp.model.num_blocks) + " blocks checkpointed its predicted peak is " +
+            std::to_string(peak / (1 << 20)) + " MiB, " +
+            std::to_string(peak * (1.0 + mp.model.margin) / (1 << 20)) +
+            " MiB with the margin of " + std::to_string(mp.model.margin) + ", over the budget of " +
+            std::to_string(mp.budget / (1 << 20)) +
+            " MiB (raise the memory budget, or skip such samples with on_oversize='skip')");
+  }
+  if (o.sequence_parallel.enabled() && s > o.max_tokens)
+    invalid("sample " + std::to_string(i) + " has " + std::to_string(s) +
+            " tokens: split over sequence_parallel = " +
+            std::to_string(o.sequence_parallel.max_degree) + " ranks, each share holds " +
+            std::to_string(share_tokens(s, o.sequence_parallel.max_degree, 0)) +
+            ", more than max_tokens = " + std::to_string(o.max_tokens) +
+            " (raise sequence_parallel or max_tokens, or skip such samples with "
+            "on_oversize='skip')");
+  if (s > o.max_tokens)
+    invalid("sample " + std::to_string(i) + " has " + std::to_string(s) +
+            " tokens, more than max_tokens = " + std::to_string(o.max_tokens) +
+            " (raise max_tokens, or skip such samples with on_oversize='skip')");
+  invalid("sample " + std::to_string(i) + " (" + std::to_string(s) +
+          " tokens) has predicted cost " + std::to_string(c) +
+          ", more than max_cost = " + std::to_string(o.max_cost) +
+          " (raise max_cost, or skip such samples with on_oversize='skip')");
+}
+
+// The plan's arrays from each slot's micro-batch (slot_item[slot]: its index into mbs).
+void flatten_slots(const SampleTable& table, const std::vector<int64_t>& bucketed,
+                   const std::vector<MicroBatch>& mbs, const std::vector<int64_t>& slot_item,
+                   EpochPlan& plan) {
+  const int64_t m = static_cast<int64_t>(slot_item.size());
+  plan.offsets.resize(m + 1);
+  plan.costs.resize(m);
+  plan.tokens.resize(m);
+  plan.padding.resize(m);
+  if (table.has_memory_policy()) plan.checkpointed.resize(m);
+  plan.samples.reserve(bucketed.size());
+  plan.offsets[0] = 0;
+  for (int64_t slot = 0; slot < m; ++slot) {
+    const MicroBatch& mb = mbs[slot_item[slot]];
+    plan.samples.insert(plan.samples.end(), bucketed.begin() + mb.begin, bucketed.begin() + mb.end);
+    plan.offsets[slot + 1] = static_cast<int64_t>(plan.samples.size());
+    plan.costs[slot] = mb.cost;
+    plan.tokens[slot] = mb.tokens;
+    plan.padding[slot] = mb.padding ? 1 : 0;
+    if (table.has_memory_policy()) plan.checkpointed[slot] = mb.checkpointed;
+  }
+}
+
+// The samples of this epoch within the caps (the others skipped or refused), grouped: a stable
+// counting sort by group id (group g is [group_begin[g], group_begin[g + 1])), each group then
+// shuffled. The same as a full shuffle followed by a stable sort by group, but every pass over
+// the dataset reads it in order.
+std::vector<int64_t> bucket_samples(const SampleTable& table, const PlanOptions& o,
+                                    const uint8_t* exclude, std::vector<int64_t>& group_begin,
+                                    EpochPlan& plan) {
+  const int64_t n = table.size();
   const int64_t G = table.num_groups();
-  std::vector<int64_t> group_begin(G + 1, 0);
+  group_begin.assign(G + 1, 0);
   std::vector<uint8_t> take(n, 0);
   for (int64_t i = 0; i < n; ++i) {
     if (exclude && exclude[i]) continue;
     if (table.exceeds_caps(i, o.max_tokens, o.max_cost, o.sequence_parallel.max_degree)) {
-      const int64_t s = table.seq_len(i);
-      const double c = table.single_cost(i);
       if (o.oversize == OversizePolicy::kSkip) {
         plan.skipped.push_back(i);
         continue;
       }
-      BatchStats one;
-      one.add(s, table.sample_cost(i));
-      if (!table.fits_memory(one)) {
-        const MemoryPolicy& mp = table.memory_policy();
-        const double peak = mp.model.peak(1, s, mp.model.num_blocks);
-        invalid("sample " + std::to_string(i) + " has " + std::to_string(s) + " tokens; with all " +
-                std::to_string(mp.model.num_blocks) +
-                " blocks checkpointed its predicted peak is " + std::to_string(peak / (1 << 20)) +
-                " MiB, " + std::to_string(peak * (1.0 + mp.model.margin) / (1 << 20)) +
-                " MiB with the margin of " + std::to_string(mp.model.margin) +
-                ", over the budget of " + std::to_string(mp.budget / (1 << 20)) +
-                " MiB (raise the memory budget, or skip such samples with on_oversize='skip')");
-      }
-      if (o.sequence_parallel.enabled() && s > o.max_tokens)
-        invalid("sample " + std::to_string(i) + " has " + std::to_string(s) +
-                " tokens: split over sequence_parallel = " +
-                std::to_string(o.sequence_parallel.max_degree) + " ranks, each share holds " +
-                std::to_string(share_tokens(s, o.sequence_parallel.max_degree, 0)) +
-                ", more than max_tokens = " + std::to_string(o.max_tokens) +
-                " (raise sequence_parallel or max_tokens, or skip such samples with "
-                "on_oversize='skip')");
-      if (s > o.max_tokens)
-        invalid("sample " + std::to_string(i) + " has " + std::to_string(s) +
-                " tokens, more than max_tokens = " + std::to_string(o.max_tokens) +
-                " (raise max_tokens, or skip such samples with on_oversize='skip')");
-      invalid("sample " + std::to_string(i) + " (" + std::to_string(s) +
-              " tokens) has predicted cost " + std::to_string(c) +
-              ", more than max_cost = " + std::to_string(o.max_cost) +
-              " (raise max_cost, or skip such samples with on_oversize='skip')");
+      refuse_oversize(table, o, i);
     }
     take[i] = 1;
     ++group_begin[table.group(i) + 1];
@@ -723,6 +750,21 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
     for (int64_t g = 0; g < G; ++g)
       shuffle_range(bucketed.data() + group_begin[g], group_begin[g + 1] - group_begin[g], rng);
   }
+  return bucketed;
+}
+
+}  // namespace
+
+EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8_t* exclude) {
+  validate_options(o);
+  const int64_t W = o.num_replicas, K = o.micro_batches_per_step, per_step = W * K;
+  EpochPlan plan;
+  plan.num_replicas = W;
+  plan.micro_batches_per_step = K;
+
+  // 1. The samples of this epoch, grouped and each group shuffled.
+  std::vector<int64_t> group_begin;
+  std::vector<int64_t> bucketed = bucket_samples(table, o, exclude, group_begin, plan);
 
   // 3. Micro-batches under both caps, then in random order.
   std::vector<MicroBatch> mbs = pack_groups(table, o, bucketed, group_begin);
@@ -846,22 +888,7 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
     flatten_listings(table, bucketed, mbs, listings, o.sequence_parallel, sp_info, plan);
     return plan;
   }
-  plan.offsets.resize(m + 1);
-  plan.costs.resize(m);
-  plan.tokens.resize(m);
-  plan.padding.resize(m);
-  if (table.has_memory_policy()) plan.checkpointed.resize(m);
-  plan.samples.reserve(bucketed.size());
-  plan.offsets[0] = 0;
-  for (int64_t slot = 0; slot < m; ++slot) {
-    const MicroBatch& mb = mbs[slot_item[slot]];
-    plan.samples.insert(plan.samples.end(), bucketed.begin() + mb.begin, bucketed.begin() + mb.end);
-    plan.offsets[slot + 1] = static_cast<int64_t>(plan.samples.size());
-    plan.costs[slot] = mb.cost;
-    plan.tokens[slot] = mb.tokens;
-    plan.padding[slot] = mb.padding ? 1 : 0;
-    if (table.has_memory_policy()) plan.checkpointed[slot] = mb.checkpointed;
-  }
+  flatten_slots(table, bucketed, mbs, slot_item, plan);
   return plan;
 }
 
