@@ -22,12 +22,10 @@ rank's count (sampler.micro_batches_in_step), the normalizer above is unchanged,
 are still synchronized once per step (DDP: the all-reduce after the step's last micro-batch;
 FSDP2: parameters stay gathered through the step, reduce-scatter at its last backward).
 
-Sequence parallelism (--sequence-parallel D or auto; DDP or FSDP2): the plan gives each micro-batch a
-degree d and a group of d ranks; each member runs it inside adaptiveload.parallel.split_sequence
-(its 1/d of the tokens, Ulysses attention over the group) and computes the loss on the gathered
-output, whose backward sends back its own tokens' gradient only, so the summed gradients are the
-whole micro-batch's; the step's normalizer is unchanged, and a split micro-batch's loss, samples
-and tokens are counted once (on its member 0). The log's "degrees" gives each listing's degree.
+Sequence parallelism (--sequence-parallel D or auto; DDP or FSDP2): each member of a micro-batch's
+group runs it in adaptiveload.parallel.split_sequence (its 1/d of the tokens; the loss on the
+gathered output, whose backward keeps its own tokens' gradient); the normalizer is unchanged and
+a split micro-batch's loss, samples and tokens count once. The log's "degrees": each listing's d.
 
 Online refinement (--refine-cost-model, on by default with the adaptive sampler): each
 micro-batch's measured forward+backward time is recorded in the sampler, and at each
@@ -81,6 +79,7 @@ from wan_training import (  # noqa: E402 - beside this script
     epoch_summary,
     flow_matching_loss,
     load_checkpoint_state,
+    sequence_parallel_degree,
     warm_shapes,
     wrap,
 )
@@ -134,10 +133,8 @@ def parse_args(argv=None):
     ap.add_argument(
         "--sequence-parallel",
         default="1",
-        help="D, or 'auto' (the largest power of two <= 8 dividing the world size and the "
-        "model's heads): the planner gives each micro-batch a degree d <= D and a group of d "
-        "ranks that run it together, each on 1/d of its tokens (Ulysses attention; turns on "
-        "--uneven-counts; DDP or FSDP2)",
+        help="D or 'auto' (the largest power of two <= 8 dividing the GPUs and heads): each "
+        "micro-batch runs on d <= D ranks, each on 1/d of its tokens (turns on --uneven-counts)",
     )
     ap.add_argument("--lookahead-steps", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=1)
@@ -208,18 +205,6 @@ def parse_args(argv=None):
     if args.refine_cost_model is None:
         args.refine_cost_model = args.sampler == "adaptive"
     return args
-
-
-def sequence_parallel_degree(arg, world: int, config: str) -> int:
-    """``--sequence-parallel``: the number given, or for 'auto' the largest power of two <= 8
-    (one node's GPUs) dividing the world size and the model's attention heads."""
-    if arg != "auto":
-        return int(arg)
-    heads = CONFIGS[config]["num_attention_heads"]
-    d = 1
-    while 2 * d <= 8 and world % (2 * d) == 0 and heads % (2 * d) == 0:
-        d *= 2
-    return d
 
 
 def main(argv=None):

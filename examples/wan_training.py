@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 
 from adaptiveload.metadata import read_metadata
 from adaptiveload.models.wan import build_wan
+from adaptiveload.wan import CONFIGS
 
 
 class LatentDataset(Dataset):
@@ -216,3 +217,15 @@ def load_checkpoint_state(model, optimizer, model_sd, optim_sd):
     set_state_dict(
         model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=opts
     )
+
+
+def sequence_parallel_degree(arg, world: int, config: str) -> int:
+    """``--sequence-parallel``: the number given, or for 'auto' the largest power of two <= 8
+    (one node's GPUs) dividing the world size and the model's attention heads."""
+    if arg != "auto":
+        return int(arg)
+    heads = CONFIGS[config]["num_attention_heads"]
+    d = 1
+    while 2 * d <= 8 and world % (2 * d) == 0 and heads % (2 * d) == 0:
+        d *= 2
+    return d
