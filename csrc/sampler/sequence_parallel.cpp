@@ -169,11 +169,38 @@ void validate_sequence_parallel(const SequenceParallel& sp, int64_t W) {
 
 namespace {
 
-// Local search over the degrees: moves that double or halve one item's degree (within
-// [min_degree, D]), among the items of the slowest rank and the kCandidates costliest items,
-// taking the move that improves the step's score most, while one does. `best`, `finish` and
-// `degree` describe the start and are updated in place.
-constexpr int64_t kCandidates = 16;
+// The degrees an item may move to from its own: double or half, within [min_degree, D].
+std::vector<int64_t> moves_of(const std::vector<SpItem>& items, const SequenceParallel& sp,
+                              const std::vector<int64_t>& degree, int64_t item) {
+  std::vector<int64_t> to;
+  const int64_t d = degree[item];
+  for (const int64_t t : {d * 2, d / 2})
+    if (t <= sp.max_degree && t >= std::max<int64_t>(items[item].min_degree, 1) && t != d)
+      to.push_back(t);
+  return to;
+}
+
+// The best placement found by a search, and the score it must beat.
+struct Pick {
+  Score bar;
+  SpStep step;
+  std::vector<double> finish;
+  bool found = false;
+};
+
+// Places the items at `degree`; where that beats `pick.bar`, it becomes the pick (true).
+bool try_degrees(const std::vector<SpItem>& items, const std::vector<int64_t>& degree, int64_t W,
+                 const SequenceParallel& sp, std::vector<double>& trial_finish, Pick& pick) {
+  SpStep t = place(items, degree, W, sp, trial_finish);
+  if (!(t.makespan < kInfinity)) return false;
+  const Score st = score(t, trial_finish);
+  if (!(st < pick.bar)) return false;
+  pick.bar = st;
+  pick.step = std::move(t);
+  pick.finish = trial_finish;
+  pick.found = true;
+  return true;
+}
 
 // Where no single move improves: the best pair of moves on two of the kPairCandidates
 // costliest items (a clip that must split further only pays once a second one splits to fill
@@ -184,47 +211,41 @@ bool pair_move(const std::vector<SpItem>& items, int64_t W, const SequenceParall
                const std::vector<int64_t>& costliest, std::vector<int64_t>& degree, SpStep& best,
                std::vector<double>& finish) {
   const int64_t m = std::min<int64_t>(static_cast<int64_t>(costliest.size()), kPairCandidates);
-  auto moves_of = [&](int64_t item) {
-    std::vector<int64_t> to;
-    const int64_t d = degree[item];
-    for (const int64_t t : {d * 2, d / 2})
-      if (t <= sp.max_degree && t >= std::max<int64_t>(items[item].min_degree, 1) && t != d)
-        to.push_back(t);
-    return to;
-  };
-  Score bar = score(best, finish);
-  std::vector<double> trial_finish, best_finish;
-  SpStep pick_step;
+  Pick pick{score(best, finish), {}, {}};
+  std::vector<double> trial_finish;
   int64_t pa = -1, pb = -1, da = 0, db = 0;
   for (int64_t x = 0; x < m; ++x) {
     const int64_t a = costliest[x];
     const int64_t a0 = degree[a];
-    for (const int64_t ta : moves_of(a)) {
+    for (const int64_t ta : moves_of(items, sp, degree, a)) {
       degree[a] = ta;
       for (int64_t y = x + 1; y < m; ++y) {
         const int64_t b = costliest[y];
         const int64_t b0 = degree[b];
-        for (const int64_t tb : moves_of(b)) {
+        for (const int64_t tb : moves_of(items, sp, degree, b)) {
           degree[b] = tb;
-          SpStep t = place(items, degree, W, sp, trial_finish);
+          if (try_degrees(items, degree, W, sp, trial_finish, pick))
+            pa = a, pb = b, da = ta, db = tb;
           degree[b] = b0;
-          if (!(t.makespan < kInfinity)) continue;
-          const Score st = score(t, trial_finish);
-          if (st < bar)
-            bar = st, pa = a, pb = b, da = ta, db = tb, pick_step = std::move(t),
-            best_finish = trial_finish;
         }
       }
       degree[a] = a0;
     }
   }
-  if (pa < 0) return false;
+  if (!pick.found) return false;
   degree[pa] = da;
   degree[pb] = db;
-  best = std::move(pick_step);
-  finish = best_finish;
+  best = std::move(pick.step);
+  finish = std::move(pick.finish);
   return true;
 }
+
+// Local search over the degrees: moves that double or halve one item's degree (within
+// [min_degree, D]), among the items of the slowest rank and the kCandidates costliest items,
+// taking the move that improves the step's score most, while one does (a pair of moves where
+// no single one does). `best`, `finish` and `degree` describe the start and are updated in
+// place.
+constexpr int64_t kCandidates = 16;
 
 void refine(const std::vector<SpItem>& items, int64_t W, const SequenceParallel& sp,
             std::vector<int64_t>& degree, SpStep& best, std::vector<double>& finish) {
@@ -234,7 +255,7 @@ void refine(const std::vector<SpItem>& items, int64_t W, const SequenceParallel&
   std::stable_sort(costliest.begin(), costliest.end(),
                    [&](int64_t a, int64_t b) { return items[a].cost > items[b].cost; });
   costliest.resize(std::min(n, kCandidates));
-  std::vector<double> trial_finish, best_finish;
+  std::vector<double> trial_finish;
   std::vector<int64_t> candidates;
   std::vector<uint8_t> seen(n);
   // Each accepted move improves the score; the cap only bounds the time.
@@ -243,31 +264,25 @@ void refine(const std::vector<SpItem>& items, int64_t W, const SequenceParallel&
     candidates = best.rank_items[h];
     candidates.insert(candidates.end(), costliest.begin(), costliest.end());
     std::fill(seen.begin(), seen.end(), 0);
-    int64_t pick = -1, pick_degree = 0;
-    SpStep pick_step;
-    Score bar = score(best, finish);
+    int64_t item_moved = -1, moved_to = 0;
+    Pick pick{score(best, finish), {}, {}};
     for (int64_t item : candidates) {
       if (seen[item]) continue;
       seen[item] = 1;
       const int64_t d = degree[item];
-      for (const int64_t to : {d * 2, d / 2}) {
-        if (to > sp.max_degree || to < std::max<int64_t>(items[item].min_degree, 1) || to == d)
-          continue;
+      for (const int64_t to : moves_of(items, sp, degree, item)) {
         degree[item] = to;
-        SpStep t = place(items, degree, W, sp, trial_finish);
+        if (try_degrees(items, degree, W, sp, trial_finish, pick)) item_moved = item, moved_to = to;
         degree[item] = d;
-        if (!(t.makespan < kInfinity)) continue;
-        const Score st = score(t, trial_finish);
-        if (st < bar)
-          bar = st, pick = item, pick_degree = to, pick_step = std::move(t),
-          best_finish = trial_finish;
       }
     }
-    if (pick < 0 && !pair_move(items, W, sp, costliest, degree, best, finish)) return;
-    if (pick < 0) continue;
-    degree[pick] = pick_degree;
-    best = std::move(pick_step);
-    finish = best_finish;
+    if (!pick.found) {
+      if (!pair_move(items, W, sp, costliest, degree, best, finish)) return;
+      continue;
+    }
+    degree[item_moved] = moved_to;
+    best = std::move(pick.step);
+    finish = std::move(pick.finish);
   }
 }
 
