@@ -38,7 +38,7 @@ from adaptiveload.cost import ulysses_comm_per_token
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from replay_wan import FAMILY, held_out_metadata, parse_ints  # noqa: E402
+from replay_wan import FAMILY, Timings, held_out_metadata, parse_ints  # noqa: E402
 
 
 class FakeShare:
@@ -46,9 +46,9 @@ class FakeShare:
 
     meta = {"device": "fake", "config": "fake"}
 
-    def __call__(self, batch, shape, degree):
+    def __call__(self, batch, shape, degree=1):
         s = FAMILY.seq_len(*shape)
-        return max(9.0, 1.5 + batch * (0.5 + 1.6e-3 * s + 1.4e-7 * s * s) / degree)
+        return max(9.0, 1.5 + batch * (0.5 + 1.6e-3 * s + 1.4e-7 * s * s) / degree), 0
 
 
 class ShareTimer:
@@ -72,8 +72,8 @@ class ShareTimer:
                               warmup=1, repeat=3, activation_checkpointing=True)  # fmt: skip
         self.meta = self.timer.meta
 
-    def __call__(self, batch, shape, degree):
-        return self.timer(batch, tuple(int(v) for v in shape), degree=degree)[0]
+    def __call__(self, batch, shape, degree=1):
+        return self.timer(batch, tuple(int(v) for v in shape), degree=degree)
 
 
 def listings(plan, lens):
@@ -155,20 +155,6 @@ def arms_of(meta, max_tokens, w, k, b, degree, comm):
     return arms
 
 
-class Timings:
-    """The timer's ms of each kind (S, B, d), each timed once; as ``calibrate_plan``'s
-    ``measure``, it returns (ms, 0)."""
-
-    def __init__(self, timer, seq_len):
-        self.timer, self.seq_len, self.ms = timer, seq_len, {}
-
-    def __call__(self, batch, shape, degree=1):
-        kind = (int(self.seq_len(*shape)), int(batch), int(degree))
-        if kind not in self.ms:
-            self.ms[kind] = self.timer(batch, shape, degree)
-        return self.ms[kind], 0
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--samples", type=int, default=20_000, help="of the held-out mix")
@@ -221,7 +207,7 @@ def main(argv=None) -> int:
     # Each arm plans with a cost model calibrated on its own plans of epoch 0 (plan-aware, the
     # split micro-batches measured as shares) and is scored on epoch --epoch; the built-in
     # profile is the prior. Every kind is timed once, calibration and scoring alike.
-    timings = Timings(timer, FAMILY.seq_len)
+    timings = Timings(timer)
     t0 = time.perf_counter()
     samplers, calibrated = {}, {}
     for w in args.worlds:
@@ -245,14 +231,13 @@ def main(argv=None) -> int:
     for s in samplers.values():
         for s_, b_, d_ in listings(s.plan(), lens):
             timings(b_, shape_of[s_], d_)
-    ms = timings.ms
-    print(f"timed {len(ms)} kinds in {time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"timed {len(timings.ms)} kinds in {time.perf_counter() - t0:.0f} s", flush=True)
 
     rows = []
     for (w, k, b, arm), s in samplers.items():
         plan = s.plan()
         kinds_of = listings(plan, lens)
-        share = np.array([ms[kind] for kind in kinds_of])
+        share = np.array([timings(b_, shape_of[s_], d_)[0] for s_, b_, d_ in kinds_of])
         d = np.array([kind[2] for kind in kinds_of], np.float64)
         share += comm * plan.tokens * (d - 1) / d  # each member sends (d - 1)/d of its tokens
         spans, busy = replay(plan, share)
@@ -288,7 +273,7 @@ def main(argv=None) -> int:
         )  # fmt: skip
     with open(os.path.join(args.out, "sp.json"), "w") as f:
         json.dump(
-            {"setup": setup, "rows": rows, "kinds_ms": {str(k): v for k, v in ms.items()}},
+            {"setup": setup, "rows": rows, "kinds_ms": {str(k): v for k, v in timings.ms.items()}},
             f,
             indent=1,
         )

@@ -114,16 +114,19 @@ class FakeGPU:
 
 
 class Timings:
-    """Measured ms per kind (S, B), with the time spent measuring."""
+    """Measured ms per kind (S, B), or per share (S, B, d) of a micro-batch split d ways
+    (``timer(..., degree=d)``; replay_sp.py), each timed once, with the time spent measuring.
+    As ``calibrate_plan``'s ``measure``, it returns (ms, 0)."""
 
     def __init__(self, timer):
         self.timer, self.ms, self.seconds = timer, {}, 0.0
 
-    def __call__(self, batch, shape):
-        key = (FAMILY.seq_len(*shape), batch)
+    def __call__(self, batch, shape, degree=1):
+        key = (int(FAMILY.seq_len(*shape)), int(batch)) + ((int(degree),) if degree > 1 else ())
         if key not in self.ms:
             t0 = time.perf_counter()
-            self.ms[key] = self.timer(batch, tuple(shape))[0]
+            split = {"degree": degree} if degree > 1 else {}
+            self.ms[key] = self.timer(batch, tuple(int(v) for v in shape), **split)[0]
             self.seconds += time.perf_counter() - t0
         return self.ms[key], 0
 
