@@ -16,6 +16,7 @@
 #include "sampler/cost_model.h"
 #include "sampler/memory_model.h"
 #include "sampler/planner.h"
+#include "sampler/stream.h"
 
 namespace py = pybind11;
 using adaptiveload::CostModel;
@@ -79,6 +80,31 @@ struct BoundLayout {
     return out;
   }
 };
+
+// An EpochPlan as the dict adaptiveload.sampler.Plan is made from; arrays handed over uncopied.
+py::dict plan_dict(EpochPlan&& plan, const PlanOptions& o, bool memory_policy) {
+  py::dict out;
+  out["num_replicas"] = plan.num_replicas;
+  out["micro_batches_per_step"] = plan.micro_batches_per_step;
+  out["num_steps"] = plan.num_steps;
+  out["num_padded_samples"] = plan.num_padded_samples;
+  out["num_dropped_samples"] = plan.num_dropped_samples;
+  out["num_split_micro_batches"] = plan.num_split_micro_batches;
+  out["samples"] = to_numpy(std::move(plan.samples));
+  out["offsets"] = to_numpy(std::move(plan.offsets));
+  out["costs"] = to_numpy(std::move(plan.costs));
+  out["tokens"] = to_numpy(std::move(plan.tokens));
+  out["padding"] = to_numpy(std::move(plan.padding));
+  out["skipped"] = to_numpy(std::move(plan.skipped));
+  if (memory_policy) out["checkpointed"] = to_numpy(std::move(plan.checkpointed));
+  if (o.uneven_counts) out["rank_offsets"] = to_numpy(std::move(plan.rank_offsets));
+  if (o.balance) out["window_strata"] = to_numpy(std::move(plan.window_strata));
+  if (o.sequence_parallel.enabled()) {
+    out["degrees"] = to_numpy(std::move(plan.degrees));
+    out["members"] = to_numpy(std::move(plan.members));
+  }
+  return out;
+}
 
 // CostModel: the fitted form, its floor and measured kinds (cost_model.h).
 void bind_cost_model(py::module_& m) {
@@ -286,27 +312,7 @@ void bind_planning(py::module_& m) {
           py::gil_scoped_release release;
           plan = adaptiveload::plan_epoch(table, o, ex);
         }
-        py::dict out;
-        out["num_replicas"] = plan.num_replicas;
-        out["micro_batches_per_step"] = plan.micro_batches_per_step;
-        out["num_steps"] = plan.num_steps;
-        out["num_padded_samples"] = plan.num_padded_samples;
-        out["num_dropped_samples"] = plan.num_dropped_samples;
-        out["num_split_micro_batches"] = plan.num_split_micro_batches;
-        out["samples"] = to_numpy(std::move(plan.samples));
-        out["offsets"] = to_numpy(std::move(plan.offsets));
-        out["costs"] = to_numpy(std::move(plan.costs));
-        out["tokens"] = to_numpy(std::move(plan.tokens));
-        out["padding"] = to_numpy(std::move(plan.padding));
-        out["skipped"] = to_numpy(std::move(plan.skipped));
-        if (table.has_memory_policy()) out["checkpointed"] = to_numpy(std::move(plan.checkpointed));
-        if (o.uneven_counts) out["rank_offsets"] = to_numpy(std::move(plan.rank_offsets));
-        if (o.balance) out["window_strata"] = to_numpy(std::move(plan.window_strata));
-        if (o.sequence_parallel.enabled()) {
-          out["degrees"] = to_numpy(std::move(plan.degrees));
-          out["members"] = to_numpy(std::move(plan.members));
-        }
-        return out;
+        return plan_dict(std::move(plan), o, table.has_memory_policy());
       },
       py::arg("table"), py::arg("options"), py::arg("exclude") = py::none());
 
@@ -435,6 +441,97 @@ void bind_mark_samples(py::module_& m) {
       py::arg("ids"), py::arg("offsets"), py::arg("samples"), py::arg("padding"), py::arg("n"));
 }
 
+// StreamTable, next_segment and plan_samples: plans that stream (stream.h). The table borrows
+// the arrays (a memory-mapped file stays mapped, not copied) and keeps them alive.
+struct BoundStreamTable {
+  py::array seq_lens, group_ids;  // group_ids: empty without ids
+  std::unique_ptr<adaptiveload::StreamTable> table;
+};
+
+// An int32 or int64 1-D C-contiguous array as it is, or refused with what it is.
+py::array integer_column(const py::array& a, const char* name) {
+  if (a.ndim() != 1) throw py::value_error(std::string(name) + " must be 1-D");
+  const char kind = a.dtype().kind();
+  if ((kind != 'i' && kind != 'u') || (a.itemsize() != 4 && a.itemsize() != 8) ||
+      (kind == 'u' && a.itemsize() == 8))
+    throw py::value_error(std::string(name) + " must be int32 or int64 (or uint32), got " +
+                          std::string(py::str(a.dtype())));
+  if (!(a.flags() & py::array::c_style))
+    throw py::value_error(std::string(name) + " must be contiguous");
+  return a;
+}
+
+void bind_stream(py::module_& m) {
+  py::class_<BoundStreamTable>(m, "StreamTable")
+      .def(py::init([](const py::array& seq_lens, std::optional<py::array> group_ids,
+                       const CostModel& cost) {
+             auto out = std::make_unique<BoundStreamTable>();
+             out->seq_lens = integer_column(seq_lens, "seq_lens");
+             const void* ids = nullptr;
+             int ids_width = 0;
+             if (group_ids) {
+               out->group_ids = integer_column(*group_ids, "group_ids");
+               if (out->group_ids.shape(0) != seq_lens.shape(0))
+                 throw py::value_error("group_ids must have one id per sample");
+               ids = out->group_ids.data();
+               ids_width = static_cast<int>(out->group_ids.itemsize());
+             }
+             const void* lens = out->seq_lens.data();
+             const int width = static_cast<int>(out->seq_lens.itemsize());
+             const int64_t n = seq_lens.shape(0);
+             py::gil_scoped_release release;
+             out->table =
+                 std::make_unique<adaptiveload::StreamTable>(lens, width, n, ids, ids_width, cost);
+             return out;
+           }),
+           py::arg("seq_lens"), py::arg("group_ids"), py::arg("cost_model"))
+      .def("__len__", [](const BoundStreamTable& b) { return b.table->size(); })
+      .def_property_readonly("num_groups",
+                             [](const BoundStreamTable& b) { return b.table->num_groups(); })
+      .def_property_readonly("digest", [](const BoundStreamTable& b) { return b.table->digest(); })
+      .def(
+          "default_max_cost",
+          [](const BoundStreamTable& b, int64_t max_tokens, int64_t max_batch_size) {
+            return b.table->default_max_cost(max_tokens, max_batch_size);
+          },
+          py::arg("max_tokens"), py::arg("max_batch_size") = 0)
+      .def(
+          "oversize",
+          [](const BoundStreamTable& b, int64_t max_tokens, double max_cost, int64_t max_degree) {
+            if (max_degree < 1) throw py::value_error("max_degree must be >= 1");
+            py::gil_scoped_release release;
+            return b.table->oversize(max_tokens, max_cost, max_degree);
+          },
+          py::arg("max_tokens"), py::arg("max_cost"), py::arg("max_degree") = 1);
+
+  m.def(
+      "next_segment",
+      [](const BoundStreamTable& b, const PlanOptions& o, int64_t begin, int64_t min_samples) {
+        adaptiveload::Segment seg;
+        {
+          py::gil_scoped_release release;
+          const adaptiveload::Permutation perm(b.table->size(), o.seed, o.epoch, o.shuffle);
+          seg = adaptiveload::next_segment(*b.table, o, perm, begin, min_samples);
+        }
+        return py::make_tuple(seg.end, to_numpy(std::move(seg.samples)),
+                              to_numpy(std::move(seg.skipped)));
+      },
+      py::arg("table"), py::arg("options"), py::arg("begin"), py::arg("min_samples"));
+
+  m.def(
+      "plan_samples",
+      [](const BoundStreamTable& b, const PlanOptions& o, const Int64Array& samples, uint64_t key) {
+        const int64_t* p = checked_1d(samples, "samples", -1);
+        EpochPlan plan;
+        {
+          py::gil_scoped_release release;
+          plan = adaptiveload::plan_samples(*b.table, o, p, samples.shape(0), key);
+        }
+        return plan_dict(std::move(plan), o, false);
+      },
+      py::arg("table"), py::arg("options"), py::arg("samples"), py::arg("key"));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_sampler, m) {
@@ -446,4 +543,5 @@ PYBIND11_MODULE(_sampler, m) {
   bind_plan_layout(m);
   bind_sequence_parallel(m);
   bind_mark_samples(m);
+  bind_stream(m);
 }

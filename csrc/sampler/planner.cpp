@@ -55,23 +55,6 @@ void validate_options(const PlanOptions& o) {
         "step depends on the groups it joins");
 }
 
-// The stats of `fill` samples of `len` tokens and cost f each, summed one by one as packing
-// sums them, so that a micro-batch filled to the default cap costs exactly the cap. A fill
-// larger than the group's `available` samples is never packed: its sum is taken in closed
-// form, which keeps the time independent of the caps' magnitude.
-BatchStats uniform_stats(int64_t len, double f, int64_t fill, int64_t available) {
-  BatchStats s;
-  if (fill > available) {
-    s.count = fill;
-    s.tokens = fill * len;  // <= max_tokens
-    s.additive = static_cast<double>(fill) * f;
-    s.uniform_len = len;
-    return s;
-  }
-  for (int64_t b = 0; b < fill; ++b) s.add(len, f);
-  return s;
-}
-
 double largest_bin(const double* costs, int64_t n_items, int64_t num_bins,
                    const std::vector<int64_t>& bin_of) {
   std::vector<double> load(num_bins, 0.0);
@@ -413,6 +396,19 @@ void flatten_listings(const SampleTable& table, const std::vector<int64_t>& buck
 }
 
 }  // namespace
+
+BatchStats uniform_stats(int64_t len, double f, int64_t fill, int64_t available) {
+  BatchStats s;
+  if (fill > available) {
+    s.count = fill;
+    s.tokens = fill * len;  // <= max_tokens
+    s.additive = static_cast<double>(fill) * f;
+    s.uniform_len = len;
+    return s;
+  }
+  for (int64_t b = 0; b < fill; ++b) s.add(len, f);
+  return s;
+}
 
 SampleTable::SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* group_ids,
                          CostModel cost, const MemoryPolicy* memory)
@@ -757,18 +753,24 @@ std::vector<int64_t> bucket_samples(const SampleTable& table, const PlanOptions&
 
 EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8_t* exclude) {
   validate_options(o);
-  const int64_t W = o.num_replicas, K = o.micro_batches_per_step, per_step = W * K;
   EpochPlan plan;
-  plan.num_replicas = W;
-  plan.micro_batches_per_step = K;
-
   // 1. The samples of this epoch, grouped and each group shuffled.
   std::vector<int64_t> group_begin;
   std::vector<int64_t> bucketed = bucket_samples(table, o, exclude, group_begin, plan);
+  Rng order_rng(o.seed, 2 * static_cast<uint64_t>(o.epoch) + 1);
+  plan_bucketed(table, o, bucketed, group_begin, order_rng, plan);
+  return plan;
+}
+
+void plan_bucketed(const SampleTable& table, const PlanOptions& o, std::vector<int64_t>& bucketed,
+                   const std::vector<int64_t>& group_begin, Rng& order_rng, EpochPlan& plan) {
+  validate_options(o);
+  const int64_t W = o.num_replicas, K = o.micro_batches_per_step, per_step = W * K;
+  plan.num_replicas = W;
+  plan.micro_batches_per_step = K;
 
   // 3. Micro-batches under both caps, then in random order.
   std::vector<MicroBatch> mbs = pack_groups(table, o, bucketed, group_begin);
-  Rng order_rng(o.seed, 2 * static_cast<uint64_t>(o.epoch) + 1);
   if (o.shuffle) shuffle_in_place(mbs, order_rng);
   fit_to_steps(table, o, bucketed, mbs, plan);
 
@@ -886,10 +888,9 @@ EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8
   // 5. Flatten.
   if (sp_on) {
     flatten_listings(table, bucketed, mbs, listings, o.sequence_parallel, sp_info, plan);
-    return plan;
+    return;
   }
   flatten_slots(table, bucketed, mbs, slot_item, plan);
-  return plan;
 }
 
 }  // namespace adaptiveload

@@ -66,6 +66,12 @@ inline constexpr int64_t kMaxStepMicroBatches = int64_t{1} << 20;  ///< W * K
 /// What to do with a sample that alone breaks a cap.
 enum class OversizePolicy { kError, kSkip };
 
+/// The stats of `fill` samples of `len` tokens and cost f each, summed one by one as packing
+/// sums them, so that a micro-batch filled to the default cap costs exactly the cap. A fill
+/// larger than the group's `available` samples is never packed: its sum is taken in closed
+/// form, which keeps the time independent of the caps' magnitude.
+BatchStats uniform_stats(int64_t len, double f, int64_t fill, int64_t available);
+
 /// \brief The dataset as the planner sees it: one sequence length and one group key
 /// per index, plus the cost model. Built once; planning an epoch reads it only.
 class SampleTable {
@@ -228,6 +234,18 @@ struct EpochPlan {
 /// OversizePolicy::kError, on the first sample that alone breaks a cap.
 EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& options,
                      const uint8_t* exclude = nullptr);
+
+class Rng;
+
+/// \brief Plans `bucketed`, the samples of an epoch (or of one segment of a streamed epoch,
+/// stream.h) already grouped: group g is bucketed[group_begin[g], group_begin[g + 1]), each in
+/// the order packing takes it. Steps 2 on of plan_epoch: packing under the caps, the
+/// micro-batches shuffled by `order_rng` (with o.shuffle), fitted to whole steps, balanced by
+/// window; the result is added to `plan` (whose `skipped` the caller filled). Appends padding
+/// repeats to `bucketed`.
+void plan_bucketed(const SampleTable& table, const PlanOptions& options,
+                   std::vector<int64_t>& bucketed, const std::vector<int64_t>& group_begin,
+                   Rng& order_rng, EpochPlan& plan);
 
 /// \brief Assigns n_items costs to num_bins bins, exactly per_bin items each
 /// (n_items = num_bins * per_bin), minimizing the largest bin sum greedily: items in

@@ -13,7 +13,13 @@ from adaptiveload._version import __version__
 from adaptiveload.cost import CostModel
 from adaptiveload.memory import CheckpointPolicy, MemoryModel
 from adaptiveload.report import BalanceReport, balance_report
-from adaptiveload.sampler import AdaptiveBatchSampler, EqualTokenBatchSampler, MicroBatch, Plan
+from adaptiveload.sampler import (
+    AdaptiveBatchSampler,
+    EqualTokenBatchSampler,
+    MicroBatch,
+    Plan,
+    StreamingBatchSampler,
+)
 from adaptiveload.wan import wan_seq_len
 
 # name -> module that defines it, imported on first access (PEP 562).
@@ -50,6 +56,7 @@ __all__ = [
     "MemoryModel",
     "MicroBatch",
     "Plan",
+    "StreamingBatchSampler",
     "balance_report",
     "gated_residual_layer_norm_modulate",
     "gated_residual_rms_norm_modulate",

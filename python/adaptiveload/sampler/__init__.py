@@ -29,6 +29,8 @@ mechanisms that carry that:
   named transitions, and its part of a state (``state_dict``, ``load_state_dict``).
 - ``base.py``: ``PlannedBatchSampler``, which composes them, its settings read from one
   ``Options``; ``samplers.py``: the two samplers.
+- ``stream.py``: ``StreamingBatchSampler``, whose epoch plan streams segment by segment
+  (epochs of 100M to billions of samples; a state of a few hundred bytes).
 """
 
 from adaptiveload.sampler.base import PlannedBatchSampler
@@ -38,6 +40,7 @@ from adaptiveload.sampler.samplers import (
     AdaptiveBatchSampler,
     EqualTokenBatchSampler,
 )
+from adaptiveload.sampler.stream import StreamingBatchSampler
 
 __all__ = [
     "MIX_TOLERANCE",
@@ -46,4 +49,5 @@ __all__ = [
     "MicroBatch",
     "Plan",
     "PlannedBatchSampler",
+    "StreamingBatchSampler",
 ]

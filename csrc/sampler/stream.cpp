@@ -1,0 +1,319 @@
+#include "sampler/stream.h"
+
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "sampler/rng.h"
+#include "sampler/sequence_parallel.h"
+
+namespace adaptiveload {
+
+namespace {
+
+[[noreturn]] void invalid(const std::string& what) { throw std::invalid_argument(what); }
+
+uint64_t mix(uint64_t z) {  // splitmix64's finalizer
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Lengths below this are looked up in a dense table (8 MiB of int32 at most); longer ones by
+// bisection of the distinct lengths.
+constexpr int64_t kDenseLength = int64_t{1} << 21;
+
+int64_t read_at(const void* base, int width, int64_t i) {
+  return width == 4 ? static_cast<const int32_t*>(base)[i] : static_cast<const int64_t*>(base)[i];
+}
+
+}  // namespace
+
+StreamTable::StreamTable(const void* seq_lens, int lens_width, int64_t n, const void* group_ids,
+                         int group_width, CostModel cost)
+    : lens_(seq_lens),
+      lens_width_(lens_width),
+      n_(n),
+      groups_(group_ids),
+      group_width_(group_width),
+      cost_(cost) {
+  cost_.validate();
+  if (lens_width != 4 && lens_width != 8)
+    invalid("seq_lens must be int32 or int64, got " + std::to_string(lens_width) + "-byte values");
+  if (group_ids && group_width != 4 && group_width != 8)
+    invalid("group_ids must be int32 or int64, got " + std::to_string(group_width) +
+            "-byte values");
+  if (n < 0) invalid("number of samples must be >= 0");
+  if (n > 0 && seq_lens == nullptr) invalid("seq_lens is null");
+
+  // One pass: validate, count per length and per group, digest (four lanes, so that the
+  // multiplications of consecutive samples overlap).
+  std::vector<int64_t> dense_count;
+  std::vector<int64_t> long_lengths;
+  uint64_t lane[4] = {1, 2, 3, 4};
+  int64_t total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = seq_len(i);
+    if (len < 1 || len > kMaxSeqLen)
+      invalid("seq_lens[" + std::to_string(i) + "] = " + std::to_string(len) +
+              ": sequence lengths must be in [1, 2^40 - 1] tokens");
+    if (len > kMaxTokens - total)
+      invalid("the samples hold more than 2^62 tokens in all, more than a plan's int64 sums hold");
+    total += len;
+    if (len < kDenseLength) {
+      if (len >= static_cast<int64_t>(dense_count.size()))
+        dense_count.resize(std::min(kDenseLength, std::max<int64_t>(2 * len, 1024)), 0);
+      ++dense_count[len];
+    } else {
+      long_lengths.push_back(len);
+    }
+    uint64_t key = static_cast<uint64_t>(len);
+    if (groups_) {
+      const int64_t g = read_at(groups_, group_width_, i);
+      if (g < 0 || g >= n || g > std::numeric_limits<int32_t>::max())
+        invalid("group_ids[" + std::to_string(i) + "] = " + std::to_string(g) +
+                ": group ids must be dense, in [0, number of groups)");
+      if (g >= num_groups_) {
+        num_groups_ = g + 1;
+        if (g >= static_cast<int64_t>(group_size_.size())) {
+          group_size_.resize(std::max<int64_t>(2 * g, 64), 0);
+          group_max_len_.resize(group_size_.size(), 0);
+        }
+      }
+      ++group_size_[g];
+      group_max_len_[g] = std::max(group_max_len_[g], len);
+      key ^= static_cast<uint64_t>(g) << 41;
+    }
+    lane[i & 3] = (lane[i & 3] ^ key) * 0x9e3779b97f4a7c15ULL;
+  }
+  digest_ = mix(mix(mix(mix(static_cast<uint64_t>(n)) ^ lane[0]) ^ lane[1]) ^ lane[2]) ^ lane[3];
+
+  for (int64_t len = 0; len < static_cast<int64_t>(dense_count.size()); ++len)
+    if (dense_count[len] > 0) {
+      lengths_.push_back(len);
+      length_count_.push_back(dense_count[len]);
+    }
+  std::sort(long_lengths.begin(), long_lengths.end());
+  for (size_t j = 0; j < long_lengths.size(); ++j) {
+    if (j > 0 && long_lengths[j] == long_lengths[j - 1]) {
+      ++length_count_.back();
+      continue;
+    }
+    lengths_.push_back(long_lengths[j]);
+    length_count_.push_back(1);
+  }
+  length_slot_.assign(dense_count.size(), -1);
+  for (size_t j = 0; j < lengths_.size() && lengths_[j] < kDenseLength; ++j)
+    length_slot_[lengths_[j]] = static_cast<int32_t>(j);
+  for (int64_t len : lengths_) length_cost_.push_back(cost_.sample_cost(len));
+
+  if (groups_) {
+    group_size_.resize(num_groups_);
+    group_max_len_.resize(num_groups_);
+    for (int64_t g = 0; g < num_groups_; ++g)
+      if (group_size_[g] == 0)
+        invalid("group_ids skip id " + std::to_string(g) +
+                ": group ids must be dense, in [0, number of groups)");
+  } else {
+    // The key is the length: distinct lengths numbered in increasing order.
+    num_groups_ = static_cast<int64_t>(lengths_.size());
+    group_max_len_ = lengths_;
+    group_size_ = length_count_;
+  }
+}
+
+int64_t StreamTable::length_index(int64_t len) const {
+  if (len < static_cast<int64_t>(length_slot_.size())) return length_slot_[len];
+  return std::lower_bound(lengths_.begin(), lengths_.end(), len) - lengths_.begin();
+}
+
+int32_t StreamTable::group(int64_t i) const {
+  if (groups_) return static_cast<int32_t>(read_at(groups_, group_width_, i));
+  return static_cast<int32_t>(length_index(seq_len(i)));
+}
+
+double StreamTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size) const {
+  if (max_tokens <= 0 || max_tokens > kMaxTokens)
+    invalid("max_tokens must be in [1, 2^62], got " + std::to_string(max_tokens));
+  if (max_batch_size < 0)
+    invalid("max_batch_size must be >= 0 (0: no limit), got " + std::to_string(max_batch_size));
+  double heaviest = 0.0;
+  for (size_t j = 0; j < lengths_.size(); ++j) {
+    if (lengths_[j] > max_tokens) continue;
+    BatchStats one;
+    one.add(lengths_[j], length_cost_[j]);
+    heaviest = std::max(heaviest, cost_.batch_cost(one));
+  }
+  double lightest_full = std::numeric_limits<double>::infinity();
+  for (int64_t g = 0; g < num_groups_; ++g) {
+    const int64_t len = group_max_len_[g];
+    if (len > max_tokens) continue;
+    int64_t fill = max_tokens / len;
+    if (max_batch_size > 0) fill = std::min(fill, max_batch_size);
+    const BatchStats full = uniform_stats(len, cost_.sample_cost(len), fill, group_size_[g]);
+    lightest_full = std::min(lightest_full, cost_.batch_cost(full));
+  }
+  if (heaviest == 0.0) return 1.0;  // nothing fits; planning will report the samples
+  return std::max(heaviest, lightest_full);
+}
+
+bool StreamTable::exceeds_caps(int64_t len, int64_t max_tokens, double max_cost,
+                               int64_t max_degree) const {
+  if (max_degree > 1 && len > max_tokens) return share_tokens(len, max_degree, 0) > max_tokens;
+  BatchStats one;
+  one.add(len, sample_cost(len));
+  return len > max_tokens || cost_.batch_cost(one) > max_cost;
+}
+
+std::pair<int64_t, int64_t> StreamTable::oversize(int64_t max_tokens, double max_cost,
+                                                  int64_t max_degree) const {
+  std::vector<uint8_t> over(lengths_.size(), 0);
+  int64_t count = 0;
+  for (size_t j = 0; j < lengths_.size(); ++j)
+    if (exceeds_caps(lengths_[j], max_tokens, max_cost, max_degree)) {
+      over[j] = 1;
+      count += length_count_[j];
+    }
+  if (count == 0) return {0, -1};
+  for (int64_t i = 0; i < n_; ++i)
+    if (over[length_index(seq_len(i))]) return {count, i};
+  return {count, -1};  // not reached
+}
+
+Permutation::Permutation(int64_t n, uint64_t seed, int64_t epoch, bool shuffle)
+    : n_(n), identity_(!shuffle || n <= 1) {
+  if (n < 0) invalid("a permutation needs n >= 0");
+  int bits = 2;
+  while (bits < 62 && (int64_t{1} << bits) < n) bits += 2;
+  half_bits_ = bits / 2;
+  mask_ = (uint64_t{1} << half_bits_) - 1;
+  // A stream of its own: plan_epoch's are 2 * epoch and 2 * epoch + 1 of Rng(seed, .).
+  Rng rng(seed ^ 0xd1b54a32d192ed03ULL, static_cast<uint64_t>(epoch));
+  for (uint64_t& k : keys_) k = rng.next();
+}
+
+uint64_t Permutation::feistel(uint64_t x) const {
+  uint64_t left = x >> half_bits_, right = x & mask_;
+  for (uint64_t k : keys_) {
+    const uint64_t next = left ^ (mix(right ^ k) & mask_);
+    left = right;
+    right = next;
+  }
+  return (left << half_bits_) | right;
+}
+
+int64_t Permutation::operator()(int64_t position) const {
+  if (identity_) return position;
+  // Cycle walking: the network permutes [0, 4^half_bits); following it until it lands below n
+  // permutes [0, n). At most 4 times as large, so about 4 rounds at worst on average.
+  uint64_t x = static_cast<uint64_t>(position);
+  do {
+    x = feistel(x);
+  } while (x >= static_cast<uint64_t>(n_));
+  return static_cast<int64_t>(x);
+}
+
+namespace {
+
+[[noreturn]] void refuse(const StreamTable& t, const PlanOptions& o, int64_t i) {
+  invalid("sample " + std::to_string(i) + " has " + std::to_string(t.seq_len(i)) +
+          " tokens and alone exceeds max_tokens = " + std::to_string(o.max_tokens) +
+          " or max_cost = " + std::to_string(o.max_cost) +
+          " (raise the cap, or skip such samples with on_oversize='skip')");
+}
+
+}  // namespace
+
+Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutation& perm,
+                     int64_t begin, int64_t min_samples) {
+  const int64_t n = perm.size();
+  if (n != t.size()) invalid("the permutation and the table differ in size");
+  if (begin < 0 || begin >= n)
+    invalid("a segment must start in [0, " + std::to_string(n) + "), got " + std::to_string(begin));
+  if (min_samples < 1) invalid("min_samples must be >= 1, got " + std::to_string(min_samples));
+  const int64_t per_step = o.num_replicas * o.micro_batches_per_step;
+  const int64_t max_degree = o.sequence_parallel.max_degree;
+  // Packing as plan_bucketed packs (pack_groups), counting micro-batches only: each group's
+  // open micro-batch, which a sample joins unless that breaks a cap.
+  std::vector<BatchStats> open(t.num_groups());
+  int64_t count = 0;
+  Segment seg;
+  seg.begin = begin;
+  int64_t p = begin;
+  while (p < n) {
+    const int64_t i = perm(p++);
+    const int64_t len = t.seq_len(i);
+    if (t.exceeds_caps(len, o.max_tokens, o.max_cost, max_degree)) {
+      if (o.oversize != OversizePolicy::kSkip) refuse(t, o, i);
+      seg.skipped.push_back(i);
+    } else {
+      seg.samples.push_back(i);
+      BatchStats& mb = open[t.group(i)];
+      const double f = t.sample_cost(len);
+      BatchStats grown = mb;
+      grown.add(len, f);
+      const bool cut = mb.count == 0 || (o.max_batch_size > 0 && grown.count > o.max_batch_size) ||
+                       grown.tokens > o.max_tokens || t.cost_model().batch_cost(grown) > o.max_cost;
+      if (cut) {
+        ++count;
+        mb = BatchStats{};
+        mb.add(len, f);
+      } else {
+        mb = grown;
+      }
+    }
+    if (p - begin >= min_samples && count > 0 && count % per_step == 0) break;
+  }
+  seg.end = p;
+  return seg;
+}
+
+EpochPlan plan_samples(const StreamTable& t, const PlanOptions& o, const int64_t* samples,
+                       int64_t count, uint64_t key) {
+  if (count < 0 || (count > 0 && samples == nullptr)) invalid("plan_samples: no samples given");
+  EpochPlan plan;
+  std::vector<int64_t> keep;
+  keep.reserve(count);
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t i = samples[j];
+    if (i < 0 || i >= t.size())
+      invalid("sample index " + std::to_string(i) + " out of range (" + std::to_string(t.size()) +
+              " samples)");
+    if (t.exceeds_caps(t.seq_len(i), o.max_tokens, o.max_cost, o.sequence_parallel.max_degree)) {
+      if (o.oversize != OversizePolicy::kSkip) refuse(t, o, i);
+      plan.skipped.push_back(i);
+      continue;
+    }
+    keep.push_back(i);
+  }
+  // A table of these samples alone (local index j is keep[j]); groups renumbered densely in
+  // increasing order of the table's ids.
+  const int64_t c = static_cast<int64_t>(keep.size());
+  std::vector<int64_t> lens(c), ids(c), present;
+  for (int64_t j = 0; j < c; ++j) {
+    lens[j] = t.seq_len(keep[j]);
+    ids[j] = t.group(keep[j]);
+  }
+  present = ids;
+  std::sort(present.begin(), present.end());
+  present.erase(std::unique(present.begin(), present.end()), present.end());
+  for (int64_t& g : ids) g = std::lower_bound(present.begin(), present.end(), g) - present.begin();
+  const SampleTable local(lens.data(), c, ids.data(), t.cost_model());
+  // Grouped in the given order (a stable counting sort): packing takes each group as given.
+  const int64_t G = static_cast<int64_t>(present.size());
+  std::vector<int64_t> group_begin(G + 1, 0);
+  for (int64_t g : ids) ++group_begin[g + 1];
+  for (int64_t g = 0; g < G; ++g) group_begin[g + 1] += group_begin[g];
+  std::vector<int64_t> bucketed(c);
+  {
+    std::vector<int64_t> next(group_begin.begin(), group_begin.end() - 1);
+    for (int64_t j = 0; j < c; ++j) bucketed[next[ids[j]]++] = j;
+  }
+  Rng order_rng(o.seed + 0x9e3779b97f4a7c15ULL * (key + 1), 2 * static_cast<uint64_t>(o.epoch) + 1);
+  plan_bucketed(local, o, bucketed, group_begin, order_rng, plan);
+  for (int64_t& s : plan.samples) s = keep[s];
+  return plan;
+}
+
+}  // namespace adaptiveload

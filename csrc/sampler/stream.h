@@ -1,0 +1,121 @@
+// Plans that stream: an epoch planned segment by segment, when the loop reaches each, so that
+// neither the plan nor a copy of the dataset's lengths is ever held whole.
+//
+// The epoch's order is a keyed permutation of the dataset (Permutation: position p -> sample,
+// computed, never stored; the key is (seed, epoch)). It is cut into segments: segment j covers
+// positions [begin_j, begin_{j+1}). Each segment is planned alone, exactly as plan_epoch plans an
+// epoch (planner.h: grouped, packed under both caps, micro-batches shuffled, windows of
+// lookahead_steps steps balanced and mixed), from its samples in permutation order. A segment
+// holds at least `min_samples` positions and ends at the first position after that where its
+// micro-batches fill whole steps of W * K, so only the epoch's last segment is fitted to steps
+// (halved, padded or dropped, as plan_epoch fits an epoch), and where segment j + 1 starts
+// depends only on where j started: (epoch, j, begin_j) locates any point of the epoch.
+//
+// What a process holds: the dataset's lengths and group ids, borrowed (a memory-mapped file that
+// every rank process of a node shares), a few numbers per distinct length and per group, and
+// one segment's plan. Memory policies are not supported here (SampleTable is the table for
+// those); sequence parallelism is, as in plan_epoch.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "sampler/cost_model.h"
+#include "sampler/planner.h"
+
+namespace adaptiveload {
+
+/// \brief The dataset as a streamed plan reads it: borrowed arrays of one length and at most one
+/// group id per sample (int32 or int64 each), which must outlive the table. Built with one
+/// sequential pass that validates them and counts per distinct length and per group.
+class StreamTable {
+ public:
+  /// \param seq_lens    n lengths, each in [1, kMaxSeqLen], kMaxTokens at most in all
+  /// \param lens_width  4 (int32) or 8 (int64)
+  /// \param group_ids   nullptr (the key is the length) or n dense ids in [0, G), every id used
+  /// \param group_width 4 or 8 (ignored without group ids)
+  StreamTable(const void* seq_lens, int lens_width, int64_t n, const void* group_ids,
+              int group_width, CostModel cost);
+
+  int64_t size() const { return n_; }
+  int64_t num_groups() const { return num_groups_; }
+  const CostModel& cost_model() const { return cost_; }
+  /// A 64-bit digest of every length and group id, in order (what a resumed state checks).
+  uint64_t digest() const { return digest_; }
+
+  int64_t seq_len(int64_t i) const {
+    return lens_width_ == 4 ? static_cast<const int32_t*>(lens_)[i]
+                            : static_cast<const int64_t*>(lens_)[i];
+  }
+  /// Index of sample i's length among the distinct lengths (increasing).
+  int64_t length_index(int64_t len) const;
+  int32_t group(int64_t i) const;
+  double sample_cost(int64_t len) const { return length_cost_[length_index(len)]; }
+
+  /// As SampleTable::default_max_cost (no memory policy), over the same data.
+  double default_max_cost(int64_t max_tokens, int64_t max_batch_size = 0) const;
+  /// As SampleTable::exceeds_caps (no memory policy), for one sample of `len` tokens.
+  bool exceeds_caps(int64_t len, int64_t max_tokens, double max_cost, int64_t max_degree) const;
+  /// (how many samples alone break a cap, the first of them or -1): a pass over the lengths
+  /// only when some distinct length breaks one.
+  std::pair<int64_t, int64_t> oversize(int64_t max_tokens, double max_cost,
+                                       int64_t max_degree) const;
+
+ private:
+  const void* lens_;
+  int lens_width_;
+  int64_t n_;
+  const void* groups_;
+  int group_width_;
+  CostModel cost_;
+  std::vector<int64_t> lengths_;        // distinct lengths, increasing
+  std::vector<int64_t> length_count_;   // samples per distinct length
+  std::vector<double> length_cost_;     // f(S) per distinct length
+  std::vector<int32_t> length_slot_;    // length -> index into lengths_, for short lengths
+  std::vector<int64_t> group_max_len_;  // per group
+  std::vector<int64_t> group_size_;     // per group
+  int64_t num_groups_ = 0;
+  uint64_t digest_ = 0;
+};
+
+/// \brief A keyed permutation of [0, n): a Feistel network over the smallest even power of two
+/// >= n, walked until it lands below n. Identity without shuffle.
+class Permutation {
+ public:
+  Permutation(int64_t n, uint64_t seed, int64_t epoch, bool shuffle);
+  int64_t operator()(int64_t position) const;
+  int64_t size() const { return n_; }
+
+ private:
+  uint64_t feistel(uint64_t x) const;
+  int64_t n_;
+  bool identity_;
+  int half_bits_ = 1;
+  uint64_t mask_ = 1;
+  uint64_t keys_[4] = {0, 0, 0, 0};
+};
+
+/// One segment of a streamed epoch: positions [begin, end) of the permutation.
+struct Segment {
+  int64_t begin = 0;
+  int64_t end = 0;
+  std::vector<int64_t> samples;  ///< its samples in permutation order, those over a cap left out
+  std::vector<int64_t> skipped;  ///< its samples over a cap (OversizePolicy::kSkip)
+};
+
+/// \brief The segment that starts at position `begin` (< perm.size()): at least `min_samples`
+/// positions (>= 1), then up to the first position where its micro-batches fill whole steps,
+/// or to the epoch's end. Throws std::invalid_argument on a sample over a cap under
+/// OversizePolicy::kError, and on a memory policy (not supported).
+Segment next_segment(const StreamTable& table, const PlanOptions& options, const Permutation& perm,
+                     int64_t begin, int64_t min_samples);
+
+/// \brief The plan of `count` samples, in the order given (a segment's, or what is left of one
+/// after a resume under other settings), as plan_epoch plans an epoch of them; `key` keys the
+/// shuffle of its micro-batches (with options.epoch and options.seed). Samples over a cap are
+/// skipped or refused per options.oversize. Dataset indices in the plan are the table's.
+EpochPlan plan_samples(const StreamTable& table, const PlanOptions& options, const int64_t* samples,
+                       int64_t count, uint64_t key);
+
+}  // namespace adaptiveload

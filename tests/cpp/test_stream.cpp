@@ -1,0 +1,184 @@
+// Plans that stream (stream.h): the permutation, the table over borrowed arrays, and segments
+// that cover the epoch once, obey the caps and fill whole steps.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "sampler/cost_model.h"
+#include "sampler/planner.h"
+#include "sampler/stream.h"
+#include "wan_mix.h"
+
+namespace adaptiveload {
+namespace {
+
+CostModel wan14b() { return CostModel::polynomial(1.0, 3.1e-3, 1.35e-7); }
+
+TEST(Permutation, IsABijectionKeyedBySeedAndEpoch) {
+  for (int64_t n : {0, 1, 2, 3, 5, 17, 64, 1000, 4097, 100003}) {
+    const Permutation p(n, 7, 0, true);
+    std::vector<int> seen(n, 0);
+    for (int64_t x = 0; x < n; ++x) {
+      const int64_t y = p(x);
+      ASSERT_GE(y, 0);
+      ASSERT_LT(y, n);
+      ++seen[y];
+    }
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[i], 1) << "n = " << n << ", sample " << i;
+  }
+  const int64_t n = 10007;
+  const Permutation a(n, 7, 0, true), b(n, 7, 1, true), c(n, 8, 0, true), same(n, 7, 0, true);
+  int64_t differ_epoch = 0, differ_seed = 0, fixed = 0;
+  for (int64_t x = 0; x < n; ++x) {
+    differ_epoch += a(x) != b(x);
+    differ_seed += a(x) != c(x);
+    fixed += a(x) == x;
+    ASSERT_EQ(a(x), same(x));
+  }
+  EXPECT_GT(differ_epoch, n * 9 / 10);
+  EXPECT_GT(differ_seed, n * 9 / 10);
+  EXPECT_LT(fixed, 20);  // about 1 expected
+  const Permutation off(n, 7, 0, false);
+  for (int64_t x = 0; x < n; ++x) ASSERT_EQ(off(x), x);
+}
+
+TEST(StreamTable, AgreesWithSampleTable) {
+  std::vector<int64_t> lens = wan_mix(5000, 3);
+  lens[17] = 200000;  // one over the cap
+  std::vector<int32_t> lens32(lens.begin(), lens.end());
+  std::vector<int64_t> groups(lens.size());
+  std::mt19937 gen(5);
+  for (auto& g : groups) g = static_cast<int64_t>(gen() % 7);
+  const SampleTable by_len(lens.data(), lens.size(), nullptr, wan14b());
+  const SampleTable by_group(lens.data(), lens.size(), groups.data(), wan14b());
+  const StreamTable s64(lens.data(), 8, lens.size(), nullptr, 0, wan14b());
+  const StreamTable s32(lens32.data(), 4, lens.size(), nullptr, 0, wan14b());
+  const StreamTable sg(lens32.data(), 4, lens.size(), groups.data(), 8, wan14b());
+  for (int64_t cap : {75600, 151200, 400000}) {
+    for (int64_t bs : {0, 4}) {
+      EXPECT_DOUBLE_EQ(s64.default_max_cost(cap, bs), by_len.default_max_cost(cap, bs));
+      EXPECT_DOUBLE_EQ(s32.default_max_cost(cap, bs), by_len.default_max_cost(cap, bs));
+      EXPECT_DOUBLE_EQ(sg.default_max_cost(cap, bs), by_group.default_max_cost(cap, bs));
+    }
+  }
+  EXPECT_EQ(s64.num_groups(), by_len.num_groups());
+  EXPECT_EQ(sg.num_groups(), by_group.num_groups());
+  for (int64_t i = 0; i < static_cast<int64_t>(lens.size()); ++i) {
+    ASSERT_EQ(s32.group(i), by_len.group(i));
+    ASSERT_EQ(sg.group(i), by_group.group(i));
+  }
+  const double cap_cost = by_len.default_max_cost(151200);
+  const auto over = s32.oversize(151200, cap_cost, 1);
+  const auto expected = by_len.oversize_samples(151200, cap_cost);
+  EXPECT_EQ(over.first, static_cast<int64_t>(expected.size()));
+  EXPECT_EQ(over.second, expected.at(0));
+  EXPECT_EQ(s32.digest(), s64.digest());
+  lens32[4000] += 1;
+  const StreamTable changed(lens32.data(), 4, lens.size(), nullptr, 0, wan14b());
+  EXPECT_NE(changed.digest(), s32.digest());
+}
+
+TEST(StreamTable, RefusesBadArrays) {
+  std::vector<int32_t> lens = {5, 0, 7};
+  EXPECT_THROW(StreamTable(lens.data(), 4, 3, nullptr, 0, wan14b()), std::invalid_argument);
+  lens[1] = 6;
+  std::vector<int32_t> groups = {0, 2, 2};  // id 1 unused
+  EXPECT_THROW(StreamTable(lens.data(), 4, 3, groups.data(), 4, wan14b()), std::invalid_argument);
+  EXPECT_THROW(StreamTable(lens.data(), 2, 3, nullptr, 0, wan14b()), std::invalid_argument);
+}
+
+// The whole epoch, segment after segment: each sample once, every cap obeyed, every segment but
+// the last filling whole steps without halving or padding.
+struct Streamed {
+  std::vector<EpochPlan> plans;
+  std::vector<int64_t> begins;
+};
+
+Streamed stream_epoch(const StreamTable& t, const PlanOptions& o, int64_t min_samples) {
+  const Permutation perm(t.size(), o.seed, o.epoch, o.shuffle);
+  Streamed out;
+  for (int64_t b = 0, j = 0; b < t.size(); ++j) {
+    const Segment seg = next_segment(t, o, perm, b, min_samples);
+    EXPECT_EQ(seg.begin, b);
+    EXPECT_GT(seg.end, b);
+    out.begins.push_back(b);
+    out.plans.push_back(plan_samples(t, o, seg.samples.data(), seg.samples.size(), j));
+    b = seg.end;
+  }
+  return out;
+}
+
+TEST(Stream, SegmentsCoverTheEpochOnceWithinTheCaps) {
+  const std::vector<int64_t> lens = wan_mix(20000, 11);
+  const StreamTable t(lens.data(), 8, lens.size(), nullptr, 0, wan14b());
+  for (bool uneven : {false, true}) {
+    for (int64_t K : {1, 4}) {
+      PlanOptions o;
+      o.max_tokens = 151200;
+      o.max_cost = t.default_max_cost(o.max_tokens);
+      o.num_replicas = 8;
+      o.micro_batches_per_step = K;
+      o.uneven_counts = uneven;
+      o.mix_tolerance = 0.05;
+      o.seed = 3;
+      o.epoch = 2;
+      const Streamed s = stream_epoch(t, o, 3000);
+      ASSERT_GE(s.plans.size(), 4u);
+      std::vector<int> seen(lens.size(), 0);
+      for (size_t j = 0; j < s.plans.size(); ++j) {
+        const EpochPlan& p = s.plans[j];
+        const bool last = j + 1 == s.plans.size();
+        if (!last) {
+          EXPECT_EQ(p.num_padded_samples, 0);
+          EXPECT_EQ(p.num_split_micro_batches, 0);
+        }
+        EXPECT_EQ(p.num_micro_batches(), p.num_steps * 8 * K);
+        for (int64_t m = 0; m < p.num_micro_batches(); ++m) {
+          int64_t tokens = 0;
+          for (int64_t q = p.offsets[m]; q < p.offsets[m + 1]; ++q) {
+            tokens += lens[p.samples[q]];
+            EXPECT_EQ(lens[p.samples[q]], lens[p.samples[p.offsets[m]]]) << "groups mixed";
+            if (!p.padding[m]) ++seen[p.samples[q]];
+          }
+          EXPECT_LE(tokens, o.max_tokens);
+          EXPECT_LE(p.costs[m], o.max_cost * (1 + 1e-12));
+        }
+      }
+      for (size_t i = 0; i < lens.size(); ++i) ASSERT_EQ(seen[i], 1) << "sample " << i;
+      // Deterministic: the same options stream the same plans.
+      const Streamed again = stream_epoch(t, o, 3000);
+      ASSERT_EQ(again.begins, s.begins);
+      for (size_t j = 0; j < s.plans.size(); ++j) {
+        EXPECT_EQ(again.plans[j].samples, s.plans[j].samples);
+        EXPECT_EQ(again.plans[j].rank_offsets, s.plans[j].rank_offsets);
+      }
+    }
+  }
+}
+
+TEST(Stream, SkipsOrRefusesSamplesOverACap) {
+  std::vector<int64_t> lens = wan_mix(3000, 2);
+  lens[5] = lens[900] = 400000;
+  const StreamTable t(lens.data(), 8, lens.size(), nullptr, 0, wan14b());
+  PlanOptions o;
+  o.max_tokens = 151200;
+  o.max_cost = t.default_max_cost(o.max_tokens);
+  o.num_replicas = 4;
+  const Permutation perm(t.size(), 0, 0, true);
+  EXPECT_THROW(next_segment(t, o, perm, 0, 100000), std::invalid_argument);
+  o.oversize = OversizePolicy::kSkip;
+  const Segment seg = next_segment(t, o, perm, 0, 100000);
+  EXPECT_EQ(seg.end, 3000);
+  EXPECT_EQ(seg.samples.size(), 2998u);
+  EXPECT_EQ(seg.skipped.size(), 2u);
+  const EpochPlan p = plan_samples(t, o, seg.samples.data(), seg.samples.size(), 0);
+  EXPECT_TRUE(p.skipped.empty());
+  const int64_t all[] = {5, 6, 900};
+  const EpochPlan q = plan_samples(t, o, all, 3, 0);
+  EXPECT_EQ(q.skipped, (std::vector<int64_t>{5, 900}));
+}
+
+}  // namespace
+}  // namespace adaptiveload

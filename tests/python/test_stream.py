@@ -1,0 +1,286 @@
+"""StreamingBatchSampler: plans that stream segment by segment. Coverage, caps, determinism,
+the plan equal to its segments, resume (same settings exactly, other settings without a sample
+lost or repeated), a state of constant size, memory-mapped lengths shared by processes (measured),
+rank agreement on real gloo processes, and DataLoaders."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+from adaptiveload import StreamingBatchSampler
+from processes import run_on_ranks
+
+LENGTHS = [1560, 3600, 14040, 32760, 46800, 75600]
+
+
+def lengths(n: int, seed: int = 0, dtype=np.int32) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.choice(LENGTHS, size=n, p=[0.4, 0.1, 0.1, 0.2, 0.05, 0.15]).astype(dtype)
+
+
+def sampler(lens, rank=0, **kw) -> StreamingBatchSampler:
+    kw = {"num_replicas": 4, "segment_samples": 700, "seed": 5, **kw}
+    return StreamingBatchSampler(lens, 151_200, rank=rank, **kw)
+
+
+def every_rank(lens, world=4, **kw) -> list[list[list[int]]]:
+    return [list(sampler(lens, rank=r, num_replicas=world, **kw)) for r in range(world)]
+
+
+@pytest.mark.parametrize("uneven", [False, True])
+@pytest.mark.parametrize("k", [1, 3])
+def test_every_sample_once_within_the_caps(uneven, k):
+    rng = np.random.default_rng()
+    lens = lengths(int(rng.integers(3000, 6000)), seed=int(rng.integers(1 << 30)))
+    s = sampler(lens, micro_batches_per_step=k, uneven_counts=uneven)
+    plans = list(s.segments())
+    assert len(plans) > 3  # it streams
+    for seg in plans[:-1]:
+        assert seg.plan.num_padded_samples == 0 and seg.plan.num_split_micro_batches == 0
+    seen = np.zeros(len(lens), np.int64)
+    for seg in plans:
+        p = seg.plan
+        for m in range(p.num_micro_batches):
+            idx = p.samples[p.offsets[m] : p.offsets[m + 1]]
+            assert lens[idx].sum() <= 151_200
+            assert len(set(lens[idx])) == 1  # the key is the length
+            assert p.costs[m] <= s.settings.max_cost * (1 + 1e-12)
+            if not p.padding[m]:
+                np.add.at(seen, idx, 1)
+    assert (seen == 1).all(), np.flatnonzero(seen != 1)[:10]
+    # The ranks' streams are the segments' plans, rank by rank.
+    streams = every_rank(lens, micro_batches_per_step=k, uneven_counts=uneven)
+    for r, stream in enumerate(streams):
+        want = [
+            seg.plan.micro_batch(t, r, j).tolist()
+            for seg in plans
+            for t in range(seg.plan.num_steps)
+            for j in range(seg.plan.micro_batches_in_step(t, r))
+        ]
+        assert stream == want
+    # Deterministic, and the epoch and the seed change it.
+    assert every_rank(lens, micro_batches_per_step=k, uneven_counts=uneven) == streams
+    other = sampler(lens, micro_batches_per_step=k, uneven_counts=uneven)
+    other.set_epoch(1)
+    assert list(other) != streams[0]
+
+
+def test_memory_mapped_lengths_are_read_in_place(tmp_path):
+    path = tmp_path / "lens.npy"
+    np.save(path, lengths(5000))
+    lens = np.load(path, mmap_mode="r")
+    s = sampler(lens)
+    assert isinstance(s.seq_lens, np.memmap) and np.shares_memory(s.seq_lens, lens)
+    by_path = sampler(str(path))
+    assert isinstance(by_path.seq_lens, np.memmap)
+    assert list(by_path) == list(sampler(np.asarray(lens, np.int64)))
+
+
+def _resident(path: str, n: int, queue, barrier) -> None:
+    def anon_kb() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("RssAnon"))
+
+    before = anon_kb()
+    s = StreamingBatchSampler(np.load(path, mmap_mode="r"), 151_200, num_replicas=8, rank=0,
+                              segment_samples=20_000)  # fmt: skip
+    next(iter(s))
+    grown = anon_kb() - before
+    barrier.wait()  # both processes hold the map now
+    rss = pss = 0
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+                inside = line.rstrip().endswith(os.path.basename(path))
+            elif inside and line.startswith("Rss:"):
+                rss += int(line.split()[1])
+            elif inside and line.startswith("Pss:"):
+                pss += int(line.split()[1])
+    barrier.wait()
+    queue.put((grown, rss, pss))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc")
+def test_processes_share_one_copy_of_the_lengths(tmp_path):
+    n = 8_000_000  # 32 MB of int32
+    path = str(tmp_path / "shared_lens.npy")
+    np.save(path, lengths(n, dtype=np.int32))
+    ctx = mp.get_context("spawn")
+    queue, barrier = ctx.Queue(), ctx.Barrier(2)
+    procs = [ctx.Process(target=_resident, args=(path, n, queue, barrier)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    size_kb = n * 4 // 1024
+    for grown, rss, pss in results:
+        # Each process read every length (the table's pass), from the file's pages: resident,
+        # shared (Pss about half of Rss with two processes), and not copied into its own memory.
+        assert rss > 0.9 * size_kb, (rss, size_kb)
+        assert pss < 0.7 * rss, (pss, rss)
+        assert grown < 0.25 * size_kb, (grown, size_kb)
+
+
+def test_state_is_small_and_constant():
+    sizes = []
+    for n in (4_000, 40_000):
+        s = sampler(lengths(n), segment_samples=1000)
+        it = iter(s)
+        for _ in range(30):
+            next(it)
+        state = s.state_dict()
+        sizes.append(len(pickle.dumps(state)))
+    assert max(sizes) <= 4096, sizes
+    assert abs(sizes[0] - sizes[1]) < 64, sizes
+
+
+def _take_steps(s: StreamingBatchSampler, steps: int) -> list[list[int]]:
+    out = []
+    for batch in s:
+        out.append(batch)
+        if s._done >= steps:
+            break
+    return out
+
+
+@pytest.mark.parametrize("uneven", [False, True])
+def test_resume_with_the_same_settings_is_exact(uneven):
+    lens = lengths(5000, seed=3)
+    kw = {"micro_batches_per_step": 2, "uneven_counts": uneven}
+    whole = every_rank(lens, **kw)
+    for stop in (1, 7, 19):  # inside the first segment, across segments
+        for r in range(4):
+            s = sampler(lens, rank=r, **kw)
+            head = _take_steps(s, stop)
+            state = s.state_dict()
+            assert state["steps_done"] == stop
+            t = sampler(lens, rank=r, **kw)
+            t.load_state_dict(pickle.loads(pickle.dumps(state)))
+            t.set_epoch(0)  # the resumed epoch: the position waits for its pass
+            assert head + list(t) == whole[r], (stop, r)
+
+
+def test_resume_on_another_world_size_loses_and_repeats_nothing():
+    lens = lengths(6000, seed=4)
+    n = len(lens)
+    old = [sampler(lens, rank=r, num_replicas=4) for r in range(4)]
+    stop = 9  # inside the second segment
+    consumed = np.zeros(n, np.int64)
+    states = []
+    for s in old:
+        for batch in _take_steps(s, stop):
+            np.add.at(consumed, batch, 1)
+        states.append(s.state_dict())
+    assert all(st == states[0] for st in states)  # the same on every rank
+    new = [sampler(lens, rank=r, num_replicas=2) for r in range(2)]
+    streams = []
+    for s in new:
+        s.load_state_dict(states[0])
+        streams.append(list(s))
+    for stream in streams:
+        for batch in stream:
+            np.add.at(consumed, batch, 1)
+    # Padding repeats only in the last segment, which a test would see as 2s: none here.
+    assert (consumed >= 1).all(), np.flatnonzero(consumed == 0)[:10]
+    extra = np.flatnonzero(consumed > 1)
+    last = list(new[0].segments())[-1].plan
+    assert len(extra) <= last.num_padded_samples
+    # Saved inside what was re-planned, with the new settings: exact again.
+    s = sampler(lens, rank=1, num_replicas=2)
+    s.load_state_dict(states[0])
+    head = _take_steps(s, states[0]["steps_done"] + 2)
+    inner = s.state_dict()
+    assert "prelude" in inner
+    t = sampler(lens, rank=1, num_replicas=2)
+    t.load_state_dict(inner)
+    assert head + list(t) == streams[1]
+    # ... and with yet other settings: refused, naming why.
+    u = sampler(lens, rank=0, num_replicas=3)
+    with pytest.raises(ValueError, match="settings changed again"):
+        u.load_state_dict(inner)
+
+
+def test_other_data_and_bad_input_are_refused():
+    lens = lengths(3000)
+    state = sampler(lens).state_dict()
+    changed = lens.copy()
+    changed[100] += 1
+    with pytest.raises(ValueError, match="other data"):
+        sampler(changed).load_state_dict(state)
+    with pytest.raises(ValueError, match="integers"):
+        StreamingBatchSampler(lens.astype(np.float32), 151_200)
+    bad = lens.copy()
+    bad[7] = 0
+    with pytest.raises(ValueError, match=r"seq_lens\[7\] = 0"):
+        StreamingBatchSampler(bad, 151_200)
+    over = lens.copy()
+    over[11] = 400_000
+    with pytest.raises(ValueError, match="index 11 with 400000 tokens"):
+        StreamingBatchSampler(over, 151_200)
+    with pytest.warns(UserWarning, match="skipping 1"):
+        s = StreamingBatchSampler(over, 151_200, on_oversize="skip", segment_samples=500)
+    assert 11 not in {i for b in s for i in b}
+    with pytest.raises(TypeError, match="no len"):
+        len(s)
+
+
+def test_group_ids_from_a_file(tmp_path):
+    lens = lengths(4000)
+    groups = (np.arange(4000) % 3).astype(np.int32)
+    np.save(tmp_path / "g.npy", groups)
+    s = sampler(lens, group_ids=str(tmp_path / "g.npy"))
+    for batch in s:
+        assert len(set(groups[batch])) == 1
+
+
+class _Index:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_data_loader_and_micro_batches(workers):
+    lens = lengths(3000)
+    s = sampler(lens, rank=1, micro_batches_per_step=2)
+    loader = DataLoader(_Index(len(lens)), batch_sampler=s, num_workers=workers,
+                        collate_fn=lambda b: b)  # fmt: skip
+    seen = []
+    for mb in s.micro_batches(loader):
+        seen.append((mb.step, mb.index, mb.count, mb.batch))
+        if mb.step == 5 and mb.last:
+            state = s.state_dict()  # the steps received whole, not what workers drew ahead
+            break
+    assert state["steps_done"] == 6
+    assert [x[3] for x in seen] == list(sampler(lens, rank=1, micro_batches_per_step=2))[
+        : len(seen)
+    ]
+    assert all(c == 2 for _, _, c, _ in seen)
+
+
+def _agree(rank, world, seed_of_rank):
+    s = StreamingBatchSampler(lengths(2000), 151_200, seed=seed_of_rank[rank],
+                              segment_samples=500)  # fmt: skip
+    return {"first": next(iter(s))}
+
+
+@pytest.mark.distributed
+def test_ranks_agree_or_fail_on_gloo(tmp_path):
+    ok = run_on_ranks(_agree, 2, tmp_path, "agree", [3, 3])
+    assert ok[0]["first"] != ok[1]["first"]
+    bad = run_on_ranks(_agree, 2, tmp_path, "differ", [3, 4], errors_allowed=True)
+    for r in bad:
+        assert "seed" in r["error"] and "different epochs" in r["error"]
