@@ -11,8 +11,13 @@ times the whole plan of N samples for the ranks against ``numpy.random.permutati
 same process.
 
     python benchmarks/bench_scale.py --sizes 1e6,1e7 --procs 2 [--write]
+    python benchmarks/bench_scale.py --stream --sizes 1e7,1e8,1e9 --procs 8 [--write]
 
-The node's memory is the processes' peaks summed: each plans the whole epoch today.
+Without --stream: ``AdaptiveBatchSampler``, which plans the whole epoch in every process (the
+node's memory is the processes' peaks summed). With --stream: ``StreamingBatchSampler`` over
+int32 lengths, which plans segment by segment; a process's own memory is its anonymous resident
+memory (``RssAnon``), and the lengths' pages, read in place, are one copy for the node (the
+page cache), so the node's memory is the processes' own summed plus the file once.
 """
 
 from __future__ import annotations
@@ -34,12 +39,13 @@ MAX_TOKENS = 151_200
 CLIPS = np.array([7_800, 14_040, 32_760, 75_600])
 
 
-def lengths_file(directory: str, n: int) -> str:
+def lengths_file(directory: str, n: int, dtype=np.int64) -> str:
     """The ``.npy`` of ``n`` lengths (drawn once, seed 0), written where missing."""
-    path = os.path.join(directory, f"lengths_{n}.npy")
+    bits = "" if dtype == np.int64 else "32"
+    path = os.path.join(directory, f"lengths{bits}_{n}.npy")
     if not os.path.exists(path):
         os.makedirs(directory, exist_ok=True)
-        out = np.lib.format.open_memmap(path + ".tmp", mode="w+", dtype=np.int64, shape=(n,))
+        out = np.lib.format.open_memmap(path + ".tmp", mode="w+", dtype=dtype, shape=(n,))
         rng = np.random.default_rng(0)
         for a in range(0, n, 1 << 24):
             b = min(n, a + (1 << 24))
@@ -89,6 +95,117 @@ def node(path, ranks, procs, k, iterate):
     return out
 
 
+def status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def stream_process(path, ranks, rank, k, iterate, queue):
+    """One rank process of the streaming arm: the table's pass, then ``set_epoch`` to the
+    first micro-batch, then the planning rate while iterating (a new segment planned whenever
+    the loop reaches it)."""
+    from adaptiveload import StreamingBatchSampler
+
+    lens = np.load(path, mmap_mode="r")
+    t0 = time.perf_counter()
+    s = StreamingBatchSampler(lens, MAX_TOKENS, num_replicas=ranks, rank=rank,
+                              micro_batches_per_step=k)  # fmt: skip
+    build = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    s.set_epoch(0)
+    it = iter(s)
+    next(it)
+    first = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    done = samples = 0
+    for batch in it:
+        done += 1
+        samples += len(batch)
+        if done >= iterate:
+            break
+    elapsed = max(time.perf_counter() - t1, 1e-9)
+    queue.put({"rank": rank, "build_s": build, "first_s": first, "rate": done / elapsed,
+               "sample_rate": samples / elapsed, "anon": status_kib("RssAnon") * 1024,
+               "file": status_kib("RssFile") * 1024,
+               "state": len(pickle.dumps(s.state_dict()))})  # fmt: skip
+
+
+def whole_stream(path, ranks, k):
+    """Seconds to plan the whole epoch segment by segment (the report path), and numpy's
+    permutation of as many samples."""
+    from adaptiveload import StreamingBatchSampler
+
+    lens = np.load(path, mmap_mode="r")
+    s = StreamingBatchSampler(lens, MAX_TOKENS, num_replicas=ranks, rank=0,
+                              micro_batches_per_step=k)  # fmt: skip
+    t0 = time.perf_counter()
+    steps = sum(seg.plan.num_steps for seg in s.segments())
+    plan_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    np.random.default_rng(0).permutation(len(lens))
+    return plan_s, time.perf_counter() - t0, steps
+
+
+def stream_main(args, sizes) -> int:
+    rows = []
+    print(f"{'samples':>13} {'build s':>8} {'first s':>8} {'mb/s':>8} {'samples/s':>10} "
+          f"{'own/proc':>9} {'node':>8} {'state':>7} {'plan s':>7} {'perm s':>7} {'ratio':>6}")  # fmt: skip
+    for n in sizes:
+        path = lengths_file(args.dir, n, np.int32)
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        ps = [ctx.Process(target=stream_process, args=(path, args.ranks, r, args.k, args.iterate,
+                                                       queue)) for r in range(args.procs)]  # fmt: skip
+        for p in ps:
+            p.start()
+        per = [queue.get() for _ in ps]
+        for p in ps:
+            p.join()
+        whole = whole_stream(path, args.ranks, args.k) if n <= args.whole_max else None
+        row = {
+            "samples": n,
+            "build_s": max(r["build_s"] for r in per),
+            "first_s": max(r["first_s"] for r in per),
+            "rate": min(r["rate"] for r in per),
+            "sample_rate": min(r["sample_rate"] for r in per),
+            "own_gib": max(r["anon"] for r in per) / 2**30,
+            "node_gib": (sum(r["anon"] for r in per) + os.path.getsize(path)) / 2**30,
+            "state_b": max(r["state"] for r in per),
+            "plan_s": whole[0] if whole else float("nan"),
+            "perm_s": whole[1] if whole else float("nan"),
+        }
+        rows.append(row)
+        print(f"{n:>13,} {row['build_s']:>8.2f} {row['first_s']:>8.2f} {row['rate']:>8.0f} "
+              f"{row['sample_rate']:>10.0f} {row['own_gib']:>8.2f}G {row['node_gib']:>7.2f}G "
+              f"{row['state_b']:>6}B {row['plan_s']:>7.2f} {row['perm_s']:>7.3f} "
+              f"{row['plan_s'] / row['perm_s']:>5.1f}x", flush=True)  # fmt: skip
+    if args.write:
+        sys.path.insert(0, HERE)
+        from make_results import write_results
+
+        head = ["samples", "table pass (s)", "set_epoch to first micro-batch (s)",
+                "micro-batches/s while iterating", "samples/s while iterating",
+                "own memory per process (GiB)",
+                f"node of {args.procs} processes, lengths once (GiB)", "resume state (bytes)",
+                f"whole plan, {args.ranks} ranks (s)", "numpy permutation (s)",
+                "plan / permutation"]  # fmt: skip
+        out = [[f"{r['samples']:,}", f"{r['build_s']:.2f}", f"{r['first_s']:.2f}",
+                f"{r['rate']:.0f}", f"{r['sample_rate']:.0f}", f"{r['own_gib']:.3f}",
+                f"{r['node_gib']:.2f}", f"{r['state_b']}",
+                "-" if r["plan_s"] != r["plan_s"] else f"{r['plan_s']:.2f}",
+                "-" if r["perm_s"] != r["perm_s"] else f"{r['perm_s']:.3f}",
+                "-" if r["plan_s"] != r["plan_s"] else f"{r['plan_s'] / r['perm_s']:.1f}x"]
+               for r in rows]  # fmt: skip
+        meta = {
+            "date": str(date.today()),
+            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+            "command": f"python benchmarks/bench_scale.py --stream --sizes {args.sizes} --procs "
+            f"{args.procs} --ranks {args.ranks} --k {args.k} --write",
+        }
+        print("wrote", write_results("cpu/scale_stream.csv", head, out, meta))
+    return 0
+
+
 def whole_plan(path, ranks, k):
     """Seconds to plan the whole epoch for ``ranks``, and numpy.random.permutation(N)'s."""
     from adaptiveload import AdaptiveBatchSampler
@@ -113,9 +230,14 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=4, help="micro_batches_per_step")
     ap.add_argument("--iterate", type=int, default=2000, help="micro-batches timed after the first")
     ap.add_argument("--dir", default="/tmp/adaptiveload_scale", help="where the lengths go")
-    ap.add_argument("--write", action="store_true", help="store results/cpu/scale.csv")
+    ap.add_argument("--write", action="store_true", help="store results/cpu/scale*.csv")
+    ap.add_argument("--stream", action="store_true", help="StreamingBatchSampler (int32 lengths)")
+    ap.add_argument("--whole-max", type=float, default=1e8,
+                    help="--stream: plan the whole epoch for sizes up to this")  # fmt: skip
     args = ap.parse_args(argv)
     sizes = [int(float(v)) for v in args.sizes.split(",")]
+    if args.stream:
+        return stream_main(args, sizes)
     rows = []
     print(f"{'samples':>13} {'first s':>8} {'mb/s':>8} {'peak/proc':>10} {'node':>9} "
           f"{'state':>10} {'plan s':>7} {'perm s':>7} {'ratio':>6}")  # fmt: skip

@@ -519,6 +519,25 @@ void bind_stream(py::module_& m) {
       py::arg("table"), py::arg("options"), py::arg("begin"), py::arg("min_samples"));
 
   m.def(
+      "plan_segment",
+      [](const BoundStreamTable& b, const PlanOptions& o, int64_t begin, int64_t min_samples,
+         uint64_t key) {
+        EpochPlan plan;
+        int64_t end = 0;
+        {
+          py::gil_scoped_release release;
+          const adaptiveload::Permutation perm(b.table->size(), o.seed, o.epoch, o.shuffle);
+          adaptiveload::Segment seg =
+              adaptiveload::next_segment(*b.table, o, perm, begin, min_samples);
+          end = seg.end;
+          plan = adaptiveload::plan_segment(*b.table, o, std::move(seg), key);
+        }
+        return py::make_tuple(end, plan_dict(std::move(plan), o, false));
+      },
+      py::arg("table"), py::arg("options"), py::arg("begin"), py::arg("min_samples"),
+      py::arg("key"));
+
+  m.def(
       "plan_samples",
       [](const BoundStreamTable& b, const PlanOptions& o, const Int64Array& samples, uint64_t key) {
         const int64_t* p = checked_1d(samples, "samples", -1);

@@ -240,16 +240,31 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
   int64_t count = 0;
   Segment seg;
   seg.begin = begin;
+  // The samples of the next kAhead positions, their reads requested ahead of use.
+  constexpr int64_t kAhead = 16;
+  int64_t ahead[kAhead];
+  for (int64_t a = 0; a < kAhead && begin + a < n; ++a) {
+    ahead[a] = perm(begin + a);
+    t.prefetch(ahead[a]);
+  }
   int64_t p = begin;
   while (p < n) {
-    const int64_t i = perm(p++);
+    const int64_t i = ahead[p % kAhead];
+    if (p + kAhead < n) {
+      ahead[p % kAhead] = perm(p + kAhead);
+      t.prefetch(ahead[p % kAhead]);
+    }
+    ++p;
     const int64_t len = t.seq_len(i);
     if (t.exceeds_caps(len, o.max_tokens, o.max_cost, max_degree)) {
       if (o.oversize != OversizePolicy::kSkip) refuse(t, o, i);
       seg.skipped.push_back(i);
     } else {
+      const int32_t g = t.group(i);
       seg.samples.push_back(i);
-      BatchStats& mb = open[t.group(i)];
+      seg.lengths.push_back(len);
+      seg.groups.push_back(g);
+      BatchStats& mb = open[g];
       const double f = t.sample_cost(len);
       BatchStats grown = mb;
       grown.add(len, f);
@@ -269,39 +284,28 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
   return seg;
 }
 
-EpochPlan plan_samples(const StreamTable& t, const PlanOptions& o, const int64_t* samples,
-                       int64_t count, uint64_t key) {
-  if (count < 0 || (count > 0 && samples == nullptr)) invalid("plan_samples: no samples given");
+namespace {
+
+// The plan of samples `keep` within the caps, with their lengths and groups as read (`skipped`:
+// those left out), as plan_epoch plans an epoch of them.
+EpochPlan plan_kept(const StreamTable& t, const PlanOptions& o, std::vector<int64_t>&& keep,
+                    const std::vector<int64_t>& lens, std::vector<int32_t>&& group,
+                    std::vector<int64_t>&& skipped, uint64_t key) {
   EpochPlan plan;
-  std::vector<int64_t> keep;
-  keep.reserve(count);
-  for (int64_t j = 0; j < count; ++j) {
-    const int64_t i = samples[j];
-    if (i < 0 || i >= t.size())
-      invalid("sample index " + std::to_string(i) + " out of range (" + std::to_string(t.size()) +
-              " samples)");
-    if (t.exceeds_caps(t.seq_len(i), o.max_tokens, o.max_cost, o.sequence_parallel.max_degree)) {
-      if (o.oversize != OversizePolicy::kSkip) refuse(t, o, i);
-      plan.skipped.push_back(i);
-      continue;
-    }
-    keep.push_back(i);
-  }
+  plan.skipped = std::move(skipped);
   // A table of these samples alone (local index j is keep[j]); groups renumbered densely in
   // increasing order of the table's ids.
   const int64_t c = static_cast<int64_t>(keep.size());
-  std::vector<int64_t> lens(c), ids(c), present;
-  for (int64_t j = 0; j < c; ++j) {
-    lens[j] = t.seq_len(keep[j]);
-    ids[j] = t.group(keep[j]);
-  }
-  present = ids;
-  std::sort(present.begin(), present.end());
-  present.erase(std::unique(present.begin(), present.end()), present.end());
-  for (int64_t& g : ids) g = std::lower_bound(present.begin(), present.end(), g) - present.begin();
+  std::vector<int32_t> local_id(t.num_groups(), -1);
+  for (int32_t g : group) local_id[g] = 0;
+  int64_t G = 0;
+  for (int32_t& id : local_id)
+    if (id == 0) id = static_cast<int32_t>(G++);
+  std::vector<int64_t> ids(c);
+  for (int64_t j = 0; j < c; ++j) ids[j] = local_id[group[j]];
+  std::vector<int32_t>().swap(group);
   const SampleTable local(lens.data(), c, ids.data(), t.cost_model());
   // Grouped in the given order (a stable counting sort): packing takes each group as given.
-  const int64_t G = static_cast<int64_t>(present.size());
   std::vector<int64_t> group_begin(G + 1, 0);
   for (int64_t g : ids) ++group_begin[g + 1];
   for (int64_t g = 0; g < G; ++g) group_begin[g + 1] += group_begin[g];
@@ -314,6 +318,39 @@ EpochPlan plan_samples(const StreamTable& t, const PlanOptions& o, const int64_t
   plan_bucketed(local, o, bucketed, group_begin, order_rng, plan);
   for (int64_t& s : plan.samples) s = keep[s];
   return plan;
+}
+
+}  // namespace
+
+EpochPlan plan_segment(const StreamTable& t, const PlanOptions& o, Segment&& seg, uint64_t key) {
+  if (seg.lengths.size() != seg.samples.size() || seg.groups.size() != seg.samples.size())
+    invalid("plan_segment: the segment's lengths and groups do not match its samples");
+  return plan_kept(t, o, std::move(seg.samples), seg.lengths, std::move(seg.groups),
+                   std::move(seg.skipped), key);
+}
+
+EpochPlan plan_samples(const StreamTable& t, const PlanOptions& o, const int64_t* samples,
+                       int64_t count, uint64_t key) {
+  if (count < 0 || (count > 0 && samples == nullptr)) invalid("plan_samples: no samples given");
+  std::vector<int64_t> keep, lens, skipped;
+  std::vector<int32_t> group;
+  keep.reserve(count);
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t i = samples[j];
+    if (i < 0 || i >= t.size())
+      invalid("sample index " + std::to_string(i) + " out of range (" + std::to_string(t.size()) +
+              " samples)");
+    const int64_t len = t.seq_len(i);
+    if (t.exceeds_caps(len, o.max_tokens, o.max_cost, o.sequence_parallel.max_degree)) {
+      if (o.oversize != OversizePolicy::kSkip) refuse(t, o, i);
+      skipped.push_back(i);
+      continue;
+    }
+    keep.push_back(i);
+    lens.push_back(len);
+    group.push_back(t.group(i));
+  }
+  return plan_kept(t, o, std::move(keep), lens, std::move(group), std::move(skipped), key);
 }
 
 }  // namespace adaptiveload

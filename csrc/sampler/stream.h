@@ -14,7 +14,8 @@
 // What a process holds: the dataset's lengths and group ids, borrowed (a memory-mapped file that
 // every rank process of a node shares), a few numbers per distinct length and per group, and
 // one segment's plan. Memory policies are not supported here (SampleTable is the table for
-// those); sequence parallelism is, as in plan_epoch.
+// those); sequence parallelism options pass through to plan_bucketed but are not yet exposed or
+// tested by the streaming sampler.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +52,11 @@ class StreamTable {
   /// Index of sample i's length among the distinct lengths (increasing).
   int64_t length_index(int64_t len) const;
   int32_t group(int64_t i) const;
+  /// Asks the cache for sample i's length and group ahead of their use (random reads).
+  void prefetch(int64_t i) const {
+    __builtin_prefetch(static_cast<const char*>(lens_) + i * lens_width_);
+    if (groups_) __builtin_prefetch(static_cast<const char*>(groups_) + i * group_width_);
+  }
   double sample_cost(int64_t len) const { return length_cost_[length_index(len)]; }
 
   /// As SampleTable::default_max_cost (no memory policy), over the same data.
@@ -101,6 +107,8 @@ struct Segment {
   int64_t begin = 0;
   int64_t end = 0;
   std::vector<int64_t> samples;  ///< its samples in permutation order, those over a cap left out
+  std::vector<int64_t> lengths;  ///< the length of each of `samples`, as read
+  std::vector<int32_t> groups;   ///< the group of each of `samples`, as read
   std::vector<int64_t> skipped;  ///< its samples over a cap (OversizePolicy::kSkip)
 };
 
@@ -110,6 +118,11 @@ struct Segment {
 /// OversizePolicy::kError, and on a memory policy (not supported).
 Segment next_segment(const StreamTable& table, const PlanOptions& options, const Permutation& perm,
                      int64_t begin, int64_t min_samples);
+
+/// \brief The plan of a segment (next_segment's, same options), as plan_samples plans its
+/// samples with `key`, without reading them again.
+EpochPlan plan_segment(const StreamTable& table, const PlanOptions& options, Segment&& segment,
+                       uint64_t key);
 
 /// \brief The plan of `count` samples, in the order given (a segment's, or what is left of one
 /// after a resume under other settings), as plan_epoch plans an epoch of them; `key` keys the

@@ -158,6 +158,30 @@ TEST(Stream, SegmentsCoverTheEpochOnceWithinTheCaps) {
   }
 }
 
+TEST(Stream, PlanSegmentEqualsPlanSamples) {
+  std::vector<int64_t> lens = wan_mix(6000, 4);
+  std::vector<int32_t> groups(lens.size());
+  for (size_t i = 0; i < lens.size(); ++i) groups[i] = static_cast<int32_t>((i * 7) % 5);
+  const StreamTable t(lens.data(), 8, lens.size(), groups.data(), 4, wan14b());
+  PlanOptions o;
+  o.max_tokens = 151200;
+  o.max_cost = t.default_max_cost(o.max_tokens);
+  o.num_replicas = 4;
+  o.micro_batches_per_step = 2;
+  o.uneven_counts = true;
+  const Permutation perm(t.size(), o.seed, o.epoch, o.shuffle);
+  Segment seg = next_segment(t, o, perm, 1000, 2000);
+  const EpochPlan a = plan_samples(t, o, seg.samples.data(), seg.samples.size(), 3);
+  const EpochPlan b = plan_segment(t, o, std::move(seg), 3);
+  EXPECT_EQ(a.samples, b.samples);
+  EXPECT_EQ(a.offsets, b.offsets);
+  EXPECT_EQ(a.rank_offsets, b.rank_offsets);
+  EXPECT_EQ(a.costs, b.costs);
+  for (int64_t m = 0; m < a.num_micro_batches(); ++m)
+    for (int64_t q = a.offsets[m] + 1; q < a.offsets[m + 1]; ++q)
+      ASSERT_EQ(groups[a.samples[q]], groups[a.samples[a.offsets[m]]]) << "groups mixed";
+}
+
 TEST(Stream, SkipsOrRefusesSamplesOverACap) {
   std::vector<int64_t> lens = wan_mix(3000, 2);
   lens[5] = lens[900] = 400000;

@@ -243,12 +243,10 @@ class StreamingBatchSampler:
         self, settings: Settings, epoch: int, index: int, begin: int, steps_before: int
     ) -> Segment:
         o = settings.plan_options(epoch)
-        end, samples, _ = _sampler.next_segment(self._table, o, begin, settings.segment_samples)
-        plan = self._plan(o, settings, samples, index)
-        return Segment(index, begin, end, steps_before, plan)
+        end, raw = _sampler.plan_segment(self._table, o, begin, settings.segment_samples, index)
+        return Segment(index, begin, end, steps_before, self._plan(settings, raw))
 
-    def _plan(self, o, settings: Settings, samples: np.ndarray, key: int) -> Plan:
-        raw = _sampler.plan_samples(self._table, o, samples, key)
+    def _plan(self, settings: Settings, raw: dict) -> Plan:
         raw = {k: (int(v) if isinstance(v, int) else v) for k, v in raw.items()}
         return Plan(max_tokens=settings.max_tokens, max_cost=settings.max_cost, **raw)
 
@@ -278,7 +276,7 @@ class StreamingBatchSampler:
         j, begin, before = prelude["segment"], prelude["begin"], prelude["steps_before"]
         o = old.plan_options(epoch)
         end, samples, skipped = _sampler.next_segment(self._table, o, begin, old.segment_samples)
-        plan = self._plan(o, old, samples, j)
+        plan = self._plan(old, _sampler.plan_samples(self._table, o, samples, j))
         # The samples of its first steps, padding repeats aside (a few bits of the segment,
         # never one flag per sample of the dataset).
         ids = plan.step_begin(prelude["steps"] - before)
@@ -286,7 +284,8 @@ class StreamingBatchSampler:
         taken = plan.samples[: int(plan.offsets[ids])][~np.repeat(plan.padding[:ids] != 0, sizes)]
         everything = np.concatenate([samples, skipped])
         left = everything[~np.isin(everything, taken)]
-        new = self._plan(settings.plan_options(epoch), settings, left, PRELUDE + j)
+        o = settings.plan_options(epoch)
+        new = self._plan(settings, _sampler.plan_samples(self._table, o, left, PRELUDE + j))
         return Segment(j, begin, end, prelude["steps"], new, prelude=prelude)
 
     # -- iteration --------------------------------------------------------------------------
