@@ -206,6 +206,31 @@ def stream_main(args, sizes) -> int:
     return 0
 
 
+def metadata_read(directory: str, n: int, shards: int = 10) -> tuple[float, float]:
+    """Seconds to read ``n`` rows of (num_frames, height, width) from ``shards`` Parquet shards
+    with ``read_metadata`` (token counts and group keys included), and its peak memory (GiB)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from adaptiveload.metadata import read_metadata
+
+    folder = os.path.join(directory, f"metadata_{n}")
+    if not os.path.isdir(folder):
+        os.makedirs(folder + ".tmp", exist_ok=True)
+        rng = np.random.default_rng(0)
+        shapes = np.array([[1, 480, 832], [1, 720, 1280], [21, 480, 832], [81, 480, 832],
+                           [41, 720, 1280]])  # fmt: skip
+        for i in range(shards):
+            rows = shapes[rng.choice(len(shapes), n // shards, p=[0.3, 0.1, 0.3, 0.2, 0.1])]
+            table = pa.table({"num_frames": rows[:, 0], "height": rows[:, 1], "width": rows[:, 2]})
+            pq.write_table(table, os.path.join(folder + ".tmp", f"part-{i:04d}.parquet"))
+        os.replace(folder + ".tmp", folder)
+    t0 = time.perf_counter()
+    m = read_metadata(folder)
+    m.group_keys()
+    return time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
 def whole_plan(path, ranks, k):
     """Seconds to plan the whole epoch for ``ranks``, and numpy.random.permutation(N)'s."""
     from adaptiveload import AdaptiveBatchSampler
@@ -234,8 +259,16 @@ def main(argv=None) -> int:
     ap.add_argument("--stream", action="store_true", help="StreamingBatchSampler (int32 lengths)")
     ap.add_argument("--whole-max", type=float, default=1e8,
                     help="--stream: plan the whole epoch for sizes up to this")  # fmt: skip
+    ap.add_argument("--metadata", help="time read_metadata of this many Parquet rows instead")
     args = ap.parse_args(argv)
     sizes = [int(float(v)) for v in args.sizes.split(",")]
+    if args.metadata:
+        n = int(float(args.metadata))
+        seconds, peak = metadata_read(args.dir, n)
+        print(
+            f"read_metadata: {n:,} rows in 10 Parquet shards, {seconds:.1f} s, peak {peak:.1f} GiB"
+        )
+        return 0
     if args.stream:
         return stream_main(args, sizes)
     rows = []

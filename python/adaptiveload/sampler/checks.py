@@ -126,6 +126,10 @@ def as_group_ids(group_keys, seq_lens: np.ndarray, name: str = "group_keys") -> 
     if a.ndim == 1 and a.dtype.kind in "iu" and n and a.min() >= 0 and a.max() < n:
         if np.bincount(a, minlength=1).all():  # already dense ids: their own numbering
             return np.ascontiguousarray(a, dtype=np.int64)
+    if a.dtype.kind in "iu" and n:
+        ids = _integer_key_ids(a)
+        if ids is not None:
+            return ids
     if a.dtype.kind in "biufUS":
         ids = np.unique(a, axis=0 if a.ndim == 2 else None, return_inverse=True)[1]
         return np.ascontiguousarray(ids.reshape(-1), dtype=np.int64)
@@ -138,6 +142,28 @@ def as_group_ids(group_keys, seq_lens: np.ndarray, name: str = "group_keys") -> 
         for k in keys:
             order.setdefault(k, len(order))
     return np.fromiter((order[k] for k in keys), dtype=np.int64, count=n)
+
+
+def _integer_key_ids(a: np.ndarray) -> np.ndarray | None:
+    """Dense ids of integer keys (1-D, or (n, k) rows) in sorted key order, without sorting the
+    rows: each row as one mixed-radix code (which orders as the rows do), then the codes' ranks
+    from a table of the codes present (where the codes span at most 2^26), else by sorting the
+    codes. None where the codes would not fit in int64."""
+    rows = a.reshape(len(a), -1)
+    low = rows.min(axis=0)
+    span = [int(h) - int(lo) + 1 for lo, h in zip(low, rows.max(axis=0), strict=True)]
+    if np.prod(np.array(span, dtype=np.float64)) >= 2.0**62:
+        return None
+    code = np.zeros(len(a), dtype=np.int64)
+    for j, width in enumerate(span):
+        code *= width
+        code += rows[:, j].astype(np.int64) - int(low[j])
+    total = int(np.prod(np.array(span, dtype=object)))
+    if total <= 1 << 26:
+        present = np.zeros(total, dtype=np.int64)
+        present[code] = 1
+        return np.cumsum(present)[code] - 1
+    return np.unique(code, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 def int_arg(name: str, value, low: int, high: int | None = None) -> int:

@@ -1,0 +1,106 @@
+"""Metadata at scale: numeric Parquet columns and .npy files read whole (no Python object per
+row), Parquet shards read as one table, and every error still naming the file, row and column."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adaptiveload.metadata import read_metadata
+from adaptiveload.wan import wan_seq_len
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+def _lens(n, seed=None):
+    return np.random.default_rng(seed).choice([1560, 7800, 32760, 75600], n).astype(np.int64)
+
+
+def test_numeric_parquet_is_read_without_a_python_object_per_row(tmp_path, monkeypatch):
+    lens = _lens(50_000)
+    pq.write_table(
+        pa.table({"seq_len": lens, "other": np.arange(len(lens))}), tmp_path / "m.parquet"
+    )
+
+    import adaptiveload.metadata as metadata
+
+    read = metadata._arrow_values
+    kinds = []
+    monkeypatch.setattr(metadata, "_arrow_values", lambda c: kinds.append(read(c)) or kinds[-1])
+    m = read_metadata(tmp_path / "m.parquet")
+    assert m.seq_lens.dtype == np.int64 and (m.seq_lens == lens).all()
+    assert kinds and all(isinstance(k, np.ndarray) for k in kinds)  # no list of Python ints
+    floats = lens.astype(np.float64)  # integral floats are accepted, as in every format
+    pq.write_table(pa.table({"seq_len": floats}), tmp_path / "f.parquet")
+    assert (read_metadata(tmp_path / "f.parquet").seq_lens == lens).all()
+
+
+@pytest.mark.parametrize("bad,match", [(0, "0 is not a positive integer"),
+                                       (2**41, "larger than the largest"),
+                                       (None, "missing value")])  # fmt: skip
+def test_parquet_errors_name_the_row(tmp_path, bad, match):
+    values = [int(v) for v in _lens(1000)]
+    row = int(np.random.default_rng().integers(1, 1000))
+    values[row - 1] = bad
+    pq.write_table(pa.table({"seq_len": pa.array(values, pa.int64())}), tmp_path / "b.parquet")
+    with pytest.raises(ValueError, match=rf"b.parquet row {row}, column 'seq_len': .*{match}"):
+        read_metadata(tmp_path / "b.parquet")
+
+
+def test_a_directory_of_shards_reads_as_one_table(tmp_path):
+    parts = [_lens(n) for n in (300, 1, 700)]
+    for i, p in enumerate(parts):
+        pq.write_table(pa.table({"seq_len": p}), tmp_path / f"part-{i:03d}.parquet")
+    (tmp_path / "README.txt").write_text("not a shard")
+    m = read_metadata(tmp_path)
+    assert (m.seq_lens == np.concatenate(parts)).all()
+    bad = parts[2].copy()
+    bad[41] = -5
+    pq.write_table(pa.table({"seq_len": bad}), tmp_path / "part-002.parquet")
+    with pytest.raises(ValueError, match=r"part-002.parquet row 42, column 'seq_len'"):
+        read_metadata(tmp_path)
+    pq.write_table(pa.table({"seq_len": parts[2]}), tmp_path / "part-002.parquet")
+    pq.write_table(pa.table({"num_frames": [1], "height": [480], "width": [832]}),
+                   tmp_path / "part-003.parquet")  # fmt: skip
+    with pytest.raises(ValueError, match="the shards do not have the same columns"):
+        read_metadata(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="is a directory without .parquet shards"):
+        read_metadata(empty)
+
+
+def test_npy_is_read_in_place(tmp_path):
+    lens = _lens(10_000)
+    np.save(tmp_path / "l.npy", lens)
+    m = read_metadata(tmp_path / "l.npy")
+    assert isinstance(m.seq_lens, np.memmap) and (m.seq_lens == lens).all()  # not copied
+    shapes = np.zeros(3, dtype=[("num_frames", "i4"), ("height", "i4"), ("width", "i4")])
+    shapes["num_frames"], shapes["height"], shapes["width"] = [1, 81, 41], [480, 480, 720], 832
+    shapes["width"][2] = 1280
+    np.save(tmp_path / "s.npy", shapes)
+    m = read_metadata(tmp_path / "s.npy")
+    assert (
+        m.seq_lens == wan_seq_len(shapes["num_frames"], shapes["height"], shapes["width"])
+    ).all()
+    assert len(np.unique(m.group_keys())) == 3
+    shapes["height"][1] = 0
+    np.save(tmp_path / "s.npy", shapes)
+    with pytest.raises(ValueError, match=r"s.npy row 2, column 'height'"):
+        read_metadata(tmp_path / "s.npy")
+    np.save(tmp_path / "two.npy", np.ones((2, 2), np.int64))
+    with pytest.raises(ValueError, match="expected a 1-D array"):
+        read_metadata(tmp_path / "two.npy")
+
+
+@pytest.mark.parametrize("high", [3, 2_000, 2**40])
+@pytest.mark.parametrize("width", [1, 3])
+def test_integer_group_keys_number_as_sorting_does(high, width):
+    from adaptiveload.sampler.checks import as_group_ids
+
+    rng = np.random.default_rng()
+    keys = rng.integers(-5, high, (int(rng.integers(1, 5000)), width))
+    keys = keys[:, 0] if width == 1 else keys
+    want = np.unique(keys, axis=0 if width > 1 else None, return_inverse=True)[1].reshape(-1)
+    assert (as_group_ids(keys, np.ones(len(keys))) == want).all()
