@@ -199,6 +199,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         source = args.metadata
     cost = _cost_model(args.cost_model)
     max_tokens = args.max_tokens if args.max_tokens is not None else int(2 * meta.seq_lens.max())
+    if args.stream:
+        return _plan_streamed(args, meta, source, cost, max_tokens)
     compared = compare_samplers(
         meta.seq_lens,
         max_tokens,
@@ -251,6 +253,42 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     print(_steps_line(rep.composition, no_image.get("AdaptiveLoad"), ours.mix_tolerance))
     _write_outputs(args, meta, rows, reports, no_image)
+    return 0
+
+
+def _plan_streamed(args, meta: Metadata, source: str, cost, max_tokens: int) -> int:
+    """``plan --stream``: the epoch as StreamingBatchSampler plans it, segment by segment, and
+    its merged report (no comparison: equal-token buckets plan whole epochs)."""
+    from adaptiveload import StreamingBatchSampler
+
+    s = StreamingBatchSampler(
+        meta.seq_lens, max_tokens, max_cost=args.max_cost, cost_model=cost,
+        group_ids=meta.group_keys(), num_replicas=args.num_replicas, rank=0,
+        micro_batches_per_step=args.micro_batches_per_step, seed=args.seed,
+        lookahead_steps=args.lookahead_steps, mix_tolerance=args.mix_tolerance,
+        max_batch_size=args.max_batch_size, segment_samples=args.segment_samples,
+    )  # fmt: skip
+    labels = meta.group_keys() if meta.shapes is not None else meta.seq_lens
+    rep = s.balance_report(labels, meta.seq_lens, epoch=args.epoch)
+    segments = sum(1 for _ in s.segments(args.epoch))
+    comp = rep.composition
+    print(f"data: {source}; {len(meta.seq_lens)} samples; cost model {cost!r}")
+    print(
+        f"streamed: {segments} segments of at least {s.settings.segment_samples} samples; "
+        f"max_tokens = {max_tokens}, max_cost = {s.settings.max_cost:.6g}; "
+        f"{args.num_replicas} ranks x {args.micro_batches_per_step} micro-batch(es) per step"
+    )
+    print(
+        f"steps {rep.num_steps}, imbalance {rep.imbalance:.1%}, spread {rep.spread:.1%}, "
+        f"epoch time {rep.epoch_time:.5g} (perfect-balance bound {rep.balance_efficiency:.1%} "
+        f"reached), token use {rep.token_utilization:.1%}; mix vs shuffle "
+        f"{comp.tokens_ratio:.2f}/{comp.samples_ratio:.2f}x, missing {comp.missing:.0%} "
+        f"({comp.shuffle_missing:.0%}); {rep.num_split_micro_batches} micro-batches halved and "
+        f"{rep.num_padded_samples} samples repeated in the last segment"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"AdaptiveLoad (streamed)": rep.to_dict()}, f, indent=2)
     return 0
 
 
@@ -363,6 +401,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--figure-steps", type=_positive_int, default=60, help="steps drawn in the figure"
     )
     p.add_argument("--json", default=None, help="also write the report as JSON here")
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="plan as StreamingBatchSampler does, segment by segment (epochs of 100M+ samples)",
+    )
+    p.add_argument("--segment-samples", type=_positive_int, default=None)
     p.set_defaults(func=cmd_plan)
 
     c = sub.add_parser(

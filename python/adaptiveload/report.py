@@ -124,6 +124,59 @@ def balance_report(plan: Plan, labels=None, seq_lens=None) -> BalanceReport:
     )
 
 
+def merge_reports(reports: list[BalanceReport]) -> BalanceReport:
+    """One report of consecutive plans, such as a streamed epoch's segments
+    (``StreamingBatchSampler.balance_report``): means over steps weighted by steps, over
+    micro-batches by micro-batches; times and counts summed. Each plan's composition is against
+    shuffles of its own micro-batches; merged, weighted by steps (the median groups per step
+    too, as a mean of medians)."""
+    if not reports:
+        raise ValueError("merge_reports needs at least one report")
+    first = reports[0]
+    steps = np.array([r.num_steps for r in reports], dtype=np.float64)
+    mbs = np.array([r.num_micro_batches for r in reports], dtype=np.float64)
+
+    def mean(values, weights) -> float:
+        return float(np.dot(values, weights) / weights.sum()) if weights.sum() else 0.0
+
+    composition = None
+    if all(r.composition is not None for r in reports):
+        comps = [r.composition for r in reports]
+        fields = ["tv_tokens", "tv_samples", "shuffle_tv_tokens", "shuffle_tv_samples",
+                  "missing", "shuffle_missing", "groups_per_step", "shuffle_groups_per_step"]  # fmt: skip
+        composition = dataclasses.replace(
+            comps[0],
+            num_steps=int(steps.sum()),
+            num_groups=max(c.num_groups for c in comps),
+            **{f: mean([getattr(c, f) for c in comps], steps) for f in fields},
+        )
+    return BalanceReport(
+        num_steps=int(steps.sum()),
+        num_replicas=first.num_replicas,
+        micro_batches_per_step=first.micro_batches_per_step,
+        num_micro_batches=int(mbs.sum()),
+        imbalance=mean([r.imbalance for r in reports], steps),
+        spread=mean([r.spread for r in reports], steps),
+        epoch_time=sum(r.epoch_time for r in reports),
+        ideal_time=sum(r.ideal_time for r in reports),
+        token_utilization=mean([r.token_utilization for r in reports], mbs),
+        max_tokens=first.max_tokens,
+        max_cost=first.max_cost,
+        **{
+            k: sum(getattr(r, k) for r in reports)
+            for k in (
+                "over_token_cap",
+                "over_cost_cap",
+                "num_padded_samples",
+                "num_dropped_samples",
+                "num_split_micro_batches",
+                "num_skipped_samples",
+            )
+        },  # fmt: skip
+        composition=composition,
+    )
+
+
 def rescore(plan: Plan, seq_lens, cost_model, max_cost: float | None = None) -> Plan:
     """The same plan with each micro-batch's cost predicted by another ``cost_model``
     (to compare plans made with different models under one yardstick)."""

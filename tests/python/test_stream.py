@@ -284,3 +284,32 @@ def test_ranks_agree_or_fail_on_gloo(tmp_path):
     bad = run_on_ranks(_agree, 2, tmp_path, "differ", [3, 4], errors_allowed=True)
     for r in bad:
         assert "seed" in r["error"] and "different epochs" in r["error"]
+
+
+def test_balance_report_streams_the_whole_epoch():
+    from adaptiveload.report import balance_report, merge_reports
+
+    lens = lengths(4000, seed=9)
+    s = sampler(lens, micro_batches_per_step=2)
+    rep = s.balance_report(lens, lens)
+    plans = [seg.plan for seg in s.segments()]
+    loads = np.concatenate([p.rank_costs() for p in plans])  # every step of the epoch
+    assert rep.num_steps == len(loads) > 0
+    assert rep.imbalance == pytest.approx(np.mean(1 - loads.mean(1) / loads.max(1)))
+    assert rep.epoch_time == pytest.approx(loads.max(1).sum())
+    assert rep.num_micro_batches == sum(p.num_micro_batches for p in plans)
+    tokens = np.concatenate([p.tokens for p in plans])
+    assert rep.token_utilization == pytest.approx(np.mean(tokens / 151_200))
+    one = balance_report(plans[0], lens, lens)
+    assert merge_reports([one]) == one
+    with pytest.raises(ValueError, match="at least one"):
+        merge_reports([])
+
+
+def test_plan_command_streams(capsys):
+    from adaptiveload.cli import main
+
+    assert main(["plan", "--demo", "--demo-samples", "3000", "--stream",
+                 "--segment-samples", "500", "--figure", "none"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "streamed:" in out and "segments of at least 500 samples" in out

@@ -256,6 +256,17 @@ class StreamingBatchSampler:
         epoch = self.epoch if epoch is None else epoch
         yield from self._segments_from(self.settings, epoch, (0, 0, 0, 0), None)
 
+    def balance_report(self, labels=None, seq_lens=None, epoch: int | None = None):
+        """The whole epoch's ``BalanceReport`` (``adaptiveload.report``), planned segment by
+        segment and merged (``merge_reports``): the ``plan`` command's figures at any size.
+        ``labels`` and ``seq_lens`` as ``balance_report``'s (then with the composition)."""
+        # adaptiveload.report imports the sampler package: imported here, where it is used.
+        from adaptiveload.report import balance_report, merge_reports
+
+        return merge_reports(
+            [balance_report(seg.plan, labels, seq_lens) for seg in self.segments(epoch)]
+        )
+
     def _segments_from(self, settings, epoch, start, prelude) -> Iterator[Segment]:
         index, begin, steps_before, _ = start
         n = len(self.seq_lens)
