@@ -70,9 +70,9 @@ def main(argv=None) -> int:
     if args.write:
         from make_results import write_results
 
-        head = ["ranks", "K", "segments", "imbalance whole", "imbalance streamed",
-                "composition vs shuffle, whole", "streamed", "steps without an image, whole",
-                "streamed"]  # fmt: skip
+        head = ["ranks", "K", "segments", "imbalance, whole", "imbalance, streamed",
+                "composition vs shuffle, whole", "composition vs shuffle, streamed",
+                "steps without an image, whole", "steps without an image, streamed"]  # fmt: skip
         out = [[w, k, n, f"{a['imbalance']:.2%}", f"{b['imbalance']:.2%}",
                 f"{a['tv_ratio']:.2f}x", f"{b['tv_ratio']:.2f}x", f"{a['no_image']:.1%}",
                 f"{b['no_image']:.1%}"] for w, k, a, b, n in rows]  # fmt: skip

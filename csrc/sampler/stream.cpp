@@ -232,7 +232,10 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
   if (begin < 0 || begin >= n)
     invalid("a segment must start in [0, " + std::to_string(n) + "), got " + std::to_string(begin));
   if (min_samples < 1) invalid("min_samples must be >= 1, got " + std::to_string(min_samples));
-  const int64_t per_step = o.num_replicas * o.micro_batches_per_step;
+  // A segment holds whole windows of lookahead_steps steps, so that its windows are those a
+  // whole-epoch plan has: only the epoch's last may be shorter.
+  const int64_t per_window =
+      o.num_replicas * o.micro_batches_per_step * (o.balance ? o.lookahead_steps : 1);
   const int64_t max_degree = o.sequence_parallel.max_degree;
   // Packing as plan_bucketed packs (pack_groups), counting micro-batches only: each group's
   // open micro-batch, which a sample joins unless that breaks a cap.
@@ -278,7 +281,9 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
         mb = grown;
       }
     }
-    if (p - begin >= min_samples && count > 0 && count % per_step == 0) break;
+    // A rest shorter than a segment joins this one: no epoch ends on a sliver of a segment.
+    if (p - begin >= min_samples && count > 0 && count % per_window == 0 && n - p >= min_samples)
+      break;
   }
   seg.end = p;
   return seg;

@@ -7,9 +7,11 @@
 // epoch (planner.h: grouped, packed under both caps, micro-batches shuffled, windows of
 // lookahead_steps steps balanced and mixed), from its samples in permutation order. A segment
 // holds at least `min_samples` positions and ends at the first position after that where its
-// micro-batches fill whole steps of W * K, so only the epoch's last segment is fitted to steps
-// (halved, padded or dropped, as plan_epoch fits an epoch), and where segment j + 1 starts
-// depends only on where j started: (epoch, j, begin_j) locates any point of the epoch.
+// micro-batches fill whole windows of lookahead_steps steps of W * K micro-batches (whole steps
+// without balancing). So only the epoch's last segment is fitted to steps (halved, padded or
+// dropped, as plan_epoch fits an epoch), every window but the epoch's last is whole, as in a
+// plan of the whole epoch, and where segment j + 1 starts depends only on where j started:
+// (epoch, j, begin_j) locates any point of the epoch.
 //
 // What a process holds: the dataset's lengths and group ids, borrowed (a memory-mapped file that
 // every rank process of a node shares), a few numbers per distinct length and per group, and
@@ -113,9 +115,10 @@ struct Segment {
 };
 
 /// \brief The segment that starts at position `begin` (< perm.size()): at least `min_samples`
-/// positions (>= 1), then up to the first position where its micro-batches fill whole steps,
-/// or to the epoch's end. Throws std::invalid_argument on a sample over a cap under
-/// OversizePolicy::kError, and on a memory policy (not supported).
+/// positions (>= 1), then up to the first position where its micro-batches fill whole windows
+/// and at least `min_samples` positions are left, or to the epoch's end. Throws
+/// std::invalid_argument on a sample over a cap under OversizePolicy::kError, and on a memory
+/// policy (not supported).
 Segment next_segment(const StreamTable& table, const PlanOptions& options, const Permutation& perm,
                      int64_t begin, int64_t min_samples);
 

@@ -1,5 +1,5 @@
 // Plans that stream (stream.h): the permutation, the table over borrowed arrays, and segments
-// that cover the epoch once, obey the caps and fill whole steps.
+// that cover the epoch once, obey the caps and fill whole windows.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -90,7 +90,7 @@ TEST(StreamTable, RefusesBadArrays) {
 }
 
 // The whole epoch, segment after segment: each sample once, every cap obeyed, every segment but
-// the last filling whole steps without halving or padding.
+// the last filling whole windows without halving or padding.
 struct Streamed {
   std::vector<EpochPlan> plans;
   std::vector<int64_t> begins;
@@ -124,6 +124,7 @@ TEST(Stream, SegmentsCoverTheEpochOnceWithinTheCaps) {
       o.mix_tolerance = 0.05;
       o.seed = 3;
       o.epoch = 2;
+      o.lookahead_steps = 16;
       const Streamed s = stream_epoch(t, o, 3000);
       ASSERT_GE(s.plans.size(), 4u);
       std::vector<int> seen(lens.size(), 0);
@@ -135,6 +136,9 @@ TEST(Stream, SegmentsCoverTheEpochOnceWithinTheCaps) {
           EXPECT_EQ(p.num_split_micro_batches, 0);
         }
         EXPECT_EQ(p.num_micro_batches(), p.num_steps * 8 * K);
+        if (!last) {
+          EXPECT_EQ(p.num_steps % o.lookahead_steps, 0) << "a window cut short";
+        }
         for (int64_t m = 0; m < p.num_micro_batches(); ++m) {
           int64_t tokens = 0;
           for (int64_t q = p.offsets[m]; q < p.offsets[m + 1]; ++q) {

@@ -25,7 +25,7 @@ def lengths(n: int, seed: int = 0, dtype=np.int32) -> np.ndarray:
 
 
 def sampler(lens, rank=0, **kw) -> StreamingBatchSampler:
-    kw = {"num_replicas": 4, "segment_samples": 700, "seed": 5, **kw}
+    kw = {"num_replicas": 4, "segment_samples": 700, "seed": 5, "lookahead_steps": 8, **kw}
     return StreamingBatchSampler(lens, 151_200, rank=rank, **kw)
 
 
@@ -43,6 +43,7 @@ def test_every_sample_once_within_the_caps(uneven, k):
     assert len(plans) > 3  # it streams
     for seg in plans[:-1]:
         assert seg.plan.num_padded_samples == 0 and seg.plan.num_split_micro_batches == 0
+        assert seg.plan.num_steps % 8 == 0  # whole windows of lookahead_steps
     seen = np.zeros(len(lens), np.int64)
     for seg in plans:
         p = seg.plan

@@ -4,7 +4,7 @@ The epoch's order is a keyed permutation of the dataset (computed per position, 
 cut into segments of at least ``segment_samples`` positions; each segment is planned when the
 loop reaches it, exactly as ``AdaptiveBatchSampler`` plans an epoch (grouped, packed under both
 caps, micro-batches shuffled, windows of ``lookahead_steps`` steps balanced and mixed). A
-segment ends where its micro-batches fill whole steps, so where segment ``j + 1`` starts
+segment ends where its micro-batches fill whole windows, so where segment ``j + 1`` starts
 depends only on where ``j`` started (csrc/sampler/stream.h). What a process holds: the lengths
 and group ids as given (a memory-mapped ``.npy`` is read in place, and its pages are shared by
 every rank process of the node), a few numbers per distinct length and per group, and one
@@ -40,7 +40,8 @@ STATE_VERSION = 1
 # Keys of a segment's micro-batch shuffle: segment j is keyed j, what a resume under other
 # settings re-plans of segment j is keyed PRELUDE + j.
 PRELUDE = 1 << 62
-# The default least segment: 2^20 samples, and at least 4 windows of W * K micro-batches.
+# The default least segment: 2^20 samples, and at least 4 windows of lookahead * W * K
+# micro-batches.
 MIN_SEGMENT = 1 << 20
 
 
