@@ -285,8 +285,9 @@ SECTIONS = [
                 "benchmarks/replay_sp.py: the held-out mix (20,000 samples) for 8 ranks and a "
                 "simulated 64, batch size 1 and packed, K = 1 and 4: shuffled batch size 1, "
                 "today's default plan, today's with uneven counts, and sequence_parallel=8 "
-                "(Wan 2.1-14B's 40 heads allow 1, 2, 4, 8) at the default mix_tolerance and fully "
-                "mixed (mix_tolerance=1). Each arm plans with a cost model calibrated on its own "
+                "(Wan 2.1-14B's 40 heads allow 1, 2, 4, 8) at the default mix_tolerance (0.02; "
+                "0.08 at batch size 1 and K = 1, sampler.samplers.MIX_TOLERANCE_BY_SETUP) and "
+                "fully mixed (mix_tolerance=1). Each arm plans with a cost model calibrated on its own "
                 "plans of epoch 0 (calibrate_plan: whole micro-batches and, split, one rank's "
                 "share (S, B, d)) and is scored on epoch 1. Every listing timed on the H200 as "
                 "exactly one member's share (parallel.ONE_DEVICE; 1 of 40 blocks, bf16, the "
@@ -297,7 +298,11 @@ SECTIONS = [
                 "scoring use the same timing of each kind, so the two agree wherever every "
                 "micro-batch is of one kind: the agreement shows the planner prices what it "
                 "plans, not the timings' run-to-run noise (0.4% median on the H200). One block "
-                "of 40 weighs the per-micro-batch launch floor more than the whole model does.",
+                "of 40 weighs the per-micro-batch launch floor more than the whole model does. "
+                "Run to run (each arm calibrated anew), batch size 1 at K = 1 with sequence "
+                "parallelism gave 3.48-3.53x shuffled batch size 1, 0.82-0.93x a shuffle's "
+                "composition distance and 5.7-6.8% imbalance over two runs; packed K = 1 "
+                "0.949-0.960x today's plan.",
             )
             + ["![frontier](results/h200/replay_sp.png)", ""]
             + copied(
@@ -357,14 +362,19 @@ SECTIONS = [
             "cpu/scale_stream.csv",
             "Plans that stream",
             "benchmarks/bench_scale.py --stream: StreamingBatchSampler over int32 lengths of the "
-            "same mix, memory-mapped from a .npy, rank processes of one node started together "
-            "(2 on this 2-core machine), 1,024 ranks, K = 4, default segments (2^20 samples). "
+            "same mix, memory-mapped from a .npy, 8 rank processes of one node started together "
+            "(on this machine's 2 cores, so each time is about 4x what a core per process "
+            "gives), 1,024 ranks, K = 4, default segments (at least 2^20 samples, whole "
+            "windows). "
             "'table pass' is making the sampler (one pass over the lengths); the first "
             "micro-batch is timed from set_epoch and plans one segment; the rates are a rank's "
             "own micro-batches and samples per second while it iterates, a segment planned for "
             "all ranks whenever it reaches one. A process's own memory is its anonymous "
             "resident memory (about 0.3 GiB of it is importing torch); the node's adds the "
             "lengths file once (the page cache all processes read).",
+            "With 2 processes (a core each) the same run gave, at 1e7 / 1e8 / 1e9 samples: "
+            "first micro-batch 0.82 / 0.94 / 1.91 s, 1,365 / 1,410 / 1,136 samples/s per rank, "
+            "table pass 0.07 / 0.56 / 4.27 s. "
             "Consumption assumed for the planning rate: an H200 trains at most about 20 "
             "samples/s of this mix, generously (an image through 3 of Wan 2.1-1.3B's 30 blocks "
             "alone takes about 55 ms forward and backward), so a rank needs 20 samples/s and a "

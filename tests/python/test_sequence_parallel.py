@@ -299,3 +299,22 @@ def test_refinement_keeps_measured_shares_and_never_learns_a_share_as_a_whole():
         s.record_time([0], 42.0, degree=16)
     whole = make(lens, max_batch_size=1, sequence_parallel=1)
     assert whole.record_time([0], 42.0)
+
+
+def test_default_mix_tolerance_per_setup():
+    from adaptiveload.sampler.samplers import MIX_TOLERANCE, MIX_TOLERANCE_BY_SETUP
+
+    lens = random_mix(400, np.random.default_rng())
+    single = MIX_TOLERANCE_BY_SETUP[(True, True, True)]
+    assert single > MIX_TOLERANCE
+    # Batch size 1, K = 1, split clips: the setup's own default (a step of W single samples
+    # cannot be both representative and within MIX_TOLERANCE).
+    assert make(lens, max_batch_size=1).options.mix_tolerance == single
+    # Any other setup: MIX_TOLERANCE; a value given is kept.
+    assert (
+        make(lens, max_batch_size=1, micro_batches_per_step=4).options.mix_tolerance
+        == MIX_TOLERANCE
+    )
+    assert make(lens).options.mix_tolerance == MIX_TOLERANCE
+    assert make(lens, max_batch_size=1, sequence_parallel=1).options.mix_tolerance == MIX_TOLERANCE
+    assert make(lens, max_batch_size=1, mix_tolerance=0.0).options.mix_tolerance == 0.0

@@ -11,6 +11,25 @@ from adaptiveload.sampler.base import PlannedBatchSampler
 # The default mix_tolerance: the predicted imbalance a window's steps may take on to mix the
 # data's groups (docs/sampler.md, "Representative steps").
 MIX_TOLERANCE = 0.02
+# The default mix_tolerance of setups whose steps cannot be both representative and within
+# MIX_TOLERANCE, by (sequence parallelism, one sample per micro-batch, K = 1). A step of W single
+# samples mixes images and clips only where split clips even it out, which leaves about 7% on
+# the held-out mix; the 0.02 default then segregated steps instead (39% of steps without an
+# image where a shuffle has 2%): benchmarks/RESULTS.md, "Sequence parallelism per micro-batch".
+MIX_TOLERANCE_BY_SETUP = {(True, True, True): 0.08}
+
+
+def default_mix_tolerance(sequence_parallel, max_batch_size, micro_batches_per_step) -> float:
+    """The default ``mix_tolerance`` of a setup: ``MIX_TOLERANCE_BY_SETUP``'s where it has the
+    setup, else ``MIX_TOLERANCE``."""
+    key = (
+        isinstance(sequence_parallel, int) and sequence_parallel > 1,
+        max_batch_size == 1,
+        micro_batches_per_step == 1,
+    )
+    return MIX_TOLERANCE_BY_SETUP.get(key, MIX_TOLERANCE)
+
+
 # A compute cap that never binds (equal-token buckets have none).
 _NO_COST_CAP = 1e300
 
@@ -57,8 +76,10 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
             step a proportional draw of its groups) that keep it within this; none does:
             steps of similar cost. 0 gives the best balance, with steps that often hold one
             or two shapes; 1 mixes every window whatever the balance.
-            ``plan().window_strata`` and ``step_composition`` report where each plan landed. Default ``MIX_TOLERANCE`` (0.02): docs/sampler.md, "Representative
-            steps".
+            ``plan().window_strata`` and ``step_composition`` report where each plan landed.
+            Default (None): ``MIX_TOLERANCE`` (0.02), except where ``MIX_TOLERANCE_BY_SETUP``
+            names the setup (0.08 with sequence parallelism at one sample per micro-batch and
+            K = 1): docs/sampler.md, "Representative steps".
         balance: False gives the paper's form: dual caps, no cross-rank balancing.
         max_batch_size: at most this many samples per micro-batch (None: no limit beyond the
             caps). ``max_batch_size=1`` is the batch-size-1 pipeline (DiffSynth-Studio's
@@ -136,11 +157,15 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
         memory_model: MemoryModel | None = None,
         memory_budget_gib: float | None = None,
         uneven_counts: bool = False,
-        mix_tolerance: float = MIX_TOLERANCE,
+        mix_tolerance: float | None = None,
         drawn_is_trained: bool = False,
         sequence_parallel: int = 1,
         sequence_parallel_comm: float | None = None,
     ):
+        if mix_tolerance is None:
+            mix_tolerance = default_mix_tolerance(
+                sequence_parallel, max_batch_size, micro_batches_per_step
+            )
         super().__init__(
             seq_lens,
             max_tokens,
