@@ -448,14 +448,12 @@ struct BoundStreamTable {
   std::unique_ptr<adaptiveload::StreamTable> table;
 };
 
-// An int32 or int64 1-D C-contiguous array as it is, or refused with what it is.
+// A native int32 or int64 1-D C-contiguous array as it is, or refused with what it is.
 py::array integer_column(const py::array& a, const char* name) {
   if (a.ndim() != 1) throw py::value_error(std::string(name) + " must be 1-D");
-  const char kind = a.dtype().kind();
-  if ((kind != 'i' && kind != 'u') || (a.itemsize() != 4 && a.itemsize() != 8) ||
-      (kind == 'u' && a.itemsize() == 8))
-    throw py::value_error(std::string(name) + " must be int32 or int64 (or uint32), got " +
-                          std::string(py::str(a.dtype())));
+  if (!py::isinstance<py::array_t<int32_t>>(a) && !py::isinstance<py::array_t<int64_t>>(a))
+    throw py::value_error(std::string(name) + " must be int32 or int64 in this machine's byte " +
+                          "order, got " + std::string(py::str(a.dtype())));
   if (!(a.flags() & py::array::c_style))
     throw py::value_error(std::string(name) + " must be contiguous");
   return a;
@@ -521,21 +519,23 @@ void bind_stream(py::module_& m) {
   m.def(
       "plan_segment",
       [](const BoundStreamTable& b, const PlanOptions& o, int64_t begin, int64_t min_samples,
-         uint64_t key) {
+         uint64_t key, std::optional<Int64Array> prefix) {
         EpochPlan plan;
         int64_t end = 0;
+        const int64_t* first = prefix ? checked_1d(*prefix, "prefix", -1) : nullptr;
+        const int64_t count = prefix ? prefix->shape(0) : 0;
         {
           py::gil_scoped_release release;
           const adaptiveload::Permutation perm(b.table->size(), o.seed, o.epoch, o.shuffle);
           adaptiveload::Segment seg =
-              adaptiveload::next_segment(*b.table, o, perm, begin, min_samples);
+              adaptiveload::next_segment(*b.table, o, perm, begin, min_samples, first, count);
           end = seg.end;
           plan = adaptiveload::plan_segment(*b.table, o, std::move(seg), key);
         }
         return py::make_tuple(end, plan_dict(std::move(plan), o, false));
       },
       py::arg("table"), py::arg("options"), py::arg("begin"), py::arg("min_samples"),
-      py::arg("key"));
+      py::arg("key"), py::arg("prefix") = py::none());
 
   m.def(
       "plan_samples",

@@ -788,6 +788,8 @@ std::vector<int64_t> bucket_samples(const SampleTable& table, const PlanOptions&
 
 }  // namespace
 
+void check_plan_options(const PlanOptions& options) { validate_options(options); }
+
 EpochPlan plan_epoch(const SampleTable& table, const PlanOptions& o, const uint8_t* exclude) {
   validate_options(o);
   EpochPlan plan;

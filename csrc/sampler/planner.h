@@ -225,6 +225,10 @@ struct EpochPlan {
   }
 };
 
+/// Throws std::invalid_argument, naming the option, where `options` are out of range (what
+/// plan_epoch checks first).
+void check_plan_options(const PlanOptions& options);
+
 /// \brief Plans one epoch for all ranks. Deterministic in (table, options, exclude):
 /// every rank computes the same plan without communication.
 /// \param exclude nullptr or table.size() flags; flagged samples are left out (used to

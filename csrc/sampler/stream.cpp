@@ -83,7 +83,8 @@ StreamTable::StreamTable(const void* seq_lens, int lens_width, int64_t n, const 
       }
       ++group_size_[g];
       group_max_len_[g] = std::max(group_max_len_[g], len);
-      key ^= static_cast<uint64_t>(g) << 41;
+      key ^=
+          (static_cast<uint64_t>(g) + 1) * 0xff51afd7ed558ccdULL;  // never 0: ids differ from none
     }
     lane[i & 3] = (lane[i & 3] ^ key) * 0x9e3779b97f4a7c15ULL;
   }
@@ -226,16 +227,23 @@ namespace {
 }  // namespace
 
 Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutation& perm,
-                     int64_t begin, int64_t min_samples) {
+                     int64_t begin, int64_t min_samples, const int64_t* prefix,
+                     int64_t prefix_count) {
+  check_plan_options(o);
   const int64_t n = perm.size();
   if (n != t.size()) invalid("the permutation and the table differ in size");
-  if (begin < 0 || begin >= n)
+  if (begin < 0 || begin > n || (begin == n && prefix_count == 0))
     invalid("a segment must start in [0, " + std::to_string(n) + "), got " + std::to_string(begin));
   if (min_samples < 1) invalid("min_samples must be >= 1, got " + std::to_string(min_samples));
+  if (prefix_count < 0 || (prefix_count > 0 && prefix == nullptr))
+    invalid("next_segment: a prefix without samples");
   // A segment holds whole windows of lookahead_steps steps, so that its windows are those a
   // whole-epoch plan has: only the epoch's last may be shorter.
-  const int64_t per_window =
-      o.num_replicas * o.micro_batches_per_step * (o.balance ? o.lookahead_steps : 1);
+  const int64_t per_step = o.num_replicas * o.micro_batches_per_step;
+  if (o.balance && o.lookahead_steps > (int64_t{1} << 40) / per_step)
+    invalid("lookahead_steps * num_replicas * micro_batches_per_step must be <= 2^40, got " +
+            std::to_string(o.lookahead_steps) + " * " + std::to_string(per_step));
+  const int64_t per_window = per_step * (o.balance ? o.lookahead_steps : 1);
   const int64_t max_degree = o.sequence_parallel.max_degree;
   // Packing as plan_bucketed packs (pack_groups), counting micro-batches only: each group's
   // open micro-batch, which a sample joins unless that breaks a cap.
@@ -243,12 +251,43 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
   int64_t count = 0;
   Segment seg;
   seg.begin = begin;
-  // The samples of the next kAhead positions, their reads requested ahead of use.
+  auto take = [&](int64_t i) {
+    const int64_t len = t.seq_len(i);
+    if (t.exceeds_caps(len, o.max_tokens, o.max_cost, max_degree)) {
+      if (o.oversize != OversizePolicy::kSkip) refuse(t, o, i);
+      seg.skipped.push_back(i);
+      return;
+    }
+    const int32_t g = t.group(i);
+    seg.samples.push_back(i);
+    seg.lengths.push_back(len);
+    seg.groups.push_back(g);
+    BatchStats& mb = open[g];
+    const double f = t.sample_cost(len);
+    BatchStats grown = mb;
+    grown.add(len, f);
+    const bool cut = mb.count == 0 || (o.max_batch_size > 0 && grown.count > o.max_batch_size) ||
+                     grown.tokens > o.max_tokens || t.cost_model().batch_cost(grown) > o.max_cost;
+    if (cut) {
+      ++count;
+      mb = BatchStats{};
+      mb.add(len, f);
+    } else {
+      mb = grown;
+    }
+  };
+  for (int64_t j = 0; j < prefix_count; ++j) {
+    if (prefix[j] < 0 || prefix[j] >= n)
+      invalid("next_segment: prefix sample " + std::to_string(prefix[j]) + " out of range");
+    take(prefix[j]);
+  }
+  // The samples of the next kAhead positions, their reads requested ahead of use: position q's
+  // in ahead[q % kAhead].
   constexpr int64_t kAhead = 16;
   int64_t ahead[kAhead];
-  for (int64_t a = 0; a < kAhead && begin + a < n; ++a) {
-    ahead[a] = perm(begin + a);
-    t.prefetch(ahead[a]);
+  for (int64_t q = begin; q < begin + kAhead && q < n; ++q) {
+    ahead[q % kAhead] = perm(q);
+    t.prefetch(ahead[q % kAhead]);
   }
   int64_t p = begin;
   while (p < n) {
@@ -258,29 +297,7 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
       t.prefetch(ahead[p % kAhead]);
     }
     ++p;
-    const int64_t len = t.seq_len(i);
-    if (t.exceeds_caps(len, o.max_tokens, o.max_cost, max_degree)) {
-      if (o.oversize != OversizePolicy::kSkip) refuse(t, o, i);
-      seg.skipped.push_back(i);
-    } else {
-      const int32_t g = t.group(i);
-      seg.samples.push_back(i);
-      seg.lengths.push_back(len);
-      seg.groups.push_back(g);
-      BatchStats& mb = open[g];
-      const double f = t.sample_cost(len);
-      BatchStats grown = mb;
-      grown.add(len, f);
-      const bool cut = mb.count == 0 || (o.max_batch_size > 0 && grown.count > o.max_batch_size) ||
-                       grown.tokens > o.max_tokens || t.cost_model().batch_cost(grown) > o.max_cost;
-      if (cut) {
-        ++count;
-        mb = BatchStats{};
-        mb.add(len, f);
-      } else {
-        mb = grown;
-      }
-    }
+    take(i);
     // A rest shorter than a segment joins this one: no epoch ends on a sliver of a segment.
     if (p - begin >= min_samples && count > 0 && count % per_window == 0 && n - p >= min_samples)
       break;

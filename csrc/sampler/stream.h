@@ -114,13 +114,16 @@ struct Segment {
   std::vector<int64_t> skipped;  ///< its samples over a cap (OversizePolicy::kSkip)
 };
 
-/// \brief The segment that starts at position `begin` (< perm.size()): at least `min_samples`
-/// positions (>= 1), then up to the first position where its micro-batches fill whole windows
-/// and at least `min_samples` positions are left, or to the epoch's end. Throws
-/// std::invalid_argument on a sample over a cap under OversizePolicy::kError, and on a memory
-/// policy (not supported).
+/// \brief The segment that starts at position `begin`: at least `min_samples` positions
+/// (>= 1), then up to the first position where its micro-batches fill whole windows and at
+/// least `min_samples` positions are left, or to the epoch's end. `prefix` (`prefix_count`
+/// samples) come first, before the positions, and count towards its windows: what a resume
+/// under other settings re-plans of a segment of the old ones joins the next (begin may then
+/// be perm.size(): the prefix alone ends the epoch). Throws std::invalid_argument on bad
+/// options and on a sample over a cap under OversizePolicy::kError.
 Segment next_segment(const StreamTable& table, const PlanOptions& options, const Permutation& perm,
-                     int64_t begin, int64_t min_samples);
+                     int64_t begin, int64_t min_samples, const int64_t* prefix = nullptr,
+                     int64_t prefix_count = 0);
 
 /// \brief The plan of a segment (next_segment's, same options), as plan_samples plans its
 /// samples with `key`, without reading them again.

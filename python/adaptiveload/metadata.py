@@ -201,6 +201,7 @@ def _int_column(path: str, name: str, values, rows) -> np.ndarray:
     row_of = (lambda j: j + 2) if rows is None else (lambda j: int(rows[j]))
     if isinstance(values, np.ndarray) and values.dtype.kind in "iuf" and values.ndim == 1:
         if values.dtype.kind == "f":
+            values = values.astype(np.float64, copy=False)  # bounds compared exactly
             finite = np.isfinite(values)
             bad = ~finite | (values != np.floor(np.where(finite, values, 0)))
             bad |= (values < 1) | (values > _MAX_VALUE)
@@ -283,7 +284,19 @@ def read_metadata(path: str | os.PathLike, seq_len=None) -> Metadata:
 def _read_shards(path: str, seq_len) -> Metadata:
     """A directory of Parquet shards (``*.parquet``, in name order) read as one table: its rows
     are the shards' rows one after another; an error names the shard and its row."""
-    shards = sorted(f for f in os.listdir(path) if f.lower().endswith(".parquet"))
+    # As pyarrow lists a dataset: names starting with "_" or "." are not shards.
+    names = sorted(f for f in os.listdir(path) if not f.startswith(("_", ".")))
+    nested = [f for f in names if os.path.isdir(os.path.join(path, f))]
+    if nested:
+        raise ValueError(
+            f"{path}: holds folders ({', '.join(nested[:3])}): nested or partitioned shards are "
+            "not read; give the folder whose files are the shards"
+        )
+    shards = [f for f in names if f.lower().endswith(".parquet")]
+    if shards:
+        import pyarrow.parquet as pq
+
+        shards = [f for f in shards if pq.ParquetFile(os.path.join(path, f)).metadata.num_rows]
     if not shards:
         raise ValueError(
             f"metadata path {path} is a directory without .parquet shards: give a .csv, "

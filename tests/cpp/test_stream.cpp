@@ -162,6 +162,32 @@ TEST(Stream, SegmentsCoverTheEpochOnceWithinTheCaps) {
   }
 }
 
+TEST(Stream, SegmentsShorterThanTheReadAheadCoverOnce) {
+  const std::vector<int64_t> lens = wan_mix(300, 6);
+  const StreamTable t(lens.data(), 8, lens.size(), nullptr, 0, wan14b());
+  PlanOptions o;
+  o.max_tokens = 151200;
+  o.max_cost = t.default_max_cost(o.max_tokens);
+  o.lookahead_steps = 1;
+  for (int64_t least : {1, 3, 15, 16, 17}) {
+    const Streamed s = stream_epoch(t, o, least);
+    std::vector<int> seen(lens.size(), 0);
+    for (const EpochPlan& p : s.plans)
+      for (int64_t m = 0; m < p.num_micro_batches(); ++m)
+        for (int64_t q = p.offsets[m]; q < p.offsets[m + 1]; ++q)
+          if (!p.padding[m]) ++seen[p.samples[q]];
+    for (size_t i = 0; i < lens.size(); ++i) ASSERT_EQ(seen[i], 1) << "least " << least;
+  }
+}
+
+TEST(StreamTable, GroupIdsOfZerosAreNotNoGroupIds) {
+  const std::vector<int64_t> lens = wan_mix(100, 1);
+  const std::vector<int32_t> zeros(lens.size(), 0);
+  const StreamTable none(lens.data(), 8, lens.size(), nullptr, 0, wan14b());
+  const StreamTable zero(lens.data(), 8, lens.size(), zeros.data(), 4, wan14b());
+  EXPECT_NE(none.digest(), zero.digest());
+}
+
 TEST(Stream, PlanSegmentEqualsPlanSamples) {
   std::vector<int64_t> lens = wan_mix(6000, 4);
   std::vector<int32_t> groups(lens.size());

@@ -104,3 +104,32 @@ def test_integer_group_keys_number_as_sorting_does(high, width):
     keys = keys[:, 0] if width == 1 else keys
     want = np.unique(keys, axis=0 if width > 1 else None, return_inverse=True)[1].reshape(-1)
     assert (as_group_ids(keys, np.ones(len(keys))) == want).all()
+
+
+def test_shards_are_read_as_pyarrow_lists_them(tmp_path):
+    parts = [_lens(n) for n in (5, 0, 7)]
+    for i, p in enumerate(parts):
+        pq.write_table(pa.table({"seq_len": pa.array(p, pa.int64())}), tmp_path / f"p{i}.parquet")
+    pq.write_table(pa.table({"seq_len": [9]}), tmp_path / "_tmp.parquet")  # not a shard
+    pq.write_table(pa.table({"seq_len": [9]}), tmp_path / ".hidden.parquet")  # nor this
+    m = read_metadata(tmp_path)  # the empty shard adds no row
+    assert (m.seq_lens == np.concatenate(parts)).all()
+    (tmp_path / "year=2024").mkdir()
+    pq.write_table(pa.table({"seq_len": [5]}), tmp_path / "year=2024" / "p.parquet")
+    with pytest.raises(ValueError, match="year=2024.*nested"):
+        read_metadata(tmp_path)
+
+
+def test_float32_at_the_bound_names_its_row(tmp_path):
+    values = np.full(10, 1560, np.float32)
+    values[6] = 2.0**40
+    np.save(tmp_path / "f.npy", values)
+    with pytest.raises(ValueError, match=r"f.npy row 7, column 'seq_len'.*larger"):
+        read_metadata(tmp_path / "f.npy")
+
+
+def test_uint64_keys_past_int64():
+    from adaptiveload.sampler.checks import as_group_ids
+
+    keys = np.array([2**64 - 1, 3, 2**63, 3], np.uint64)
+    assert as_group_ids(keys, np.ones(4)).tolist() == [2, 0, 1, 0]

@@ -133,7 +133,7 @@ def test_processes_share_one_copy_of_the_lengths(tmp_path):
 def test_state_is_small_and_constant():
     sizes = []
     for n in (4_000, 40_000):
-        s = sampler(lengths(n), segment_samples=1000)
+        s = sampler(lengths(n), segment_samples=1000, drawn_is_trained=True)
         it = iter(s)
         for _ in range(30):
             next(it)
@@ -155,7 +155,7 @@ def _take_steps(s: StreamingBatchSampler, steps: int) -> list[list[int]]:
 @pytest.mark.parametrize("uneven", [False, True])
 def test_resume_with_the_same_settings_is_exact(uneven):
     lens = lengths(5000, seed=3)
-    kw = {"micro_batches_per_step": 2, "uneven_counts": uneven}
+    kw = {"micro_batches_per_step": 2, "uneven_counts": uneven, "drawn_is_trained": True}
     whole = every_rank(lens, **kw)
     for stop in (1, 7, 19):  # inside the first segment, across segments
         for r in range(4):
@@ -172,7 +172,7 @@ def test_resume_with_the_same_settings_is_exact(uneven):
 def test_resume_on_another_world_size_loses_and_repeats_nothing():
     lens = lengths(6000, seed=4)
     n = len(lens)
-    old = [sampler(lens, rank=r, num_replicas=4) for r in range(4)]
+    old = [sampler(lens, rank=r, num_replicas=4, drawn_is_trained=True) for r in range(4)]
     stop = 9  # inside the second segment
     consumed = np.zeros(n, np.int64)
     states = []
@@ -195,7 +195,7 @@ def test_resume_on_another_world_size_loses_and_repeats_nothing():
     last = list(new[0].segments())[-1].plan
     assert len(extra) <= last.num_padded_samples
     # Saved inside what was re-planned, with the new settings: exact again.
-    s = sampler(lens, rank=1, num_replicas=2)
+    s = sampler(lens, rank=1, num_replicas=2, drawn_is_trained=True)
     s.load_state_dict(states[0])
     head = _take_steps(s, states[0]["steps_done"] + 2)
     inner = s.state_dict()
@@ -314,3 +314,104 @@ def test_plan_command_streams(capsys):
                  "--segment-samples", "500", "--figure", "none"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "streamed:" in out and "segments of at least 500 samples" in out
+
+
+@pytest.mark.parametrize("least", [1, 4, 15, 17])
+def test_segments_shorter_than_the_read_ahead_cover_once(least):
+    lens = lengths(700, seed=least)
+    s = sampler(lens, num_replicas=1, lookahead_steps=1, segment_samples=least)
+    seen = np.zeros(len(lens), np.int64)
+    for batch in s:
+        np.add.at(seen, batch, 1)
+    last = list(s.segments())[-1].plan
+    assert (seen >= 1).all() and (seen > 1).sum() <= last.num_padded_samples
+
+
+@pytest.mark.parametrize("change", [{"seed": 6}, {"shuffle": False}])
+def test_resume_with_another_order_is_refused(change):
+    lens = lengths(3000)
+    s = sampler(lens)
+    _take_steps(s, 3)
+    state = s.state_dict(steps_done=3)
+    with pytest.raises(ValueError, match="seed and shuffle"):
+        sampler(lens, **change).load_state_dict(state)
+
+
+def test_state_at_an_epochs_start_is_that_epochs():
+    lens = lengths(3000)
+    s = sampler(lens)
+    list(s)  # epoch 0, whole
+    s.set_epoch(1)
+    state = s.state_dict()  # before the loader draws a batch of epoch 1
+    assert (state["epoch"], state["segment"], state["steps_done"]) == (1, 0, 0)
+    t = sampler(lens)
+    t.load_state_dict(state)
+    u = sampler(lens)
+    u.set_epoch(1)
+    assert list(t) == list(u)
+
+
+def test_a_position_without_a_trained_count_is_refused():
+    lens = lengths(3000)
+    s = sampler(lens, micro_batches_per_step=2)
+    loader = DataLoader(_Index(len(lens)), batch_sampler=s, num_workers=2, collate_fn=lambda b: b)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    with pytest.raises(ValueError, match="drawn_is_trained"):
+        s.state_dict()  # its workers drew ahead of the loop
+    assert s.state_dict(steps_done=2)["steps_done"] == 2
+    d = sampler(lens, micro_batches_per_step=2, drawn_is_trained=True)
+    it = iter(d)
+    for _ in range(5):
+        next(it)
+    assert d.state_dict()["steps_done"] == 2  # declared: the whole steps drawn were trained
+    m = sampler(lens, micro_batches_per_step=2)
+    loop = m.micro_batches(DataLoader(_Index(len(lens)), batch_sampler=m, collate_fn=lambda b: b))
+    next(loop)
+    assert m.state_dict()["steps_done"] == 0  # one micro-batch of step 0 received
+
+
+def test_group_ids_of_zeros_are_other_data():
+    lens = lengths(3000)
+    state = sampler(lens).state_dict()
+    with pytest.raises(ValueError, match="other data"):
+        sampler(lens, group_ids=np.zeros(len(lens), np.int32)).load_state_dict(state)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_what_a_resume_replans_is_not_fitted_mid_epoch(drop_last):
+    lens = lengths(6000, seed=8)
+    old = [sampler(lens, rank=r, num_replicas=4, drop_last=drop_last, drawn_is_trained=True)
+           for r in range(4)]  # fmt: skip
+    seen = np.zeros(len(lens), np.int64)
+    for s in old:
+        for batch in _take_steps(s, 9):
+            np.add.at(seen, batch, 1)
+    state = old[0].state_dict()
+    for w in (3, 5, 7):
+        trained = seen.copy()
+        new = [sampler(lens, rank=r, num_replicas=w, drop_last=drop_last) for r in range(w)]
+        for s in new:
+            s.load_state_dict(state)
+            for batch in s:
+                np.add.at(trained, batch, 1)
+        plans = sampler(lens, num_replicas=w, drop_last=drop_last)
+        plans.load_state_dict(state)  # the resumed epoch's segments, planned again
+        segs = list(plans._segments_from(plans.settings, 0, plans._start, plans._prelude))
+        assert segs[0].prelude is not None and len(segs) > 2
+        for seg in segs[:-1]:  # only the epoch's last segment is fitted to steps
+            p = seg.plan
+            assert p.num_dropped_samples == p.num_padded_samples == p.num_split_micro_batches == 0
+        last = segs[-1].plan
+        assert (trained == 0).sum() == last.num_dropped_samples, w
+        assert (trained > 1).sum() <= last.num_padded_samples, w
+
+
+def test_deep_prefetch_over_small_segments():
+    lens = lengths(3000)
+    s = sampler(lens, num_replicas=1, lookahead_steps=1, segment_samples=16)
+    loader = DataLoader(_Index(len(lens)), batch_sampler=s, num_workers=2, prefetch_factor=32,
+                        collate_fn=lambda b: b)  # fmt: skip
+    steps = [mb.step for mb in s.micro_batches(loader)]
+    assert steps == list(range(len(steps))) and len(steps) > 100

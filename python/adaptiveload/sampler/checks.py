@@ -149,6 +149,8 @@ def _integer_key_ids(a: np.ndarray) -> np.ndarray | None:
     rows: each row as one mixed-radix code (which orders as the rows do), then the codes' ranks
     from a table of the codes present (where the codes span at most 2^26), else by sorting the
     codes. None where the codes would not fit in int64."""
+    if a.dtype == np.uint64 and a.max() >= 2**63:
+        return None  # past int64: np.unique numbers them
     rows = a.reshape(len(a), -1)
     low = rows.min(axis=0)
     span = [int(h) - int(lo) + 1 for lo, h in zip(low, rows.max(axis=0), strict=True)]

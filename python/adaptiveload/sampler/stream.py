@@ -88,8 +88,16 @@ class Segment:
     end: int
     steps_before: int
     plan: Plan
-    #: what a resume under other settings re-plans of an earlier segment (None: a segment)
+    #: what a resume under other settings re-plans of an earlier segment, which this one
+    #: begins with (None: none)
     prelude: dict | None = None
+    _totals: tuple | None = None
+
+    def step_totals(self) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens and samples of each of its steps over all ranks (computed once)."""
+        if self._totals is None:
+            self._totals = (self.plan.step_tokens(), self.plan.step_samples())
+        return self._totals
 
 
 def _column(values, name: str) -> np.ndarray:
@@ -99,7 +107,7 @@ def _column(values, name: str) -> np.ndarray:
     a = values if isinstance(values, np.ndarray) else np.asarray(values)
     if a.ndim != 1:
         raise ValueError(f"{name} must be 1-D (one value per dataset index), got shape {a.shape}")
-    if a.dtype in (np.int32, np.int64) and a.flags.c_contiguous:
+    if a.dtype in (np.int32, np.int64) and a.dtype.isnative and a.flags.c_contiguous:
         return a
     if a.dtype.kind not in "iu" or a.dtype == np.uint64:
         raise ValueError(f"{name} must hold integers (int32 or int64), got dtype {a.dtype}")
@@ -120,8 +128,13 @@ class StreamingBatchSampler:
         group_ids: dense int32/int64 group ids, one per index, in ``[0, G)`` with every id used
             (``Metadata.group_keys`` gives them), or their ``.npy`` path; default: the length.
         segment_samples: the least positions of a segment (default: ``2^20``, and at least
-            4 windows of ``W * K`` micro-batches). Larger segments balance across more windows
-            and take longer to plan before their first micro-batch.
+            4 windows of ``lookahead_steps * W * K`` micro-batches). Larger segments take longer
+            to plan before their first micro-batch.
+        drawn_is_trained: the loop trains every batch this sampler hands out before a state is
+            taken (no DataLoader workers drawing ahead), so that ``state_dict()`` may take the
+            steps drawn whole as the position. Otherwise a position comes from
+            ``micro_batches(loader)``'s count or ``state_dict(steps_done=...)``, and is refused
+            without either.
     """
 
     def __init__(
@@ -146,6 +159,7 @@ class StreamingBatchSampler:
         on_oversize: str = "error",
         segment_samples: int | None = None,
         verify_ranks: bool = True,
+        drawn_is_trained: bool = False,
     ):
         name = type(self).__name__
         self.seq_lens = _column(seq_lens, "seq_lens")
@@ -188,6 +202,7 @@ class StreamingBatchSampler:
             segment_samples=int_arg("segment_samples", segment_samples, 1),
         )
         self.verify_ranks = bool_arg("verify_ranks", verify_ranks)
+        self.drawn_is_trained = bool_arg("drawn_is_trained", drawn_is_trained)
         self._name = name
         self._oversize(on_oversize)
         self.epoch = 0
@@ -197,6 +212,7 @@ class StreamingBatchSampler:
         self._trained: int | None = None  # steps micro_batches() received whole
         self._recent: list[Segment] = []
         self._pass_start = 0  # the step the pass under way started at
+        self._counting = False  # micro_batches(loader) is counting the batches received
         self._resumed = False  # a loaded position waits for its pass
         self._verified = None
 
@@ -233,6 +249,11 @@ class StreamingBatchSampler:
         if self._resumed and epoch == self.epoch:
             return
         self.epoch, self._start, self._prelude, self._resumed = epoch, (0, 0, 0, 0), None, False
+        self._forget_pass()
+
+    def _forget_pass(self) -> None:
+        """No pass under way: what the last one planned, drew and trained is gone."""
+        self._recent, self._done, self._trained = [], 0, None
 
     def _data(self) -> str:
         return f"{len(self.seq_lens)}:{self._table.digest:016x}"
@@ -273,6 +294,8 @@ class StreamingBatchSampler:
         n = len(self.seq_lens)
         if prelude is not None:
             seg = self._prelude_segment(settings, epoch, prelude)
+            if seg is None:
+                return
             yield seg
             index, begin, steps_before = index + 1, seg.end, seg.steps_before + seg.plan.num_steps
         while begin < n:
@@ -281,9 +304,11 @@ class StreamingBatchSampler:
             index, begin, steps_before = index + 1, seg.end, steps_before + seg.plan.num_steps
 
     # -- resume under other settings --------------------------------------------------------
-    def _prelude_segment(self, settings: Settings, epoch: int, prelude: dict) -> Segment:
+    def _prelude_segment(self, settings: Settings, epoch: int, prelude: dict) -> Segment | None:
         """What segment ``prelude['segment']`` of the saved settings had left after its first
-        ``prelude['steps']`` steps, planned under ``settings``; it ends where that one ended."""
+        ``prelude['steps']`` steps, followed by the positions from that segment's end, planned
+        under ``settings`` as one segment (so the rest is fitted to steps only at the epoch's
+        end); None where nothing is left."""
         old = Settings(**prelude["settings"])
         j, begin, before = prelude["segment"], prelude["begin"], prelude["steps_before"]
         o = old.plan_options(epoch)
@@ -296,19 +321,26 @@ class StreamingBatchSampler:
         taken = plan.samples[: int(plan.offsets[ids])][~np.repeat(plan.padding[:ids] != 0, sizes)]
         everything = np.concatenate([samples, skipped])
         left = everything[~np.isin(everything, taken)]
+        if end >= len(self.seq_lens) and len(left) == 0:
+            return None
         o = settings.plan_options(epoch)
-        new = self._plan(settings, _sampler.plan_samples(self._table, o, left, PRELUDE + j))
-        return Segment(j, begin, end, prelude["steps"], new, prelude=prelude)
+        end, raw = _sampler.plan_segment(
+            self._table, o, end, settings.segment_samples, PRELUDE + j, left
+        )
+        return Segment(j, begin, end, prelude["steps"], self._plan(settings, raw), prelude=prelude)
 
     # -- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[list[int]]:
         self._check_ranks()
         self._resumed = False
         start, prelude = self._start, self._prelude
-        self._trained, self._recent, self._pass_start = None, [], start[3]
+        self._forget_pass()
+        self._pass_start = self._done = start[3]
+        if self._counting:  # micro_batches(loader) counts what the loop receives
+            self._trained = start[3]
         first = True
         for seg in self._segments_from(self.settings, self.epoch, start, prelude):
-            self._recent = (self._recent + [seg])[-4:]
+            self._keep(seg)
             plan, r = seg.plan, self.rank
             skip = start[3] - seg.steps_before if first else 0
             first = False
@@ -322,18 +354,35 @@ class StreamingBatchSampler:
         # The epoch is done: the next pass starts it again.
         self._start, self._prelude = (0, 0, 0, 0), None
 
+    def _keep(self, seg: Segment) -> None:
+        """Keeps the segments a state or ``micro_batches`` may still ask for: from the one of the
+        step last trained (or drawn) on, and the last two at least."""
+        self._recent.append(seg)
+        floor = self._trained if self._trained is not None else self._done
+        while len(self._recent) > 2:
+            first = self._recent[0]
+            if first.steps_before + first.plan.num_steps >= floor:
+                break
+            self._recent.pop(0)
+
     def micro_batches(self, loader) -> Iterator[MicroBatch]:
         """Each batch of ``loader`` (a DataLoader over this sampler) with its step: the
         sampler then saves the steps the loop received whole, not those its workers drew."""
         end = object()
-        it = iter(loader)
+        self._counting = True  # before the loader's workers start drawing
+        try:
+            yield from self._counted(iter(loader), end)
+        finally:
+            self._counting = False
+
+    def _counted(self, it, end) -> Iterator[MicroBatch]:
         batch = next(it, end)  # starts the sampler's pass
         step = self._pass_start
         while batch is not end:
             seg = self._find_segment(step)
             plan, r, t = seg.plan, self.rank, step - seg.steps_before
             count = plan.micro_batches_in_step(t, r)
-            tokens, samples = int(plan.step_tokens()[t]), int(plan.step_samples()[t])
+            tokens, samples = (int(v[t]) for v in seg.step_totals())
             for k in range(count):
                 if batch is end:
                     raise RuntimeError(
@@ -372,9 +421,7 @@ class StreamingBatchSampler:
         step (``steps_done``, the epoch's optimizer steps completed; default: the steps
         ``micro_batches`` received whole, else those this rank drew whole)."""
         if steps_done is None:
-            steps_done = self._trained if self._trained is not None else self._done
-            if not self._recent:
-                steps_done = self._start[3]
+            steps_done = self._known_position()
         steps_done = int_arg("steps_done", steps_done, 0)
         seg = self._locate(steps_done)
         state = {
@@ -391,6 +438,23 @@ class StreamingBatchSampler:
         if seg.prelude is not None:
             state["prelude"] = seg.prelude
         return state
+
+    def _known_position(self) -> int:
+        """The steps done of a ``state_dict()`` without ``steps_done``: before a pass, where it
+        starts; in one, the steps ``micro_batches`` received whole, or (declared
+        ``drawn_is_trained``) those drawn whole; else refused."""
+        if not self._recent:
+            return self._start[3]
+        if self._trained is not None:
+            return self._trained
+        if self.drawn_is_trained:
+            return self._done
+        raise ValueError(
+            f"{self._name}: the position is unknown: DataLoader workers draw batches ahead of "
+            "the loop, so what the sampler handed out is not what was trained. Iterate with "
+            "micro_batches(loader) (its count is the position), pass state_dict(steps_done=...), "
+            "or declare drawn_is_trained=True where the loop trains every batch drawn"
+        )
 
     def _locate(self, steps_done: int) -> Segment:
         """The segment holding step ``steps_done`` (or ending at it) of the pass under way."""
@@ -428,6 +492,13 @@ class StreamingBatchSampler:
         epoch, j, begin = int(state["epoch"]), int(state["segment"]), int(state["begin"])
         before, done = int(state["steps_before"]), int(state["steps_done"])
         prelude = state.get("prelude")
+        if (saved["seed"], saved["shuffle"]) != (self.settings.seed, self.settings.shuffle):
+            raise ValueError(
+                f"{self._name}: seed and shuffle make the epoch's order; the state was saved with "
+                f"seed={saved['seed']}, shuffle={saved['shuffle']} (here {self.settings.seed}, "
+                f"{self.settings.shuffle}), and another order would lose and repeat samples. "
+                "Resume with those, and change them at an epoch's start"
+            )
         if saved == asdict(self.settings):
             start = (j, begin, before, done)
         elif prelude is not None:
@@ -441,4 +512,5 @@ class StreamingBatchSampler:
                        "steps": done}  # fmt: skip
             start = (j, begin, before, done)
         self.epoch, self._start, self._prelude = epoch, start, prelude
-        self._resumed, self._recent, self._trained, self._verified = True, [], None, None
+        self._resumed, self._verified = True, None
+        self._forget_pass()
