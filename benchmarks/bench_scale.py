@@ -108,8 +108,9 @@ def stream_process(path, ranks, rank, k, iterate, queue):
 
     lens = np.load(path, mmap_mode="r")
     t0 = time.perf_counter()
+    # It trains what it draws (no loader): the state's position is the steps drawn.
     s = StreamingBatchSampler(lens, MAX_TOKENS, num_replicas=ranks, rank=rank,
-                              micro_batches_per_step=k)  # fmt: skip
+                              micro_batches_per_step=k, drawn_is_trained=True)  # fmt: skip
     build = time.perf_counter() - t0
     t0 = time.perf_counter()
     s.set_epoch(0)
@@ -128,6 +129,23 @@ def stream_process(path, ranks, rank, k, iterate, queue):
                "sample_rate": samples / elapsed, "anon": status_kib("RssAnon") * 1024,
                "file": status_kib("RssFile") * 1024,
                "state": len(pickle.dumps(s.state_dict()))})  # fmt: skip
+
+
+def gather(queue, ps) -> list[dict]:
+    """Each rank process's result; a process that died fails the run instead of hanging it."""
+    import queue as queues
+
+    out = []
+    while len(out) < len(ps):
+        try:
+            out.append(queue.get(timeout=5))
+        except queues.Empty:
+            dead = [p.exitcode for p in ps if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a rank process failed (exit codes {dead})") from None
+    for p in ps:
+        p.join()
+    return out
 
 
 def whole_stream(path, ranks, k):
@@ -158,9 +176,7 @@ def stream_main(args, sizes) -> int:
                                                        queue)) for r in range(args.procs)]  # fmt: skip
         for p in ps:
             p.start()
-        per = [queue.get() for _ in ps]
-        for p in ps:
-            p.join()
+        per = gather(queue, ps)
         whole = whole_stream(path, args.ranks, args.k) if n <= args.whole_max else None
         row = {
             "samples": n,

@@ -373,8 +373,10 @@ SECTIONS = [
             "resident memory (about 0.3 GiB of it is importing torch); the node's adds the "
             "lengths file once (the page cache all processes read).",
             "With 2 processes (a core each) the same run gave, at 1e7 / 1e8 / 1e9 samples: "
-            "first micro-batch 0.82 / 0.94 / 1.91 s, 1,365 / 1,410 / 1,136 samples/s per rank, "
-            "table pass 0.07 / 0.56 / 4.27 s. "
+            "first micro-batch 0.96 / 0.94 / 3.50 s, 1,164 / 1,011 / 744 samples/s per rank, "
+            "table pass 0.08 / 0.50 / 6.28 s (at 1e9 the random reads of a segment's lengths "
+            "span 4 GB: the first micro-batch was 1.91 s before segments grew to whole windows, "
+            "with the file just written and hot). "
             "Consumption assumed for the planning rate: an H200 trains at most about 20 "
             "samples/s of this mix, generously (an image through 3 of Wan 2.1-1.3B's 30 blocks "
             "alone takes about 55 ms forward and backward), so a rank needs 20 samples/s and a "
