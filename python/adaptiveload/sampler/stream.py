@@ -40,8 +40,8 @@ STATE_VERSION = 1
 # Keys of a segment's micro-batch shuffle: segment j is keyed j, what a resume under other
 # settings re-plans of segment j is keyed PRELUDE + j.
 PRELUDE = 1 << 62
-# The default least segment: 2^20 samples, and at least 4 windows of lookahead * W * K
-# micro-batches.
+# The default least segment: the larger of 2^20 samples and 4 * lookahead_steps * W * K (as
+# many samples as 4 windows hold micro-batches, so that a segment holds a few windows).
 MIN_SEGMENT = 1 << 20
 
 
@@ -127,9 +127,9 @@ class StreamingBatchSampler:
             (only the epoch's last segment is fitted to whole steps: halved, padded or dropped).
         group_ids: dense int32/int64 group ids, one per index, in ``[0, G)`` with every id used
             (``Metadata.group_keys`` gives them), or their ``.npy`` path; default: the length.
-        segment_samples: the least positions of a segment (default: ``2^20``, and at least
-            4 windows of ``lookahead_steps * W * K`` micro-batches). Larger segments take longer
-            to plan before their first micro-batch.
+        segment_samples: the least positions of a segment (default: the larger of ``2^20``
+            and ``4 * lookahead_steps * W * K``). Larger segments take longer to plan before
+            their first micro-batch.
         drawn_is_trained: the loop trains every batch this sampler hands out before a state is
             taken (no DataLoader workers drawing ahead), so that ``state_dict()`` may take the
             steps drawn whole as the position. Otherwise a position comes from
