@@ -37,10 +37,10 @@ def every_rank(lens, world=4, **kw) -> list[list[list[int]]]:
 @pytest.mark.parametrize("k", [1, 3])
 def test_every_sample_once_within_the_caps(uneven, k):
     rng = np.random.default_rng()
-    lens = lengths(int(rng.integers(3000, 6000)), seed=int(rng.integers(1 << 30)))
+    lens = lengths(int(rng.integers(5000, 7000)), seed=int(rng.integers(1 << 30)))
     s = sampler(lens, micro_batches_per_step=k, uneven_counts=uneven)
     plans = list(s.segments())
-    assert len(plans) > 3  # it streams
+    assert len(plans) >= 3  # it streams (5,000 samples or more, segments of about 700-1,500)
     for seg in plans[:-1]:
         assert seg.plan.num_padded_samples == 0 and seg.plan.num_split_micro_batches == 0
         assert seg.plan.num_steps % 8 == 0  # whole windows of lookahead_steps
