@@ -26,11 +26,9 @@ import argparse
 import multiprocessing as mp
 import os
 import pickle
-import platform
 import resource
 import sys
 import time
-from datetime import date
 
 import numpy as np
 
@@ -198,6 +196,7 @@ def stream_main(args, sizes) -> int:
     if args.write:
         sys.path.insert(0, HERE)
         from make_results import write_results
+        from results_io import cpu_meta
 
         head = ["samples", "table pass (s)", "set_epoch to first micro-batch (s)",
                 "micro-batches/s while iterating", "samples/s while iterating",
@@ -212,12 +211,10 @@ def stream_main(args, sizes) -> int:
                 "-" if r["perm_s"] != r["perm_s"] else f"{r['perm_s']:.3f}",
                 "-" if r["plan_s"] != r["plan_s"] else f"{r['plan_s'] / r['perm_s']:.1f}x"]
                for r in rows]  # fmt: skip
-        meta = {
-            "date": str(date.today()),
-            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-            "command": f"python benchmarks/bench_scale.py --stream --sizes {args.sizes} --procs "
-            f"{args.procs} --ranks {args.ranks} --k {args.k} --write",
-        }
+        meta = cpu_meta(
+            f"python benchmarks/bench_scale.py --stream --sizes {args.sizes} --procs "
+            f"{args.procs} --ranks {args.ranks} --k {args.k} --write"
+        )
         print("wrote", write_results("cpu/scale_stream.csv", head, out, meta))
     return 0
 
@@ -311,6 +308,7 @@ def main(argv=None) -> int:
     if args.write:
         sys.path.insert(0, HERE)
         from make_results import write_results
+        from results_io import cpu_meta
 
         head = ["samples", "first micro-batch (s)", "micro-batches/s while iterating",
                 "peak memory per process (GiB)", f"node of {args.procs} processes (GiB)",
@@ -320,12 +318,10 @@ def main(argv=None) -> int:
                 f"{r['peak_gib']:.2f}", f"{r['node_gib']:.2f}", f"{r['state_kib']:.1f}",
                 f"{r['plan_s']:.2f}", f"{r['perm_s']:.3f}", f"{r['plan_s'] / r['perm_s']:.1f}x"]
                for r in rows]  # fmt: skip
-        meta = {
-            "date": str(date.today()),
-            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-            "command": f"python benchmarks/bench_scale.py --sizes {args.sizes} --procs "
-            f"{args.procs} --ranks {args.ranks} --k {args.k} --write",
-        }
+        meta = cpu_meta(
+            f"python benchmarks/bench_scale.py --sizes {args.sizes} --procs "
+            f"{args.procs} --ranks {args.ranks} --k {args.k} --write"
+        )
         print("wrote", write_results("cpu/scale.csv", head, out, meta))
     return 0
 

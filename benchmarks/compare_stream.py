@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
-from datetime import date
 
 import numpy as np
 
@@ -69,6 +67,7 @@ def main(argv=None) -> int:
               f"{b['imbalance']:.2%}, {b['tv_ratio']:.2f}x, {b['no_image']:.1%}")  # fmt: skip
     if args.write:
         from make_results import write_results
+        from results_io import cpu_meta
 
         head = ["ranks", "K", "segments", "imbalance, whole", "imbalance, streamed",
                 "composition vs shuffle, whole", "composition vs shuffle, streamed",
@@ -76,12 +75,10 @@ def main(argv=None) -> int:
         out = [[w, k, n, f"{a['imbalance']:.2%}", f"{b['imbalance']:.2%}",
                 f"{a['tv_ratio']:.2f}x", f"{b['tv_ratio']:.2f}x", f"{a['no_image']:.1%}",
                 f"{b['no_image']:.1%}"] for w, k, a, b, n in rows]  # fmt: skip
-        meta_row = {
-            "date": str(date.today()),
-            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-            "command": f"python benchmarks/compare_stream.py --samples {args.samples} "
-            f"--segment {args.segment} --write",
-        }
+        meta_row = cpu_meta(
+            f"python benchmarks/compare_stream.py --samples {args.samples} "
+            f"--segment {args.segment} --write"
+        )
         print("wrote", write_results("cpu/stream_vs_whole.csv", head, out, meta_row))
     return 0
 

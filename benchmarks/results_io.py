@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import os
+import platform
+from datetime import date
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -52,3 +54,13 @@ def provenance(rows: list[dict], command: str | None = None) -> str:
     parts.append(", ".join(sorted({x["date"] for x in rows if x.get("date")})))
     cmd = command or r.get("command")
     return "; ".join(p for p in parts if p) + (f"; `{cmd}`" if cmd else "")
+
+
+def cpu_meta(command: str) -> dict:
+    """The provenance of a CPU benchmark's CSV: today's date, this machine and its cores, and
+    the command that wrote it."""
+    return {
+        "date": str(date.today()),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "command": command,
+    }
