@@ -434,6 +434,13 @@ void flatten_listings(const SampleTable& table, const std::vector<int64_t>& buck
 
 }  // namespace
 
+void check_cap_arguments(int64_t max_tokens, int64_t max_batch_size) {
+  if (max_tokens <= 0 || max_tokens > kMaxTokens)
+    invalid("max_tokens must be in [1, 2^62], got " + std::to_string(max_tokens));
+  if (max_batch_size < 0)
+    invalid("max_batch_size must be >= 0 (0: no limit), got " + std::to_string(max_batch_size));
+}
+
 BatchStats uniform_stats(int64_t len, double f, int64_t fill, int64_t available) {
   BatchStats s;
   if (fill > available) {
@@ -527,10 +534,7 @@ double SampleTable::single_cost(int64_t i) const {
 }
 
 double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size) const {
-  if (max_tokens <= 0 || max_tokens > kMaxTokens)
-    invalid("max_tokens must be in [1, 2^62], got " + std::to_string(max_tokens));
-  if (max_batch_size < 0)
-    invalid("max_batch_size must be >= 0 (0: no limit), got " + std::to_string(max_batch_size));
+  check_cap_arguments(max_tokens, max_batch_size);
   double heaviest = 0.0;
   for (int64_t i = 0; i < size(); ++i) {
     if (samples_[i].seq_len > max_tokens) continue;

@@ -66,6 +66,10 @@ inline constexpr int64_t kMaxStepMicroBatches = int64_t{1} << 20;  ///< W * K
 /// What to do with a sample that alone breaks a cap.
 enum class OversizePolicy { kError, kSkip };
 
+/// Throws std::invalid_argument, naming it, where max_tokens is outside [1, kMaxTokens] or
+/// max_batch_size < 0 (the arguments of the default compute cap of either table).
+void check_cap_arguments(int64_t max_tokens, int64_t max_batch_size);
+
 /// The stats of `fill` samples of `len` tokens and cost f each, summed one by one as packing
 /// sums them, so that a micro-batch filled to the default cap costs exactly the cap. A fill
 /// larger than the group's `available` samples is never packed: its sum is taken in closed

@@ -135,10 +135,7 @@ int32_t StreamTable::group(int64_t i) const {
 }
 
 double StreamTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size) const {
-  if (max_tokens <= 0 || max_tokens > kMaxTokens)
-    invalid("max_tokens must be in [1, 2^62], got " + std::to_string(max_tokens));
-  if (max_batch_size < 0)
-    invalid("max_batch_size must be >= 0 (0: no limit), got " + std::to_string(max_batch_size));
+  check_cap_arguments(max_tokens, max_batch_size);
   double heaviest = 0.0;
   for (size_t j = 0; j < lengths_.size(); ++j) {
     if (lengths_[j] > max_tokens) continue;
