@@ -237,9 +237,9 @@ void mix_window(const std::vector<Item>& sorted, const std::vector<int32_t>& ite
 // The exchange taken is the first, in the order (item of the top bin, swaps before moves, the
 // other item or bin), of those that lower the larger sum most. An exchange between the top bin
 // h and a bin x leaves the larger of their sums at (load[h] + load[x]) / 2 at least, so bins
-// are visited by increasing load and the visit stops at the first whose half sum with h is
-// above the best found so far (with a margin far above rounding): the same exchange as a scan
-// of every item, in a fraction of the time.
+// are visited by increasing load, each once for all items of h, and the visit stops at the
+// first whose half sum with h is above the best found so far (with a margin far above
+// rounding): the same exchange as a scan of every item, in a fraction of the time.
 void improve_by_exchanges(const double* costs, int64_t n_items, int64_t num_bins, bool moves,
                           std::vector<int64_t>& bin_of) {
   std::vector<double> load(num_bins, 0.0);
@@ -275,10 +275,10 @@ void improve_by_exchanges(const double* costs, int64_t n_items, int64_t num_bins
         best = after, give = a, take = b, to = x, kind = k, other = o;
       }
     };
-    for (int64_t a : members[h]) {
-      for (int64_t x : by_load) {
-        if (x == h) continue;
-        if (0.5 * (load[h] + load[x]) > best + 1e-9 * std::abs(best)) break;  // and all later
+    for (int64_t x : by_load) {
+      if (x == h) continue;
+      if (0.5 * (load[h] + load[x]) > best + 1e-9 * std::abs(best)) break;  // and all later
+      for (int64_t a : members[h]) {
         for (int64_t b : members[x]) {
           const double d = costs[a] - costs[b];
           if (d > 0) consider(std::max(load[h] - d, load[x] + d), a, 0, b, b, x);
