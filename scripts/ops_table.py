@@ -1,6 +1,8 @@
 """Writes the "which kernel runs" tables of docs/ops.md from the CUDA tuning tables.
 
-Reads the rows of csrc/ops/cuda/tuned_{fwd,bwd}_*.cu (one C++ initializer per line) and
+Reads the rows of csrc/ops/cuda/tuned_{fwd,bwd}_*.cu (a shared row, ``ROW(...)``, per line,
+which stands for a LayerNorm row and an RMSNorm row, configs.h; or a whole row, one C++
+initializer per line) in table order, and
 replaces the text between the `<!-- tuning-table:begin -->` and `<!-- tuning-table:end -->`
 markers of docs/ops.md. Needs no build and no GPU:
 
@@ -17,27 +19,49 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA = os.path.join(ROOT, "csrc", "ops", "cuda")
 DOC = os.path.join(ROOT, "docs", "ops.md")
 ROW = re.compile(r'^\{"([^"]+)", (.*)\},$')
+SHARED = re.compile(r"^ROW\((.*)\)(?: \\)?$")
+NORM_ROW = {
+    "LAYER_NORM_ROW": ("Norm::kLayer", "", ""),
+    "RMS_NORM_ROW": ("Norm::kRms", "rms.", ",rms"),
+}
 
 
-def fields(line: str) -> list[str] | None:
-    """A row's fields, split at top-level commas (the kernel's template arguments and the
-    settings braces stay whole)."""
-    m = ROW.match(line.strip())
-    if not m:
-        return None
-    out, depth, cur = [m.group(1)], 0, ""
-    for ch in m.group(2):
-        if ch in "<({":
+def split_top(text: str) -> list[str]:
+    """``text`` split at top-level commas (template arguments, calls, braces stay whole)."""
+    out, depth, cur, quoted = [], 0, "", False
+    for ch in text:
+        if ch == '"':
+            quoted = not quoted
+        elif quoted:
+            pass
+        elif ch in "<({":
             depth += 1
         elif ch in ">)}":
             depth -= 1
-        if ch == "," and depth == 0:
+        if ch == "," and depth == 0 and not quoted:
             out.append(cur.strip())
             cur = ""
         else:
             cur += ch
     out.append(cur.strip())
     return out
+
+
+def fields(line: str) -> list[str] | None:
+    """A whole row's fields (the kernel's template arguments and the settings braces stay
+    whole)."""
+    m = ROW.match(line.strip())
+    return [m.group(1)] + split_top(m.group(2)) if m else None
+
+
+def expand(shared: list[str], table_id: str, norm_row: str) -> list[str]:
+    """The fields of the row a shared row stands for under LAYER_NORM_ROW or RMS_NORM_ROW, as
+    the macro in configs.h writes it."""
+    norm, rms_id, rms_name = NORM_ROW[norm_row]
+    rid, arch, columns, kernel, before, after, name, settings = shared
+    kernel = f'{kernel}<{before[1:-1]}, {norm}{after[1:-1]}>({name[:-1]}{rms_name}>")'
+    return [table_id + rms_id + rid.strip('"'), arch, norm, *split_top(columns[1:-1]), kernel,
+            settings]  # fmt: skip
 
 
 def limit(v: str) -> str:
@@ -50,9 +74,22 @@ def kernel_name(call: str) -> str:
 
 
 def table_rows(name: str) -> list[list[str]]:
-    """The fields of every row of the tuning table csrc/ops/cuda/<name>.cu."""
+    """The fields of every row of the tuning table csrc/ops/cuda/<name>.cu, in table order: the
+    items of its kRows initializer, each shared list expanded for its norm."""
     with open(os.path.join(CUDA, f"{name}.cu")) as f:
-        return [r for r in map(fields, f) if r is not None]
+        lines = [line.strip() for line in f]
+    table_id = next(line.split('"')[1] for line in lines if line.startswith("#define TABLE_ID"))
+    shared = [split_top(m.group(1)) for m in map(SHARED.match, lines) if m]
+    start = next(i for i, line in enumerate(lines) if "kRows[] = {" in line)
+    text = lines[start].split("{", 1)[1]
+    for line in lines[start + 1 :]:
+        if text.rstrip().endswith("};"):
+            break
+        text += "\n" + line
+    rows = []
+    for item in re.findall(r'SHARED_ROWS\((\w+)\)|^(\{".*\},)$', text, flags=re.M):
+        rows += [expand(r, table_id, item[0]) for r in shared] if item[0] else [fields(item[1])]
+    return rows
 
 
 OP = {"kEither": "any", "0": "plain", "1": "gated"}

@@ -140,6 +140,29 @@ constexpr bool norms_agree(const Row (&rows)[N]) {
   return true;
 }
 
+// Rows that LayerNorm and RMSNorm share. A table lists them once, as
+//
+//   #define SHARED_ROWS(ROW) ROW(id, arch, (columns between norm and kernel), kernel template,
+//       (its arguments before the norm), (those after it, each with its comma), "kernel name
+//       without its closing >", {settings})
+//   constexpr FwdRow kRows[] = {SHARED_ROWS(LAYER_NORM_ROW) SHARED_ROWS(RMS_NORM_ROW)};
+//
+// and each line becomes two rows: the LayerNorm one, then (after every LayerNorm row) the
+// RMSNorm one, whose id gains "rms." after the table's prefix (TABLE_ID, a string the table
+// defines), whose kernel name gains ",rms", and whose kernel is compiled for Norm::kRms. A row
+// tuned for one norm alone is written out whole, with its Norm, before or after those.
+#define ADAPTIVELOAD_UNPACK(...) __VA_ARGS__
+#define ADAPTIVELOAD_ROW(norm, rms_id, rms_name, id, arch, columns, kernel, before, after, name, \
+                         ...)                                                                    \
+  {TABLE_ID rms_id id,                                                                           \
+   arch,                                                                                         \
+   norm,                                                                                         \
+   ADAPTIVELOAD_UNPACK columns,                                                                  \
+   kernel<ADAPTIVELOAD_UNPACK before, norm ADAPTIVELOAD_UNPACK after>(name rms_name ">"),        \
+   __VA_ARGS__},
+#define LAYER_NORM_ROW(...) ADAPTIVELOAD_ROW(Norm::kLayer, "", "", __VA_ARGS__)
+#define RMS_NORM_ROW(...) ADAPTIVELOAD_ROW(Norm::kRms, "rms.", ",rms", __VA_ARGS__)
+
 // The tables, by x dtype (tuned_*.cu).
 extern const Table<FwdRow> kFwdTableF32, kFwdTableBF16, kFwdTableF16;
 extern const Table<BwdRow> kBwdTableF32, kBwdTableBF16, kBwdTableF16;
