@@ -36,7 +36,7 @@ def _rel(pattern: str) -> list[str]:
 
 
 def _ops_extension():
-    sources = _rel("csrc/ops/*.cpp")
+    sources = _rel("csrc/ops/*.cpp") + _rel("csrc/ops/cpu/*.cpp") + _rel("csrc/ops/autograd/*.cpp")
     cxx_flags = ["-O3", "-std=c++17"]
     if _with_cuda():
         # A100 (8.0) and H100/H200 (9.0) machine code, plus PTX for newer GPUs.

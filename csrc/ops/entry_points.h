@@ -12,15 +12,14 @@
 #include <string>
 #include <tuple>
 
-#include "layer_norm_modulate.h"
-#include "op_handles.h"
+#include "problem.h"
 
 namespace adaptiveload {
 
 using ForwardKernels = void (*)(const ForwardProblem&, const std::string* config);
 using BackwardKernels = void (*)(const BackwardProblem&, const std::string* config);
 
-// Fwd2, Fwd3, Fwd4, Bwd4, Bwd5, Bwd6, Bwd7: the ops' result tuples (op_handles.h).
+// Fwd2, Fwd3, Fwd4, Bwd4, Bwd5, Bwd6, Bwd7: the ops' result tuples (problem.h).
 
 // The inputs both entry points take: the gated op's (x, h, gate, ...) when h is given, else
 // the plain op's.

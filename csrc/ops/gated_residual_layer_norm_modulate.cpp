@@ -1,9 +1,10 @@
 // adaptiveload::gated_residual_layer_norm_modulate: the residual update plus the next adaLN
 // norm of a DiT block in one pass, r = residual + gate * h, y = LayerNormModulate(r).
-// Schema and CPU registration; the CPU kernels are layer_norm_modulate.cpp's, the host
-// prologue entry_points.h.
+// Schema and CPU registration; the CPU kernels are cpu/norm_modulate.cpp's, the autograd
+// autograd/gated_residual_layer_norm_modulate_autograd.cpp, the host prologue entry_points.h.
 #include <torch/library.h>
 
+#include "cpu/norm_modulate.h"
 #include "entry_points.h"
 
 namespace adaptiveload {
@@ -26,9 +27,9 @@ TORCH_LIBRARY_FRAGMENT(adaptiveload, m) {
 
 TORCH_LIBRARY_IMPL(adaptiveload, CPU, m) {
   m.impl("gated_residual_layer_norm_modulate",
-         &gated_residual_layer_norm_modulate_op<layer_norm_modulate_fwd_cpu>);
+         &gated_residual_layer_norm_modulate_op<norm_modulate_fwd_cpu>);
   m.impl("_gated_residual_layer_norm_modulate_backward",
-         &gated_residual_layer_norm_modulate_backward_op<layer_norm_modulate_bwd_cpu>);
+         &gated_residual_layer_norm_modulate_backward_op<norm_modulate_bwd_cpu>);
 }
 
 }  // namespace adaptiveload

@@ -1,9 +1,11 @@
 // adaptiveload::gated_residual_rms_norm_modulate: the residual update plus the next RMSNorm
 // adaLN in one pass, r = residual + gate * h, y = RmsNormModulate(r) (LTX-Video: the FFN's gated
 // residual, then the next block's norm1). Schema and CPU registration; the kernels are the
-// LayerNorm op's run for the RMS norm kind, the host prologue entry_points.h.
+// LayerNorm op's run for the RMS norm kind (cpu/norm_modulate.cpp, cuda/), the autograd
+// autograd/gated_residual_rms_norm_modulate_autograd.cpp, the host prologue entry_points.h.
 #include <torch/library.h>
 
+#include "cpu/norm_modulate.h"
 #include "entry_points.h"
 
 namespace adaptiveload {
@@ -26,9 +28,9 @@ TORCH_LIBRARY_FRAGMENT(adaptiveload, m) {
 
 TORCH_LIBRARY_IMPL(adaptiveload, CPU, m) {
   m.impl("gated_residual_rms_norm_modulate",
-         &gated_residual_rms_norm_modulate_op<layer_norm_modulate_fwd_cpu>);
+         &gated_residual_rms_norm_modulate_op<norm_modulate_fwd_cpu>);
   m.impl("_gated_residual_rms_norm_modulate_backward",
-         &gated_residual_rms_norm_modulate_backward_op<layer_norm_modulate_bwd_cpu>);
+         &gated_residual_rms_norm_modulate_backward_op<norm_modulate_bwd_cpu>);
 }
 
 }  // namespace adaptiveload

@@ -9,7 +9,10 @@
 #include <optional>
 #include <tuple>
 
-#include "op_handles.h"
+#include "gated_residual_layer_norm_modulate.h"
+#include "gated_residual_rms_norm_modulate.h"
+#include "layer_norm_modulate.h"
+#include "rms_norm_modulate.h"
 #ifdef ADAPTIVELOAD_WITH_CUDA
 #include "tuning_table.h"
 #endif

@@ -1,9 +1,11 @@
 // adaptiveload::rms_norm_modulate: RMSNorm followed by the (1 + scale), shift modulation (the
 // adaLN of LTX-Video's blocks). Schema and CPU registration. The kernels are the LayerNorm op's
-// (layer_norm_modulate.cpp, cuda/), run for the RMS norm kind: no mean, and no mean(g) term in
-// the backward; the host prologue is entry_points.h.
+// (cpu/norm_modulate.cpp, cuda/), run for the RMS norm kind: no mean, and no mean(g) term in
+// the backward; the autograd is autograd/rms_norm_modulate_autograd.cpp, the host prologue
+// entry_points.h.
 #include <torch/library.h>
 
+#include "cpu/norm_modulate.h"
 #include "entry_points.h"
 
 namespace adaptiveload {
@@ -23,9 +25,8 @@ TORCH_LIBRARY_FRAGMENT(adaptiveload, m) {
 }
 
 TORCH_LIBRARY_IMPL(adaptiveload, CPU, m) {
-  m.impl("rms_norm_modulate", &rms_norm_modulate_op<layer_norm_modulate_fwd_cpu>);
-  m.impl("_rms_norm_modulate_backward",
-         &rms_norm_modulate_backward_op<layer_norm_modulate_bwd_cpu>);
+  m.impl("rms_norm_modulate", &rms_norm_modulate_op<norm_modulate_fwd_cpu>);
+  m.impl("_rms_norm_modulate_backward", &rms_norm_modulate_backward_op<norm_modulate_bwd_cpu>);
 }
 
 }  // namespace adaptiveload
