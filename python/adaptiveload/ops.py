@@ -219,91 +219,77 @@ def _grad_like(t, needed, fallback):
     return t.new_empty(t.shape) if needed and t is not None else fallback.new_empty((0,))
 
 
+def _forward_fake(op, x, h, gate, shift, scale, weight, bias, out_dtype, rms):
+    """Every forward op's outputs: (r,) for the gated ops (``h`` given), y, then mean
+    (LayerNorm only) and rstd."""
+    mods = (
+        {"shift": shift, "scale": scale}
+        if h is None
+        else {"gate": gate, "shift": shift, "scale": scale}
+    )
+    _check_common(op, x, mods, weight, bias)
+    r = ()
+    if h is not None:
+        _require(h.shape == x.shape, lambda: f"{op}: h must have residual's shape")
+        _require(h.dtype == x.dtype, lambda: f"{op}: h must have residual's dtype")
+        r = (x.new_empty(x.shape),)
+    y = x.new_empty(x.shape, dtype=out_dtype or x.dtype)
+    stats = tuple(x.new_empty(x.shape[:-1], dtype=_stats_dtype(x)) for _ in range(1 if rms else 2))
+    return (*r, y, *stats)
+
+
+def _backward_fake(grads, mask, x):
+    """Every backward op's gradients, one per input in output-mask order: a masked-off one, as
+    the kernels give it, is a (0,) tensor of its input's dtype, x's for an absent weight or bias."""
+    return tuple(_grad_like(t, m, x if t is None else t) for t, m in zip(grads, mask, strict=True))
+
+
 @torch.library.register_fake("adaptiveload::layer_norm_modulate")
 def _layer_norm_modulate_fake(x, shift, scale, weight, bias, eps, out_dtype):
-    _check_common("layer_norm_modulate", x, {"shift": shift, "scale": scale}, weight, bias)
-    y = x.new_empty(x.shape, dtype=out_dtype or x.dtype)
-    mean = x.new_empty(x.shape[:-1], dtype=_stats_dtype(x))
-    return y, mean, torch.empty_like(mean)
+    return _forward_fake(
+        "layer_norm_modulate", x, None, None, shift, scale, weight, bias, out_dtype, rms=False
+    )
 
 
 @torch.library.register_fake("adaptiveload::_layer_norm_modulate_backward")
 def _layer_norm_modulate_backward_fake(dy, x, shift, scale, weight, bias, mean, rstd, mask):
     _require(dy.shape == x.shape, lambda: "_layer_norm_modulate_backward: dy must match x")
-
-    return (
-        _grad_like(x, mask[0], x),
-        _grad_like(shift, mask[1], shift),
-        _grad_like(scale, mask[2], scale),
-        _grad_like(weight, mask[3], x),
-        _grad_like(bias, mask[4], x),
-    )
+    return _backward_fake((x, shift, scale, weight, bias), mask, x)
 
 
 @torch.library.register_fake("adaptiveload::gated_residual_layer_norm_modulate")
 def _gated_fake(residual, h, gate, shift, scale, weight, bias, eps, out_dtype):
     op = "gated_residual_layer_norm_modulate"
-    _check_common(op, residual, {"gate": gate, "shift": shift, "scale": scale}, weight, bias)
-    _require(h.shape == residual.shape, lambda: f"{op}: h must have residual's shape")
-    _require(h.dtype == residual.dtype, lambda: f"{op}: h must have residual's dtype")
-    r = residual.new_empty(residual.shape)
-    y = residual.new_empty(residual.shape, dtype=out_dtype or residual.dtype)
-    mean = residual.new_empty(residual.shape[:-1], dtype=_stats_dtype(residual))
-    return r, y, mean, torch.empty_like(mean)
+    return _forward_fake(op, residual, h, gate, shift, scale, weight, bias, out_dtype, rms=False)
 
 
 @torch.library.register_fake("adaptiveload::_gated_residual_layer_norm_modulate_backward")
 def _gated_backward_fake(dr, dy, r, h, gate, shift, scale, weight, bias, mean, rstd, mask):
-    return (
-        _grad_like(r, mask[0], r),
-        _grad_like(h, mask[1], h),
-        _grad_like(gate, mask[2], gate),
-        _grad_like(shift, mask[3], shift),
-        _grad_like(scale, mask[4], scale),
-        _grad_like(weight, mask[5], r),
-        _grad_like(bias, mask[6], r),
-    )
+    return _backward_fake((r, h, gate, shift, scale, weight, bias), mask, r)
 
 
 @torch.library.register_fake("adaptiveload::rms_norm_modulate")
 def _rms_norm_modulate_fake(x, shift, scale, weight, eps, out_dtype):
-    _check_common("rms_norm_modulate", x, {"shift": shift, "scale": scale}, weight, None)
-    y = x.new_empty(x.shape, dtype=out_dtype or x.dtype)
-    return y, x.new_empty(x.shape[:-1], dtype=_stats_dtype(x))
+    return _forward_fake(
+        "rms_norm_modulate", x, None, None, shift, scale, weight, None, out_dtype, rms=True
+    )
 
 
 @torch.library.register_fake("adaptiveload::_rms_norm_modulate_backward")
 def _rms_norm_modulate_backward_fake(dy, x, shift, scale, weight, rstd, mask):
     _require(dy.shape == x.shape, lambda: "_rms_norm_modulate_backward: dy must match x")
-    return (
-        _grad_like(x, mask[0], x),
-        _grad_like(shift, mask[1], shift),
-        _grad_like(scale, mask[2], scale),
-        _grad_like(weight, mask[3], x),
-    )
+    return _backward_fake((x, shift, scale, weight), mask, x)
 
 
 @torch.library.register_fake("adaptiveload::gated_residual_rms_norm_modulate")
 def _gated_rms_fake(residual, h, gate, shift, scale, weight, eps, out_dtype):
     op = "gated_residual_rms_norm_modulate"
-    _check_common(op, residual, {"gate": gate, "shift": shift, "scale": scale}, weight, None)
-    _require(h.shape == residual.shape, lambda: f"{op}: h must have residual's shape")
-    _require(h.dtype == residual.dtype, lambda: f"{op}: h must have residual's dtype")
-    r = residual.new_empty(residual.shape)
-    y = residual.new_empty(residual.shape, dtype=out_dtype or residual.dtype)
-    return r, y, residual.new_empty(residual.shape[:-1], dtype=_stats_dtype(residual))
+    return _forward_fake(op, residual, h, gate, shift, scale, weight, None, out_dtype, rms=True)
 
 
 @torch.library.register_fake("adaptiveload::_gated_residual_rms_norm_modulate_backward")
 def _gated_rms_backward_fake(dr, dy, r, h, gate, shift, scale, weight, rstd, mask):
-    return (
-        _grad_like(r, mask[0], r),
-        _grad_like(h, mask[1], h),
-        _grad_like(gate, mask[2], gate),
-        _grad_like(shift, mask[3], shift),
-        _grad_like(scale, mask[4], scale),
-        _grad_like(weight, mask[5], r),
-    )
+    return _backward_fake((r, h, gate, shift, scale, weight), mask, r)
 
 
 # ---- the CUDA tuning tables (private; CUDA builds only) ----

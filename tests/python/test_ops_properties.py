@@ -132,6 +132,48 @@ def test_errors(device, norm):
 
 
 @pytest.mark.parametrize("norm", NORM_NAMES)
+def test_backward_fakes_match_the_kernels(norm):
+    # The fake (meta) backward gives what the kernels give for every output, masked-off ones
+    # included: a (0,) placeholder of its input's dtype (an fp32 weight's under bf16 x), x's
+    # for an absent weight. torch.compile traces through the fakes.
+    ops = torch.ops.adaptiveload
+    gen = torch.Generator().manual_seed(int(torch.randint(1 << 30, ())))
+    x = torch.randn(2, 3, 16, generator=gen).bfloat16()
+    shift, gate = (
+        torch.randn(2, 1, 16, generator=gen),
+        torch.randn(2, 1, 16, generator=gen).bfloat16(),
+    )
+    scale = torch.randn(2, 3, 16, generator=gen).bfloat16()
+    h, dy, dr = (torch.randn(2, 3, 16, generator=gen).bfloat16() for _ in range(3))
+    rms = norm == "rms"
+    for w in (torch.randn(16, generator=gen), None):
+        b = None if rms or w is None else torch.randn(16, generator=gen)
+        if rms:
+            y, rstd = ops.rms_norm_modulate(x, shift, scale, w, 1e-6, None)
+            r, _, grstd = ops.gated_residual_rms_norm_modulate(
+                x, h, gate, shift, scale, w, 1e-6, None
+            )
+            plain = (ops._rms_norm_modulate_backward.default, (dy, x, shift, scale, w, rstd))
+            gated_bw = ops._gated_residual_rms_norm_modulate_backward.default
+            gated = (gated_bw, (dr, dy, r, h, gate, shift, scale, w, grstd))
+        else:
+            y, mean, rstd = ops.layer_norm_modulate(x, shift, scale, w, b, 1e-6, None)
+            r, _, gmean, grstd = ops.gated_residual_layer_norm_modulate(
+                x, h, gate, shift, scale, w, b, 1e-6, None
+            )
+            plain = (
+                ops._layer_norm_modulate_backward.default,
+                (dy, x, shift, scale, w, b, mean, rstd),
+            )
+            gated_bw = ops._gated_residual_layer_norm_modulate_backward.default
+            gated = (gated_bw, (dr, dy, r, h, gate, shift, scale, w, b, gmean, grstd))
+        for op, args in (plain, gated):
+            k = len(op._schema.returns)
+            for mask in [[True] * k, [False] * k] + [[i != j for i in range(k)] for j in range(k)]:
+                torch.library.opcheck(op, (*args, mask), test_utils="test_faketensor")
+
+
+@pytest.mark.parametrize("norm", NORM_NAMES)
 def test_opcheck(norm):
     n = NORMS[norm]
     gen = torch.Generator().manual_seed(2)

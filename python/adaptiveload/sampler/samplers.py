@@ -166,32 +166,9 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
             mix_tolerance = default_mix_tolerance(
                 sequence_parallel, max_batch_size, micro_batches_per_step
             )
-        super().__init__(
-            seq_lens,
-            max_tokens,
-            max_cost=max_cost,
-            cost_model=cost_model,
-            group_keys=group_keys,
-            num_replicas=num_replicas,
-            rank=rank,
-            process_group=process_group,
-            drawn_is_trained=drawn_is_trained,
-            micro_batches_per_step=micro_batches_per_step,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            balance=balance,
-            lookahead_steps=lookahead_steps,
-            on_oversize=on_oversize,
-            verify_ranks=verify_ranks,
-            max_batch_size=max_batch_size,
-            memory_model=memory_model,
-            memory_budget_gib=memory_budget_gib,
-            uneven_counts=uneven_counts,
-            mix_tolerance=mix_tolerance,
-            sequence_parallel=sequence_parallel,
-            sequence_parallel_comm=sequence_parallel_comm,
-        )
+        # Every argument as given (mix_tolerance resolved) is a setting of the base: one list,
+        # the signature above, instead of a second one here.
+        super().__init__(**_arguments(locals()))
 
     @property
     def max_cost(self) -> float:
@@ -202,6 +179,12 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
         if self.options.max_cost is not None:
             return self.options.max_cost
         return float(self._table.default_max_cost(self.max_tokens, self.max_batch_size or 0))
+
+
+def _arguments(local_names: dict) -> dict:
+    """A constructor's arguments from its ``locals()`` taken first thing (or after resolving
+    defaults): everything but ``self`` and the ``__class__`` cell that ``super()`` adds."""
+    return {k: v for k, v in local_names.items() if k not in ("self", "__class__")}
 
 
 class EqualTokenBatchSampler(PlannedBatchSampler):
@@ -231,25 +214,12 @@ class EqualTokenBatchSampler(PlannedBatchSampler):
         max_batch_size: int | None = None,
         drawn_is_trained: bool = False,
     ):
+        # Its arguments as given, and the settings that make it the baseline.
         super().__init__(
-            seq_lens,
-            max_tokens,
+            **_arguments(locals()),
             max_cost=None,
-            cost_model=cost_model,
-            group_keys=group_keys,
-            num_replicas=num_replicas,
-            rank=rank,
-            process_group=process_group,
-            drawn_is_trained=drawn_is_trained,
-            micro_batches_per_step=micro_batches_per_step,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
             balance=False,
             lookahead_steps=1,
-            on_oversize=on_oversize,
-            verify_ranks=verify_ranks,
-            max_batch_size=max_batch_size,
             memory_model=None,
             memory_budget_gib=None,
             uneven_counts=False,
