@@ -66,6 +66,11 @@ __device__ __forceinline__ void write_partials(const BwdParams& p, float (&acc)[
 // so that unpacking dy costs no per-element branch.
 // Note: the register caps keep two blocks of up to 384 (VPT 1) or 320 (VPT 2) threads on an SM;
 // the fused and affine variants need more to avoid spilling.
+// The kernel stays one function of about 240 lines, on purpose: its phases (stage the
+// modulation, fill the ring, the row's two reductions, the gradients) share the ring's slots,
+// the team's accumulators acc[][] and the staged flags, which the register caps above are set
+// for. Helpers that take them by reference (load_g, write_partials) are inlined into it; a split
+// that passed them through memory, or that the compiler did not inline, would spill.
 template <int VPT, bool WIDE>
 constexpr int bwd_max_registers() {
   return WIDE ? 128 : VPT == 1 ? 80 : 96;
