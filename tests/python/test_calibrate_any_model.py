@@ -120,6 +120,7 @@ def test_model_timer_checkpoints_the_blocks_it_is_asked_to(family):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["hunyuanvideo", "ltx-video"])
 def test_calibrate_cli_with_model(family, tmp_path, capsys):
     pytest.importorskip("diffusers")

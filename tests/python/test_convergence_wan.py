@@ -223,6 +223,7 @@ def read_rows(path):
         return reader.fieldnames, list(reader)
 
 
+@pytest.mark.slow
 def test_quick_runs_end_to_end(tmp_path, capsys):
     out = tmp_path / "results"
     assert cw.main(["--quick", "--seeds", "0-1", "--out-dir", str(out)]) == 0

@@ -272,6 +272,7 @@ def test_missing_diffsynth_names_the_install(monkeypatch):
         apply_fused_ops(torch.nn.Linear(2, 2))
 
 
+@pytest.mark.slow
 def test_fused_model_under_torch_compile_fullgraph():
     ref = build(layers=1, seed=7)
     fused = apply_fused_ops(copy.deepcopy(ref))

@@ -108,6 +108,7 @@ def _resident(path: str, n: int, queue, barrier) -> None:
     queue.put((grown, rss, pss))
 
 
+@pytest.mark.distributed
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc")
 def test_processes_share_one_copy_of_the_lengths(tmp_path):
     n = 8_000_000  # 32 MB of int32
