@@ -1,0 +1,45 @@
+"""Sequence parallelism chosen per micro-batch: the ranks of a micro-batch's group each run the
+model on their share of its tokens (Ulysses attention: all-to-alls turn token shards into head
+shards around each self-attention), and the gradients they add up are those of the micro-batch
+processed whole on one rank.
+
+The sampler (``sequence_parallel=D``) gives each micro-batch a degree d and a group of d ranks
+(``MicroBatch.degree``, ``.member``, ``.group_ranks``). Here:
+
+- ``SequenceParallelGroups``: the process groups of every aligned group of d ranks, made once
+  by every rank (``torch.distributed.new_group`` is collective), and the group of a micro-batch.
+- ``token_share``: the tokens of one sample a member holds (the planner's cut, planner.h: the
+  sample in d contiguous pieces, the first ``S % d`` one token longer).
+- ``split_sequence(model, group, degree, member)``: a context in which ``model``'s forward runs
+  on this member's share, with Ulysses attention over ``group``, and gathers the output so that
+  the loop computes its loss on the whole micro-batch as usual. The gather's backward keeps this
+  member's own tokens' gradient only, so the members' gradients sum (DDP's all-reduce) to the
+  gradient of the whole micro-batch, each sample once.
+
+Where things live: ``groups.py`` (shares, groups, ``ONE_DEVICE``), ``collectives.py`` (the
+exchanges, with autograd), ``split.py`` (``split_sequence`` and the state the hooks share), and
+one module per family: ``wan.py`` (diffusers' Wan), ``diffsynth.py`` (DiffSynth-Studio's Wan),
+``ltx_video.py``, ``hunyuan_video.py`` (joint attention: the text is held whole by every member).
+
+Why not diffusers' ``ContextParallelConfig``: it fixes one mesh per model
+(``enable_parallelism``), while the degree and the group change from one micro-batch to the
+next here; the all-to-alls here take any group, and lengths not divisible by d.
+"""
+
+from adaptiveload.parallel.groups import (
+    ONE_DEVICE,
+    SequenceParallelGroups,
+    share_sizes,
+    token_share,
+)
+from adaptiveload.parallel.split import SPLITS, is_split_installed, split_sequence
+
+__all__ = [
+    "ONE_DEVICE",
+    "SPLITS",
+    "SequenceParallelGroups",
+    "is_split_installed",
+    "share_sizes",
+    "split_sequence",
+    "token_share",
+]

@@ -1,0 +1,75 @@
+"""Who splits a sample and where: each member's tokens (the planner's cut, planner.h: a sample
+in d contiguous pieces, the first ``S % d`` one token longer), the process groups of every
+aligned group of d ranks, and ``ONE_DEVICE``, the stand-in group that times one member's share
+on one device."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+
+def share_sizes(seq_len: int, degree: int) -> list[int]:
+    """Tokens of each of ``degree`` members of one sample of ``seq_len`` tokens."""
+    return [seq_len // degree + (1 if j < seq_len % degree else 0) for j in range(degree)]
+
+
+def token_share(seq_len: int, degree: int, member: int) -> slice:
+    """The tokens ``[start, stop)`` of one sample of ``seq_len`` tokens that member ``member``
+    of ``degree`` holds."""
+    if not 0 <= member < degree:
+        raise ValueError(f"member must be in [0, {degree}), got {member}")
+    sizes = share_sizes(seq_len, degree)
+    start = sum(sizes[:member])
+    return slice(start, start + sizes[member])
+
+
+class SequenceParallelGroups:
+    """The process groups of sequence parallelism: for every degree d in 2, 4, ...,
+    ``max_degree``, the groups of ranks ``[g * d, (g + 1) * d)``. Every rank must make it, at the
+    same point (``new_group`` is collective), with the sampler's ``sequence_parallel``."""
+
+    def __init__(self, max_degree: int, *, backend: str | None = None):
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("SequenceParallelGroups needs torch.distributed initialized")
+        world = dist.get_world_size()
+        if max_degree < 1 or max_degree & (max_degree - 1) or world % max_degree:
+            raise ValueError(
+                f"max_degree must be a power of two that divides the world size {world}, got "
+                f"{max_degree}"
+            )
+        self.max_degree = max_degree
+        self._groups: dict[tuple[int, int], object] = {}
+        d = 2
+        while d <= max_degree:
+            for first in range(0, world, d):
+                ranks = list(range(first, first + d))
+                self._groups[(d, first)] = dist.new_group(ranks, backend=backend)
+            d *= 2
+
+    def group(self, rank: int, degree: int):
+        """The group of ``degree`` ranks that holds ``rank`` (None for degree 1)."""
+        if degree == 1:
+            return None
+        key = (degree, rank - rank % degree)
+        if key not in self._groups:
+            raise ValueError(f"no group of degree {degree} (max_degree {self.max_degree})")
+        return self._groups[key]
+
+    def of(self, mb) -> object:
+        """The group of a ``MicroBatch`` (None where it runs on one rank)."""
+        return self.group(mb.rank, mb.degree)
+
+
+class _OneDevice:
+    """The group of ``split_sequence`` that times one member's share on one device: the
+    exchanges are replaced by local copies of the same shapes (no collective), so the member's
+    compute (its layers on its tokens, attention on all tokens for its heads) is exactly a real
+    member's, and the numbers are not the model's."""
+
+    def __repr__(self) -> str:
+        return "ONE_DEVICE"
+
+
+#: ``split_sequence(model, ONE_DEVICE, d, 0)``: member 0's share of compute, on one device
+#: (calibration and the replay, benchmarks/replay_sp.py)
+ONE_DEVICE = _OneDevice()
