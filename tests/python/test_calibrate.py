@@ -256,6 +256,28 @@ def test_plan_aware_calibrate_cli_on_cpu_tiny_model(tmp_path, capsys):
     assert " 2 " in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("family, max_tokens", [("ltx-video", 40), ("hunyuanvideo", 300)])
+def test_plan_aware_calibrate_cli_measures_split_shares_of_other_families(
+    tmp_path, family, max_tokens
+):
+    """``calibrate --sequence-parallel`` on a family other than Wan: one member's share of its
+    split micro-batches is run (``split_sequence`` with ``ONE_DEVICE``) and kept as a measured
+    share of degree 2."""
+    pytest.importorskip("diffusers")
+    from adaptiveload.cli import main
+
+    data = tmp_path / "data.csv"
+    rows = ["num_frames,height,width"] + ["1,64,64"] * 40 + ["9,64,64"] * 12
+    data.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "cost.json"
+    args = f"calibrate --metadata {data} --model {family}/tiny --device cpu --dtype fp32"
+    args += " --no-fused --num-replicas 2 --text-len 8 --repeat 1 --warmup 1 --no-progress"
+    args += f" --sequence-parallel 2 --max-tokens {max_tokens}"
+    assert main([*args.split(), "--out", str(out)]) == 0
+    model = CostModel.from_json(out)
+    assert model.measured_shares and {d for _, _, d in model.measured_shares} == {2}
+
+
 # -- time and peak memory per (S, B, checkpointed blocks) ------------------------------------
 
 
