@@ -542,11 +542,23 @@ double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size)
     one.add(samples_[i].seq_len, samples_[i].cost);
     if (fits_memory(one)) heaviest = std::max(heaviest, stats_cost(one));
   }
+  // Per group, the longest sample within max_tokens and how many there are: the samples over
+  // it are skipped or refused, and must not decide the cap of the others.
+  std::vector<int64_t> max_len = group_max_len_, members = group_size_;
+  if (!max_len.empty() && *std::max_element(max_len.begin(), max_len.end()) > max_tokens) {
+    std::fill(max_len.begin(), max_len.end(), 0);
+    std::fill(members.begin(), members.end(), 0);
+    for (int64_t i = 0; i < size(); ++i) {
+      if (samples_[i].seq_len > max_tokens) continue;
+      max_len[group_[i]] = std::max(max_len[group_[i]], samples_[i].seq_len);
+      ++members[group_[i]];
+    }
+  }
   double lightest_full = std::numeric_limits<double>::infinity();
   double heaviest_full = 0.0;
   for (int64_t g = 0; g < num_groups_; ++g) {
-    const int64_t len = group_max_len_[g];
-    if (len > max_tokens) continue;
+    const int64_t len = max_len[g];
+    if (len == 0) continue;  // every sample of the group is over max_tokens
     const double f = cost_.sample_cost(len);
     int64_t fill = max_tokens / len;
     if (max_batch_size > 0) fill = std::min(fill, max_batch_size);
@@ -567,7 +579,7 @@ double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size)
       }
       fill = lo;
     }
-    const BatchStats full = uniform_stats(len, f, fill, group_size_[g]);
+    const BatchStats full = uniform_stats(len, f, fill, members[g]);
     lightest_full = std::min(lightest_full, stats_cost(full));
     heaviest_full = std::max(heaviest_full, stats_cost(full));
   }

@@ -143,13 +143,28 @@ double StreamTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size)
     one.add(lengths_[j], length_cost_[j]);
     heaviest = std::max(heaviest, cost_.batch_cost(one));
   }
+  // Per group, the longest sample within max_tokens and how many there are (a pass over the
+  // data only when some group holds a sample over it): the samples over it are skipped or
+  // refused, and must not decide the cap of the others.
+  std::vector<int64_t> max_len = group_max_len_, members = group_size_;
+  if (!max_len.empty() && *std::max_element(max_len.begin(), max_len.end()) > max_tokens) {
+    std::fill(max_len.begin(), max_len.end(), 0);
+    std::fill(members.begin(), members.end(), 0);
+    for (int64_t i = 0; i < n_; ++i) {
+      const int64_t len = seq_len(i);
+      if (len > max_tokens) continue;
+      const int64_t g = group(i);
+      max_len[g] = std::max(max_len[g], len);
+      ++members[g];
+    }
+  }
   double lightest_full = std::numeric_limits<double>::infinity();
   for (int64_t g = 0; g < num_groups_; ++g) {
-    const int64_t len = group_max_len_[g];
-    if (len > max_tokens) continue;
+    const int64_t len = max_len[g];
+    if (len == 0) continue;  // every sample of the group is over max_tokens
     int64_t fill = max_tokens / len;
     if (max_batch_size > 0) fill = std::min(fill, max_batch_size);
-    const BatchStats full = uniform_stats(len, cost_.sample_cost(len), fill, group_size_[g]);
+    const BatchStats full = uniform_stats(len, cost_.sample_cost(len), fill, members[g]);
     lightest_full = std::min(lightest_full, cost_.batch_cost(full));
   }
   if (heaviest == 0.0) return 1.0;  // nothing fits; planning will report the samples

@@ -385,6 +385,41 @@ def test_oversize_sample_is_skipped_with_one_warning():
         s.plan()  # warned once
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_default_compute_cap_ignores_samples_over_the_token_cap(streaming):
+    """Groups that each hold a sample over max_tokens (skipped): the default compute cap is the
+    one of the same data without those samples (it was infinite, and planning failed on it);
+    every other sample is planned once."""
+    from adaptiveload import StreamingBatchSampler
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(2000, 6000))
+    lens = rng.choice([300, 1560, 7800, 32760], n)
+    groups = rng.integers(0, 4, n)
+    over = rng.choice(n, 8, replace=False)
+    groups[over[:4]] = np.arange(4)  # every group holds one
+    lens[over] = 400_000
+    fits = np.setdiff1d(np.arange(n), over)
+
+    def make(seq_lens, group_ids, rank=0):
+        if streaming:
+            return StreamingBatchSampler(seq_lens, 151_200, group_ids=group_ids, num_replicas=4,
+                                         rank=rank, on_oversize="skip", segment_samples=1000)  # fmt: skip
+        return AdaptiveBatchSampler(seq_lens, 151_200, group_keys=group_ids, num_replicas=4,
+                                    rank=rank, on_oversize="skip")  # fmt: skip
+
+    def cap(s):
+        return s.settings.max_cost if streaming else s.plan().max_cost
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = make(lens, groups)
+        reference = make(lens[fits], groups[fits])
+        assert np.isfinite(cap(s)) and cap(s) == cap(reference)
+        planned = [i for r in range(4) for b in make(lens, groups, r) for i in b]
+    assert sorted(planned) == fits.tolist()
+
+
 def test_distributed_defaults_without_process_group():
     s = AdaptiveBatchSampler([10, 20], 100)
     assert (s.num_replicas, s.rank) == (1, 0)
