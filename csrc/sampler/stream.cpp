@@ -258,32 +258,44 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
   const int64_t per_window = per_step * (o.balance ? o.lookahead_steps : 1);
   const int64_t max_degree = o.sequence_parallel.max_degree;
   // Packing as plan_bucketed packs (pack_groups), counting micro-batches only: each group's
-  // open micro-batch, which a sample joins unless that breaks a cap.
+  // open micro-batch, which a sample joins unless that breaks a cap. What a sample's length
+  // decides (over a cap, its cost, its group without group ids) is looked up per distinct
+  // length, once.
+  const int64_t num_lengths = t.num_lengths();
+  std::vector<uint8_t> over(num_lengths);
+  std::vector<double> cost(num_lengths);
+  for (int64_t j = 0; j < num_lengths; ++j) {
+    over[j] = t.exceeds_caps(t.length(j), o.max_tokens, o.max_cost, max_degree);
+    cost[j] = t.length_cost(j);
+  }
   std::vector<BatchStats> open(t.num_groups());
   int64_t count = 0;
   Segment seg;
   seg.begin = begin;
-  auto take = [&](int64_t i) {
-    const int64_t len = t.seq_len(i);
-    if (t.exceeds_caps(len, o.max_tokens, o.max_cost, max_degree)) {
+  const int64_t expected = std::min(n - begin, min_samples + min_samples / 4) + prefix_count;
+  seg.samples.reserve(expected);
+  seg.lengths.reserve(expected);
+  seg.groups.reserve(expected);
+  auto take = [&](int64_t i, int64_t len, int64_t g) {
+    const int64_t j = t.length_index(len);
+    if (over[j]) {
       if (o.oversize != OversizePolicy::kSkip) refuse(t, o, i);
       seg.skipped.push_back(i);
       return;
     }
-    const int32_t g = t.group(i);
+    if (g < 0) g = j;  // without group ids the key is the length
     seg.samples.push_back(i);
     seg.lengths.push_back(len);
-    seg.groups.push_back(g);
+    seg.groups.push_back(static_cast<int32_t>(g));
     BatchStats& mb = open[g];
-    const double f = t.sample_cost(len);
     BatchStats grown = mb;
-    grown.add(len, f);
+    grown.add(len, cost[j]);
     const bool cut = mb.count == 0 || (o.max_batch_size > 0 && grown.count > o.max_batch_size) ||
                      grown.tokens > o.max_tokens || t.cost_model().batch_cost(grown) > o.max_cost;
     if (cut) {
       ++count;
       mb = BatchStats{};
-      mb.add(len, f);
+      mb.add(len, cost[j]);
     } else {
       mb = grown;
     }
@@ -291,28 +303,33 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
   for (int64_t j = 0; j < prefix_count; ++j) {
     if (prefix[j] < 0 || prefix[j] >= n)
       invalid("next_segment: prefix sample " + std::to_string(prefix[j]) + " out of range");
-    take(prefix[j]);
+    take(prefix[j], t.seq_len(prefix[j]), t.has_group_ids() ? t.group(prefix[j]) : -1);
   }
-  // The samples of the next kAhead positions, their reads requested ahead of use: position q's
-  // in ahead[q % kAhead].
-  constexpr int64_t kAhead = 16;
-  int64_t ahead[kAhead];
-  for (int64_t q = begin; q < begin + kAhead && q < n; ++q) {
-    ahead[q % kAhead] = perm(q);
-    t.prefetch(ahead[q % kAhead]);
-  }
+  // Positions a chunk at a time: the chunk's samples first (the permutation is arithmetic),
+  // then their lengths and groups (independent random reads, which the processor overlaps),
+  // then the packing. Reads past the segment's end are only reads.
+  constexpr int64_t kChunk = 512;
+  int64_t sample[kChunk], length[kChunk], group[kChunk];
   int64_t p = begin;
-  while (p < n) {
-    const int64_t i = ahead[p % kAhead];
-    if (p + kAhead < n) {
-      ahead[p % kAhead] = perm(p + kAhead);
-      t.prefetch(ahead[p % kAhead]);
+  bool done = false;
+  while (p < n && !done) {
+    const int64_t m = std::min(kChunk, n - p);
+    for (int64_t j = 0; j < m; ++j) sample[j] = perm(p + j);
+    for (int64_t j = 0; j < m; ++j) length[j] = t.seq_len(sample[j]);
+    if (t.has_group_ids())
+      for (int64_t j = 0; j < m; ++j) group[j] = t.group(sample[j]);
+    else
+      std::fill(group, group + m, int64_t{-1});
+    for (int64_t j = 0; j < m; ++j) {
+      take(sample[j], length[j], group[j]);
+      ++p;
+      // A rest shorter than a segment joins this one: no epoch ends on a sliver of a segment.
+      if (p - begin >= min_samples && count > 0 && count % per_window == 0 &&
+          n - p >= min_samples) {
+        done = true;
+        break;
+      }
     }
-    ++p;
-    take(i);
-    // A rest shorter than a segment joins this one: no epoch ends on a sliver of a segment.
-    if (p - begin >= min_samples && count > 0 && count % per_window == 0 && n - p >= min_samples)
-      break;
   }
   seg.end = p;
   return seg;

@@ -54,12 +54,12 @@ class StreamTable {
   /// Index of sample i's length among the distinct lengths (increasing).
   int64_t length_index(int64_t len) const;
   int32_t group(int64_t i) const;
-  /// Asks the cache for sample i's length and group ahead of their use (random reads).
-  void prefetch(int64_t i) const {
-    __builtin_prefetch(static_cast<const char*>(lens_) + i * lens_width_);
-    if (groups_) __builtin_prefetch(static_cast<const char*>(groups_) + i * group_width_);
-  }
+  bool has_group_ids() const { return groups_ != nullptr; }
   double sample_cost(int64_t len) const { return length_cost_[length_index(len)]; }
+  /// The distinct lengths, increasing: how many, the j-th, and its cost f(S).
+  int64_t num_lengths() const { return static_cast<int64_t>(lengths_.size()); }
+  int64_t length(int64_t j) const { return lengths_[j]; }
+  double length_cost(int64_t j) const { return length_cost_[j]; }
 
   /// As SampleTable::default_max_cost (no memory policy), over the same data.
   double default_max_cost(int64_t max_tokens, int64_t max_batch_size = 0) const;
