@@ -40,8 +40,9 @@ every micro-batch under the budget and chooses how many blocks it checkpoints (t
 predicted peak fits); the loop applies that per micro-batch (set_checkpointed_blocks), measures
 each micro-batch's peak against the budget and the prediction (logged when over the budget;
 summed up at the end as "memory"), and after an out-of-memory error re-runs the step with that
-micro-batch kind fully checkpointed for the rest of the run (DDP and one process; under FSDP an
-out-of-memory error is raised, since the other ranks are inside collectives). The memory model
+micro-batch kind fully checkpointed for the rest of the run (DDP and one process; under FSDP or
+with sequence parallelism an out-of-memory error is raised, since the other ranks are inside
+collectives). With sequence parallelism each member checkpoints what its share needs. The memory model
 (from `adaptiveload calibrate`) holds weights and gradients but no optimizer state: the sampler
 plans with the budget less AdamW's two fp32 moments per parameter.
 
@@ -194,11 +195,8 @@ def parse_args(argv=None):
                 f"--sequence-parallel must be 'auto' or an int, got {args.sequence_parallel!r}"
             )
     if args.sequence_parallel != 1:
-        if args.sampler != "adaptive" or args.memory_budget is not None:
-            ap.error(
-                "--sequence-parallel needs --sampler adaptive, without --memory-budget (the "
-                "memory policy does not describe a share yet)"
-            )
+        if args.sampler != "adaptive":
+            ap.error("--sequence-parallel needs --sampler adaptive")
         args.uneven_counts = True
     if args.uneven_counts and args.sampler != "adaptive":
         ap.error("--uneven-counts needs --sampler adaptive")
@@ -404,8 +402,13 @@ def main(argv=None):
                     data_wait += time.perf_counter() - t_data
                 batch = fetched[k]
                 lens_k = seq_lens[batch["index"].numpy()]
-                if policy is not None:
-                    n_ckpt = policy.blocks_for(lens_k)
+                d, member, split = 1, 0, nullcontext()
+                if groups is not None:  # this micro-batch's degree and this rank's share
+                    m = plan.micro_batch_id(step, rank, k)
+                    d, member = int(plan.degrees[m]), int(plan.members[m])
+                    split = split_sequence(inner, groups.group(rank, d), d, member)
+                if policy is not None:  # the blocks this rank's share needs
+                    n_ckpt = policy.blocks_for(lens_k, d)
                     set_checkpointed_blocks(inner, n_ckpt)
                     if on_cuda:
                         torch.cuda.reset_peak_memory_stats(device)
@@ -420,18 +423,15 @@ def main(argv=None):
                     marks.append(torch.cuda.Event(enable_timing=True))
                     marks[-1].record()
                 t_micro = time.perf_counter()
-                d, member, split = 1, 0, nullcontext()
-                if groups is not None:  # this micro-batch's degree and this rank's share
-                    m = plan.micro_batch_id(step, rank, k)
-                    d, member = int(plan.degrees[m]), int(plan.members[m])
-                    split = split_sequence(inner, groups.group(rank, d), d, member)
                 try:
                     with sync, split:
                         scale = world if args.parallel == "fsdp" else 1  # FSDP averages over ranks
                         loss = flow_matching_loss(model, batch, device, dtype, normalizer, marks)
                         (loss * scale).backward()
                 except torch.OutOfMemoryError:
-                    if policy is None or args.parallel == "fsdp" or not policy.on_oom(lens_k):
+                    # Re-run the step only where no other rank waits in one of its collectives.
+                    alone = policy is not None and args.parallel != "fsdp" and groups is None
+                    if not (alone and policy.on_oom(lens_k, d)):
                         raise
                     # Gradients of this step are partial: clear them and run the step again
                     # from its first micro-batch, this kind now fully checkpointed.
@@ -448,7 +448,7 @@ def main(argv=None):
                     micro_batch_ms.append((time.perf_counter() - t_micro) * 1000)
                 if policy is not None and on_cuda:
                     peak_k = torch.cuda.max_memory_allocated(device)
-                    policy.check_peak(lens_k, n_ckpt, peak_k)
+                    policy.check_peak(lens_k, n_ckpt, peak_k, d)
                     step_peaks.append((int(n_ckpt), int(peak_k)))
                 batches.append(batch["index"].tolist())
                 degrees.append(d)

@@ -367,15 +367,30 @@ SpItem sp_item(const SampleTable& table, const PlanOptions& o, const std::vector
     for (int64_t d = 2; d <= top; d *= 2)
       it.measured.push_back(cm.measured_share(first, mb.count(), d));
   }
+  // With a memory policy each member holds its share's tokens (member 0's, the most) and
+  // every sample's text: it checkpoints the blocks that share needs, and runs slower by their
+  // factor. The cost model's cost is the fully checkpointed one, which shares split.
+  const bool memory = table.has_memory_policy();
+  if (memory) {
+    BatchStats whole;
+    for (int64_t j = mb.begin; j < mb.end; ++j)
+      whole.add(table.seq_len(bucketed[j]), table.sample_cost(bucketed[j]));
+    it.compute = cm.batch_cost(whole);
+    it.fixed = std::min(cm.batch_overhead(), it.compute);
+  }
   it.min_degree = 2 * top;
   for (int64_t d = 1; d <= top; d *= 2) {
     int64_t share = 0;
     for (int64_t j = mb.begin; j < mb.end; ++j)
       share += share_tokens(table.seq_len(bucketed[j]), d, 0);
-    if (share <= o.max_tokens) {
-      it.min_degree = d;
-      break;
+    int64_t blocks = 0;
+    if (memory) {
+      const MemoryPolicy& mp = table.memory_policy();
+      blocks = mp.model.checkpointed_blocks(mb.count(), share, mp.budget);
+      it.checkpointed.push_back(blocks);
+      it.factor.push_back(blocks < 0 ? 1.0 : mp.model.time_factor(blocks));
     }
+    if (share <= o.max_tokens && blocks >= 0 && it.min_degree > top) it.min_degree = d;
   }
   return it;
 }
@@ -424,6 +439,11 @@ void flatten_listings(const SampleTable& table, const std::vector<int64_t>& buck
                           bucketed.begin() + mb.end);
       plan.offsets.push_back(static_cast<int64_t>(plan.samples.size()));
       plan.costs.push_back(share_cost(info[l.mb], l.degree, sp));
+      if (table.has_memory_policy()) {
+        size_t level = 0;
+        while ((int64_t{1} << level) < l.degree) ++level;
+        plan.checkpointed.push_back(static_cast<int32_t>(info[l.mb].checkpointed[level]));
+      }
       plan.tokens.push_back(tokens);
       plan.padding.push_back(mb.padding ? 1 : 0);
       plan.degrees.push_back(l.degree);
@@ -596,12 +616,15 @@ bool SampleTable::exceeds_caps(int64_t i, int64_t max_tokens, double max_cost,
                                int64_t max_degree) const {
   BatchStats one;
   one.add(samples_[i].seq_len, samples_[i].cost);
-  // Split over up to max_degree ranks, a sample over max_tokens runs alone on its shares.
+  // Split over up to max_degree ranks, a sample runs alone on its shares: the largest share
+  // must fit max_tokens and memory.
+  BatchStats share;
+  share.add(share_tokens(samples_[i].seq_len, max_degree, 0), samples_[i].cost);
   if (max_degree > 1 && samples_[i].seq_len > max_tokens)
-    return share_tokens(samples_[i].seq_len, max_degree, 0) > max_tokens || !fits_memory(one);
+    return share.tokens > max_tokens || !fits_memory(share);
   // With a memory policy the compute cap binds micro-batches of two or more samples only: a
   // sample over it runs alone (memory is what decides whether it can run at all).
-  return samples_[i].seq_len > max_tokens || !fits_memory(one) ||
+  return samples_[i].seq_len > max_tokens || !fits_memory(max_degree > 1 ? share : one) ||
          (!has_memory_ && stats_cost(one) > max_cost);
 }
 
@@ -709,15 +732,21 @@ namespace {
 [[noreturn]] void refuse_oversize(const SampleTable& table, const PlanOptions& o, int64_t i) {
   const int64_t s = table.seq_len(i);
   const double c = table.single_cost(i);
+  // What one rank holds of it: all of it, or with sequence parallelism its largest share.
+  const int64_t D = o.sequence_parallel.max_degree;
+  const int64_t held = share_tokens(s, D, 0);
   BatchStats one;
-  one.add(s, table.sample_cost(i));
+  one.add(held, table.sample_cost(i));
   if (!table.fits_memory(one)) {
     const MemoryPolicy& mp = table.memory_policy();
-    const double peak = mp.model.peak(1, s, mp.model.num_blocks);
-    invalid("sample " + std::to_string(i) + " has " + std::to_string(s) + " tokens; with all " +
-            std::to_string(mp.model.num_blocks) + " blocks checkpointed its predicted peak is " +
-            std::to_string(peak / (1 << 20)) + " MiB, " +
-            std::to_string(peak * (1.0 + mp.model.margin) / (1 << 20)) +
+    const double peak = mp.model.peak(1, held, mp.model.num_blocks);
+    const std::string split = D > 1 ? ", split over sequence_parallel = " + std::to_string(D) +
+                                          " ranks (" + std::to_string(held) + " tokens each)"
+                                    : "";
+    invalid("sample " + std::to_string(i) + " has " + std::to_string(s) + " tokens" + split +
+            "; with all " + std::to_string(mp.model.num_blocks) +
+            " blocks checkpointed its predicted peak is " + std::to_string(peak / (1 << 20)) +
+            " MiB, " + std::to_string(peak * (1.0 + mp.model.margin) / (1 << 20)) +
             " MiB with the margin of " + std::to_string(mp.model.margin) + ", over the budget of " +
             std::to_string(mp.budget / (1 << 20)) +
             " MiB (raise the memory budget, or skip such samples with on_oversize='skip')");
@@ -843,10 +872,6 @@ void plan_bucketed(const SampleTable& table, const PlanOptions& o, std::vector<i
   std::vector<SpStep> sp_steps, sp_mixed;      // per step of a window
   std::vector<std::vector<Listing>> listings;  // per step: rank after rank
   if (sp_on) {
-    if (table.has_memory_policy())
-      invalid(
-          "sequence_parallel > 1 with a memory policy is not supported yet: the memory "
-          "model does not describe a rank's share of a split micro-batch");
     sp_info.reserve(m);
     for (const MicroBatch& mb : mbs) sp_info.push_back(sp_item(table, o, bucketed, mb));
     listings.resize(plan.num_steps);

@@ -146,14 +146,16 @@ Score score(const SpStep& s, const std::vector<double>& finish) {
 
 double share_cost(const SpItem& item, int64_t d, const SequenceParallel& sp) {
   if (d <= 1) return item.cost;
-  const double split = (item.cost - item.fixed) / static_cast<double>(d);
+  const double whole = item.compute < 0.0 ? item.cost : item.compute;
+  const double split = (whole - item.fixed) / static_cast<double>(d);
   const double dd = static_cast<double>(d);
   const double comm = sp.comm_fraction * split +
                       sp.comm_per_token * static_cast<double>(item.tokens) * (dd - 1.0) / (dd * dd);
   size_t level = 0;
   while ((int64_t{1} << level) < d) ++level;
   const double measured = level < item.measured.size() ? item.measured[level] : 0.0;
-  return (measured > 0.0 ? measured : std::max(item.floor, item.fixed + split)) + comm;
+  const double f = level < item.factor.size() ? item.factor[level] : 1.0;
+  return (measured > 0.0 ? measured : std::max(item.floor, item.fixed + split)) * f + comm;
 }
 
 void validate_sequence_parallel(const SequenceParallel& sp, int64_t W) {

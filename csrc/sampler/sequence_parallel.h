@@ -11,14 +11,16 @@
 //
 // One rank's share of a micro-batch of cost c split d ways (the cost model's unit):
 //
-//   share(d) = measured(d) + comm(d)                              where (S, B, d) was measured
-//   share(d) = max(floor, fixed + (c - fixed) / d) + comm(d)      elsewhere
+//   share(d) = measured(d) * f(d) + comm(d)                           where (S, B, d) was measured
+//   share(d) = max(floor, fixed + (c - fixed) / d) * f(d) + comm(d)   elsewhere
 //   comm(d)  = comm_fraction * (c - fixed) / d + comm_per_token * T * (d - 1) / d^2   (d >= 2)
 //
 // measured(d): the cost model's measured share of this kind (B samples of S tokens, split d
 // ways, timed on one GPU as exactly one member's share); fixed: the cost model's
 // per-micro-batch term, which splitting does not shrink; floor: its host floor (launch time),
-// which every share pays in full; T: the micro-batch's tokens. Ulysses moves, per attention layer,
+// which every share pays in full; f(d): 1, or with a memory policy the time factor of the
+// blocks a member checkpoints to hold its share (c is then the cost fully checkpointed);
+// T: the micro-batch's tokens. Ulysses moves, per attention layer,
 // four all-to-alls of each rank's T / d tokens, of which (d - 1) / d leave the rank: comm_per_token
 // is what one token costs to send through all of them, forward and backward (see
 // adaptiveload/cost.py, ulysses_comm_per_token). comm_fraction is a flat share where no bandwidth
@@ -43,9 +45,15 @@ struct SpItem {
   double fixed = 0.0;      ///< the part of it splitting does not shrink
   double floor = 0.0;      ///< the host floor of the micro-batch
   int64_t tokens = 0;      ///< T: all its samples' tokens
-  int64_t min_degree = 1;  ///< the fewest ranks whose shares fit max_tokens
+  int64_t min_degree = 1;  ///< the fewest ranks whose shares fit max_tokens (and memory)
   /// measured[k]: the measured share at degree 2^k, 0 where not measured (may be short).
   std::vector<double> measured;
+  /// With a memory policy: what the shares split (the cost fully checkpointed; < 0: `cost`),
+  /// and per degree 2^k the blocks a member checkpoints (-1: its share does not fit) and the
+  /// time factor of its compute (planner.h); empty without one.
+  double compute = -1.0;
+  std::vector<int64_t> checkpointed;
+  std::vector<double> factor;
 };
 
 /// One rank's share of `item` split over `d` ranks (see the header comment).

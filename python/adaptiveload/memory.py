@@ -47,6 +47,16 @@ def _lens(seq_lens) -> np.ndarray:
     return a
 
 
+def held_lengths(seq_lens, degree: int = 1) -> np.ndarray:
+    """The tokens of each sample one rank holds: all of them, or, split over ``degree`` ranks
+    (sequence parallelism), its largest share (the planner's cut: the first ``S % d`` shares
+    one token longer). A rank's memory is that of a micro-batch of these lengths."""
+    lens = _lens(seq_lens)
+    if isinstance(degree, bool) or not isinstance(degree, (int, np.integer)) or degree < 1:
+        raise ValueError(f"degree must be an integer >= 1, got {degree!r}")
+    return -(-lens // int(degree))
+
+
 # The most blocks a model may have (MemoryModel::kMaxBlocks in the C++ core): far above any
 # DiT's, so a count past it is a mistake.
 _MAX_BLOCKS = 10000
@@ -226,45 +236,53 @@ class CheckpointPolicy:
         self.peaks: list[dict] = []
 
     @staticmethod
-    def kind(seq_lens) -> tuple[int, int]:
-        lens = _lens(seq_lens)
+    def kind(seq_lens, degree: int = 1) -> tuple[int, int]:
+        """(samples, tokens) a rank holds of the micro-batch (its share at ``degree`` > 1)."""
+        lens = held_lengths(seq_lens, degree)
         return len(lens), int(lens.sum())
 
-    def planned_blocks(self, seq_lens) -> int:
-        """The plan's choice for this micro-batch (no fallback); -1 if it does not fit."""
-        return self.model.checkpointed_blocks(seq_lens, self.budget_bytes)
+    def planned_blocks(self, seq_lens, degree: int = 1) -> int:
+        """The plan's choice for this micro-batch, or with ``degree`` > 1 for one rank's share
+        of it (no fallback); -1 if it does not fit."""
+        return self.model.checkpointed_blocks(held_lengths(seq_lens, degree), self.budget_bytes)
 
-    def blocks_for(self, seq_lens) -> int:
-        if self.kind(seq_lens) in self.fallbacks:
+    def blocks_for(self, seq_lens, degree: int = 1) -> int:
+        """Blocks to checkpoint for this micro-batch (``degree``: the plan's, ``mb.degree``)."""
+        if self.kind(seq_lens, degree) in self.fallbacks:
             return self.model.num_blocks
-        n = self.planned_blocks(seq_lens)
+        n = self.planned_blocks(seq_lens, degree)
         if n < 0:
+            batch, tokens = self.kind(seq_lens, degree)
+            held = f" (this rank's share of {degree})" if degree > 1 else ""
             raise ValueError(
-                f"a micro-batch of {len(_lens(seq_lens))} sample(s), {self.kind(seq_lens)[1]} tokens "
-                f"does not fit the memory budget of {self.budget_gib:g} GiB even with every block "
-                "checkpointed (was it planned with this budget?)"
+                f"a micro-batch of {batch} sample(s), {tokens} tokens{held} does not fit the "
+                f"memory budget of {self.budget_gib:g} GiB even with every block checkpointed "
+                "(was it planned with this budget?)"
             )
         return n
 
-    def on_oom(self, seq_lens) -> bool:
-        """Record an out-of-memory error of this micro-batch. Returns True when it should be
-        retried with every block checkpointed (its kind was not yet on full checkpointing);
-        False when it ran out of memory with full checkpointing already (re-raise)."""
-        k = self.kind(seq_lens)
+    def on_oom(self, seq_lens, degree: int = 1) -> bool:
+        """Record an out-of-memory error of this micro-batch (a rank's share at ``degree``).
+        Returns True when it should be retried with every block checkpointed (its kind was not
+        yet on full checkpointing); False when it ran out of memory with full checkpointing
+        already (re-raise)."""
+        k = self.kind(seq_lens, degree)
         first = k not in self.fallbacks
         self.fallbacks[k] = self.fallbacks.get(k, 0) + 1
         if first:
             self.log(
                 f"out of memory on a micro-batch of {k[0]} sample(s), {k[1]} tokens, planned with "
-                f"{self.planned_blocks(seq_lens)} checkpointed blocks: this kind runs with all "
+                f"{self.planned_blocks(seq_lens, degree)} checkpointed blocks: this kind runs with all "
                 f"{self.model.num_blocks} checkpointed for the rest of the run"
             )
         return first
 
-    def check_peak(self, seq_lens, checkpointed: int, peak_bytes: float) -> bool:
-        """Compare a measured peak with the prediction; True when within the budget."""
-        predicted = self.model.peak_bytes(seq_lens, checkpointed) + self.reserved_bytes
-        batch, tokens = self.kind(seq_lens)
+    def check_peak(self, seq_lens, checkpointed: int, peak_bytes: float, degree: int = 1) -> bool:
+        """Compare a measured peak (of a rank's share at ``degree``) with the prediction; True
+        when within the budget."""
+        held = held_lengths(seq_lens, degree)
+        predicted = self.model.peak_bytes(held, checkpointed) + self.reserved_bytes
+        batch, tokens = self.kind(held)
         row = {
             "batch": batch,
             "tokens": tokens,
@@ -305,4 +323,4 @@ class CheckpointPolicy:
         return out
 
 
-__all__ = ["GIB", "CheckpointPolicy", "MemoryModel"]
+__all__ = ["GIB", "CheckpointPolicy", "MemoryModel", "held_lengths"]

@@ -173,6 +173,25 @@ TEST(SequenceParallel, MeasuredShareReplacesTheSplitFormula) {
   EXPECT_DOUBLE_EQ(share_cost(it, 1, sp), 100.0);
 }
 
+TEST(SequenceParallel, MemoryPolicyScalesEachSharesComputeNotItsCommunication) {
+  // With a memory policy the shares split the fully checkpointed cost (compute) and each runs
+  // slower by the time factor of the blocks its member checkpoints; communication is not
+  // scaled, and degree 1 keeps the whole's own (already scaled) cost.
+  SpItem it;
+  it.cost = 90.0;  // the whole, with its own factor 0.9
+  it.compute = 100.0;
+  it.fixed = 10.0;
+  it.tokens = 1000;
+  it.factor = {0.9, 0.8, 0.5};
+  SequenceParallel sp;
+  sp.max_degree = 4;
+  sp.comm_per_token = 0.01;
+  EXPECT_DOUBLE_EQ(share_cost(it, 1, sp), 90.0);
+  EXPECT_DOUBLE_EQ(share_cost(it, 2, sp), (10.0 + 45.0) * 0.8 + 0.01 * 1000 * 1.0 / 4.0);
+  it.measured = {0.0, 0.0, 30.0};
+  EXPECT_DOUBLE_EQ(share_cost(it, 4, sp), 30.0 * 0.5 + 0.01 * 1000 * 3.0 / 16.0);
+}
+
 TEST(SequenceParallel, SplitsTwoClipsTogetherWhereOneAloneDoesNotPay) {
   // One step of 32 micro-batches (batch size 1) over 8 ranks, D = 8: two long clips (559) and
   // many short ones, images at the launch floor (9). Balance needs both long clips at 4 ranks

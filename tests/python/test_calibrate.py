@@ -256,13 +256,13 @@ def test_plan_aware_calibrate_cli_on_cpu_tiny_model(tmp_path, capsys):
     assert " 2 " in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("family, max_tokens", [("ltx-video", 40), ("hunyuanvideo", 300)])
+@pytest.mark.parametrize("family, max_tokens", [("ltx-video", 6), ("hunyuanvideo", 300)])
 def test_plan_aware_calibrate_cli_measures_split_shares_of_other_families(
     tmp_path, family, max_tokens
 ):
-    """``calibrate --sequence-parallel`` on a family other than Wan: one member's share of its
-    split micro-batches is run (``split_sequence`` with ``ONE_DEVICE``) and kept as a measured
-    share of degree 2."""
+    """``calibrate --sequence-parallel`` on a family other than Wan: the clips (8 and 304
+    tokens) exceed ``max_tokens`` and must split; one member's share of them is run
+    (``split_sequence`` with ``ONE_DEVICE``) and kept as a measured share of degree 2."""
     pytest.importorskip("diffusers")
     from adaptiveload.cli import main
 

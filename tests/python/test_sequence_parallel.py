@@ -127,10 +127,55 @@ def test_errors_name_the_setting():
         make(lens, uneven_counts=False)
     with pytest.raises(ValueError, match="sequence_parallel_comm must be"):
         make(lens, sequence_parallel_comm=-1.0)
-    from adaptiveload import MemoryModel
 
-    with pytest.raises(ValueError, match="with a memory_model is not supported"):
-        make(lens, memory_model=MemoryModel(5, m0=2e9, ma=1e5), memory_budget_gib=80)
+
+def test_memory_policy_checkpoints_each_share_and_splits_what_one_gpu_cannot_hold():
+    """With a memory policy each member checkpoints the blocks its share needs (its samples'
+    largest shares: the planner's cut), the policy a training loop asks gives the same number
+    (``blocks_for(lens, degree)``), every share fits the budget, and clips whose predicted peak
+    is about 2x the budget (fully checkpointed) are planned split where one GPU cannot hold
+    them; a share that still does not fit is refused naming it."""
+    from adaptiveload import MemoryModel
+    from adaptiveload.memory import GIB, held_lengths
+
+    memory = MemoryModel(30, m0=20e9, mb=1e6, mbk=2e5, mt=1e4, ma=1.3e5, mr=1.3e5, margin=0.05,
+                         recompute_share=0.25)  # fmt: skip
+    budget = 40
+    one_gpu = memory.max_tokens(budget * GIB)  # fully checkpointed, batch 1
+    rng = np.random.default_rng()
+    lens = np.concatenate([random_mix(1500, seed=int(rng.integers(1000))),
+                           rng.integers(2 * one_gpu, 2 * one_gpu + 5000, 6)])  # fmt: skip
+    long = np.flatnonzero(lens > one_gpu)
+    kw = dict(max_tokens=151_200, memory_model=memory, memory_budget_gib=budget)
+    with pytest.raises(ValueError, match="memory budget of 40 GiB"):
+        make(lens, sequence_parallel=1, **kw)
+    with pytest.raises(ValueError, match=r"a share of \d+ tokens on each of 2 ranks"):
+        make(lens, sequence_parallel=2, **kw)  # ~2.2x one GPU's: half does not fit
+    s = make(lens, sequence_parallel=4, **kw)
+    p = check_sp_plan(s, lens)
+    policy = s.memory_policy()
+    assert p.checkpointed is not None and len(p.checkpointed) == len(p.costs)
+    for m in range(len(p.costs)):
+        d = int(p.degrees[m])
+        mb = lens[p.samples[p.offsets[m] : p.offsets[m + 1]]]
+        held = held_lengths(mb, d)
+        n = int(p.checkpointed[m])
+        assert n == memory.checkpointed_blocks(held, budget * GIB) == policy.blocks_for(mb, d)
+        assert n == s.checkpointed_blocks(p.samples[p.offsets[m] : p.offsets[m + 1]], d)
+        assert memory.peak_bytes(held, n) * (1 + memory.margin) <= budget * GIB
+    for i in long:
+        listed = [m for m in range(len(p.costs)) if i in p.samples[p.offsets[m] : p.offsets[m + 1]]]
+        assert len(listed) == int(p.degrees[listed[0]]) >= 4
+    assert (p.checkpointed > 0).any() and (p.degrees > 1).any()
+    again = make(lens, sequence_parallel=4, **kw).plan()
+    for name in ("samples", "costs", "degrees", "members", "checkpointed"):
+        np.testing.assert_array_equal(getattr(p, name), getattr(again, name))
+    # a share that ran out of memory runs fully checkpointed for the rest of the run
+    m = int(np.flatnonzero(p.degrees == 4)[0])
+    mb = lens[p.samples[p.offsets[m] : p.offsets[m + 1]]]
+    with pytest.warns(UserWarning, match="out of memory"):
+        assert policy.on_oom(mb, 4)
+    assert policy.blocks_for(mb, 4) == 30
 
 
 def test_ranks_stream_their_listings_with_labels():

@@ -521,6 +521,50 @@ def test_sequence_parallel_auto_trains_clips_longer_than_one_gpu_holds(dataset, 
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), f"fsdp step {a['global_step']}"
 
 
+def test_sequence_parallel_with_a_memory_budget_splits_clips_one_gpu_cannot_hold(dataset, tmp_path):
+    """--sequence-parallel auto with --memory-model/--memory-budget on 2 ranks: the clips of
+    315 tokens do not fit the budget on one rank even fully checkpointed (the sampler alone
+    refuses them without splitting), their halves do; the run trains every sample once, the
+    long clips split, and each share is planned with the blocks its tokens need."""
+    from adaptiveload import AdaptiveBatchSampler, MemoryModel
+
+    lens = _seq_lens(dataset)
+    per_token = 2**30 / (1.5 * 315)  # fully checkpointed: 1 GiB over m0 for 315 tokens
+    model = MemoryModel(2, m0=2**30, ma=per_token, mr=per_token / 2, recompute_share=0.25)
+    path = str(tmp_path / "memory.json")
+    model.save(path)
+    plan_gib = 1.75  # m0 + 0.75 GiB: 236 tokens fully checkpointed
+    budget = plan_gib + 8 * _tiny_params() / 2**30  # the example keeps the optimizer's share
+    log = str(tmp_path / "log.jsonl")
+    torchrun(
+        "--data", dataset, "--no-refine-cost-model", "--sequence-parallel", "auto",
+        "--max-batch-size", "1", "--max-tokens", "200", "--epochs", "1", "--memory-model",
+        path, "--memory-budget", f"{budget:.6f}", "--log-file", log,
+    )  # fmt: skip
+    split, trained = set(), []
+    for rec in read_log(log):
+        for batches, degrees in zip(rec["batches"], rec["degrees"], strict=True):
+            for mb, d in zip(batches, degrees, strict=True):
+                (split.add(tuple(mb)) if d > 1 else trained.extend(mb))
+    trained += [i for mb in split for i in mb]
+    assert sorted(trained) == list(range(len(lens))), "a sample trained twice or not at all"
+    assert {int(lens[i]) for mb in split for i in mb} >= {315}, "the long clips did not split"
+    kw = dict(max_batch_size=1, num_replicas=2, rank=0, memory_model=model,
+              memory_budget_gib=plan_gib, uneven_counts=True)  # fmt: skip
+    with pytest.raises(ValueError, match="memory budget"):
+        AdaptiveBatchSampler(lens, 200, **kw)
+    p = AdaptiveBatchSampler(lens, 200, sequence_parallel=2, **kw).plan()
+    long = [
+        m
+        for m in range(len(p.costs))
+        if lens[p.samples[p.offsets[m] : p.offsets[m + 1]]].max() == 315
+    ]
+    assert model.checkpointed_blocks([315], plan_gib * 2**30) == -1  # whole: does not fit
+    for m in long:
+        held = model.checkpointed_blocks([158], plan_gib * 2**30)  # its larger half does
+        assert int(p.degrees[m]) == 2 and int(p.checkpointed[m]) == held >= 0
+
+
 def _seq_lens(dataset):
     from adaptiveload.metadata import read_metadata
     from adaptiveload.wan import wan_seq_len

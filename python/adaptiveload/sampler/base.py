@@ -17,7 +17,7 @@ from torch.utils.data import Sampler
 from adaptiveload import _sampler
 from adaptiveload.cost import SEQUENCE_PARALLEL_COMM_FRACTION as SP_COMM_FRACTION
 from adaptiveload.cost import CostModel, sequence_parallel_comm_of
-from adaptiveload.memory import GIB, CheckpointPolicy
+from adaptiveload.memory import GIB, CheckpointPolicy, held_lengths
 from adaptiveload.sampler import resume
 from adaptiveload.sampler.checks import (
     as_group_ids,
@@ -147,14 +147,18 @@ class PlannedBatchSampler(Sampler[list[int]]):
         cap = f"max_tokens = {self.max_tokens}"
         if self.sequence_parallel > 1:
             cap += f" on each of sequence_parallel = {self.sequence_parallel} ranks"
+        # What one rank holds of it: all of it, or split, its largest share.
+        held = held_lengths([self.seq_lens[i]], self.sequence_parallel)
         if (
             self.memory_model is not None
-            and self._table.checkpointed_blocks(np.array([i], np.int64)) < 0
+            and self.memory_model.checkpointed_blocks(held, self.memory_budget_gib * GIB) < 0
         ):
-            peak = self.memory_model.peak_bytes([self.seq_lens[i]], self.memory_model.num_blocks)
+            peak = self.memory_model.peak_bytes(held, self.memory_model.num_blocks)
             margin = self.memory_model.margin
+            share = f"a share of {int(held[0])} tokens on each of {self.sequence_parallel} ranks: "
             cap = (
-                f"the memory budget of {self.memory_budget_gib:g} GiB (predicted peak with every "
+                f"the memory budget of {self.memory_budget_gib:g} GiB ("
+                f"{share if self.sequence_parallel > 1 else ''}predicted peak with every "
                 f"block checkpointed {peak / GIB:.2f} GiB, {peak * (1 + margin) / GIB:.2f} GiB "
                 f"with the margin of {margin:g})"
             )
@@ -246,23 +250,28 @@ class PlannedBatchSampler(Sampler[list[int]]):
             raise ValueError(f"{what}: indices must be in [0, {n}), got {indices!r}")
         return idx.astype(np.int64)
 
-    def checkpointed_blocks(self, indices) -> int:
+    def checkpointed_blocks(self, indices, degree: int = 1) -> int:
         """Blocks to run with activation checkpointing for this micro-batch (the plan's
-        choice; needs a memory model). Depends only on the samples' count and tokens, so
-        ``memory_policy().blocks_for(seq_lens)`` gives the same where only lengths are known.
-        Samples that do not fit the budget even with every block checkpointed (no plan holds
-        them together) raise ``ValueError``."""
+        choice; needs a memory model), or with ``degree`` > 1 for one rank's share of it
+        (``mb.degree``). Depends only on the samples' count and tokens, so
+        ``memory_policy().blocks_for(seq_lens, degree)`` gives the same where only lengths are
+        known. Samples that do not fit the budget even with every block checkpointed (no plan
+        holds them together) raise ``ValueError``."""
         if self.memory_model is None:
             raise ValueError("checkpointed_blocks needs a sampler made with memory_model")
         idx = self._indices(indices, "checkpointed_blocks")
-        blocks = int(self._table.checkpointed_blocks(idx))
+        held = held_lengths(self.seq_lens[idx], degree)
+        if degree == 1:
+            blocks = int(self._table.checkpointed_blocks(idx))
+        else:
+            blocks = self.memory_model.checkpointed_blocks(held, self.memory_budget_gib * GIB)
         if blocks < 0:
-            lens = self.seq_lens[idx]
-            peak = self.memory_model.peak_bytes(lens, self.memory_model.num_blocks)
+            peak = self.memory_model.peak_bytes(held, self.memory_model.num_blocks)
+            share = f", a share of {degree}" if degree > 1 else ""
             raise ValueError(
-                f"checkpointed_blocks: these {idx.size} sample(s) ({int(lens.sum())} tokens) do "
-                f"not fit the memory budget of {self.memory_budget_gib:g} GiB even with every "
-                f"block checkpointed (predicted peak {peak / GIB:.3g} GiB, "
+                f"checkpointed_blocks: these {idx.size} sample(s) ({int(held.sum())} tokens"
+                f"{share}) do not fit the memory budget of {self.memory_budget_gib:g} GiB even "
+                f"with every block checkpointed (predicted peak {peak / GIB:.3g} GiB, "
                 f"{peak * (1 + self.memory_model.margin) / GIB:.3g} GiB with the margin): no "
                 "plan holds such a micro-batch"
             )

@@ -258,9 +258,9 @@ def _memory_options(memory_model, memory_budget_gib, max_tokens) -> tuple:
     return memory_model, budget, max_tokens
 
 
-def _check_sequence_parallel(flags: dict, out: dict, num_replicas: int, memory_model) -> None:
-    """``sequence_parallel`` (a power of two dividing ``num_replicas``; it needs uneven counts
-    and no memory model) and ``sequence_parallel_comm`` (None or a number >= 0), into ``out``."""
+def _check_sequence_parallel(flags: dict, out: dict, num_replicas: int) -> None:
+    """``sequence_parallel`` (a power of two dividing ``num_replicas``; it needs uneven counts)
+    and ``sequence_parallel_comm`` (None or a number >= 0), into ``out``."""
     d = int_arg("sequence_parallel", flags.pop("sequence_parallel", 1), 1)
     comm = flags.pop("sequence_parallel_comm", None)
     if d & (d - 1) or num_replicas % d:
@@ -278,11 +278,6 @@ def _check_sequence_parallel(flags: dict, out: dict, num_replicas: int, memory_m
         raise ValueError(
             f"sequence_parallel={d} needs uneven_counts=True: a rank's count of micro-batches in "
             "a step depends on the groups it joins"
-        )
-    if d > 1 and memory_model is not None:
-        raise ValueError(
-            f"sequence_parallel={d} with a memory_model is not supported yet: the memory model "
-            "does not describe a rank's share of a split micro-batch"
         )
     out["sequence_parallel"] = d
     out["sequence_parallel_comm"] = None if comm is None else float(comm)
@@ -321,7 +316,7 @@ def check_options(max_tokens, *, max_cost, cost_model, num_replicas, rank, **fla
     mix = flags.pop("mix_tolerance")
     if not (isinstance(mix, numbers.Real) and not isinstance(mix, bool) and 0.0 <= mix <= 1.0):
         raise ValueError(f"mix_tolerance must be a number in [0, 1], got {mix!r}")
-    _check_sequence_parallel(flags, out, num_replicas, memory_model)
+    _check_sequence_parallel(flags, out, num_replicas)
     if num_replicas * out["micro_batches_per_step"] > MAX_STEP_MICRO_BATCHES:
         raise ValueError(
             f"num_replicas * micro_batches_per_step must be <= 2^20 (micro-batches per "

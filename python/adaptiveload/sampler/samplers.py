@@ -95,7 +95,8 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
             then one that never binds sooner (the heaviest group's micro-batch filled that
             way), and a sample over ``max_cost`` runs alone.
             ``max_tokens`` may then be None (the most tokens one sample fits at full
-            checkpointing). docs/sampler.md, "Memory budget and checkpointing per micro-batch".
+            checkpointing). With ``sequence_parallel``, each listing's blocks are those of
+            its rank's share. docs/memory.md.
         on_oversize: 'error' (default) refuses, when the sampler is made, samples that alone
             break a cap; 'skip' leaves them out with a warning (``plan().skipped``).
         verify_ranks: with ``torch.distributed`` initialized, all ranks compare their plan
