@@ -150,12 +150,13 @@ def whole_stream(path, ranks, k):
     """Seconds to plan the whole epoch segment by segment (the report path), and numpy's
     permutation of as many samples."""
     from adaptiveload import StreamingBatchSampler
+    from adaptiveload.sampler.stream import default_workers
 
     lens = np.load(path, mmap_mode="r")
     s = StreamingBatchSampler(lens, MAX_TOKENS, num_replicas=ranks, rank=0,
                               micro_batches_per_step=k)  # fmt: skip
     t0 = time.perf_counter()
-    steps = sum(seg.plan.num_steps for seg in s.segments())
+    steps = sum(seg.plan.num_steps for seg in s.segments(workers=default_workers()))
     plan_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     np.random.default_rng(0).permutation(len(lens))

@@ -21,7 +21,7 @@ from adaptiveload.cost import CostModel
 from adaptiveload.demo import MIXES, demo_metadata, demo_shapes
 from adaptiveload.figure import draw_plans, figure_groups
 from adaptiveload.metadata import Metadata, read_metadata
-from adaptiveload.report import compare_samplers
+from adaptiveload.report import balance_report, compare_samplers, merge_reports
 from adaptiveload.sampler import MIX_TOLERANCE
 from adaptiveload.wan import CONFIGS, TEXT_LEN, ShapeError
 
@@ -268,9 +268,14 @@ def _plan_streamed(args, meta: Metadata, source: str, cost, max_tokens: int) -> 
         lookahead_steps=args.lookahead_steps, mix_tolerance=args.mix_tolerance,
         max_batch_size=args.max_batch_size, segment_samples=args.segment_samples,
     )  # fmt: skip
+    from adaptiveload.sampler.stream import default_workers
+
     labels = meta.group_keys() if meta.shapes is not None else meta.seq_lens
-    rep = s.balance_report(labels, meta.seq_lens, epoch=args.epoch)
-    segments = sum(1 for _ in s.segments(args.epoch))
+    reports = [
+        balance_report(seg.plan, labels, meta.seq_lens)
+        for seg in s.segments(args.epoch, workers=default_workers())
+    ]
+    rep, segments = merge_reports(reports), len(reports)
     comp = rep.composition
     print(f"data: {source}; {len(meta.seq_lens)} samples; cost model {cost!r}")
     print(

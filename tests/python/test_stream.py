@@ -8,6 +8,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -306,6 +307,37 @@ def test_balance_report_streams_the_whole_epoch():
     assert merge_reports([one]) == one
     with pytest.raises(ValueError, match="at least one"):
         merge_reports([])
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_segments_planned_by_workers_equal_one_by_one(skip):
+    """``segments(workers=3)`` plans segments on threads while the next one is cut: the same
+    segments (bounds, steps, every array of every plan, skipped samples) as one by one."""
+    rng = np.random.default_rng()
+    lens = lengths(int(rng.integers(3000, 9000)), seed=int(rng.integers(1000)))
+    kw = dict(micro_batches_per_step=int(rng.choice([1, 2])), seed=int(rng.integers(100)))
+    if skip:
+        lens[rng.choice(len(lens), 5, replace=False)] = 400_000
+        kw.update(on_oversize="skip", group_ids=rng.integers(0, 3, len(lens)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = sampler(lens, **kw)
+    one = list(s.segments())
+    many = list(s.segments(workers=3))
+    assert len(one) == len(many) > 2
+    for a, b in zip(one, many, strict=True):
+        assert (a.index, a.begin, a.end, a.steps_before) == (
+            b.index,
+            b.begin,
+            b.end,
+            b.steps_before,
+        )
+        for name in ("samples", "offsets", "costs", "tokens", "padding", "skipped"):
+            np.testing.assert_array_equal(getattr(a.plan, name), getattr(b.plan, name))
+        assert a.plan.num_steps == b.plan.num_steps
+    if skip:
+        assert sum(len(seg.plan.skipped) for seg in many) == 5
+    assert s.balance_report(lens, lens) == s.balance_report(lens, lens, workers=1)
 
 
 def test_plan_command_streams(capsys):

@@ -45,6 +45,11 @@ PRELUDE = 1 << 62
 MIN_SEGMENT = 1 << 20
 
 
+def default_workers() -> int:
+    """Threads for planning a whole epoch's segments (reports): one per core, at most 8."""
+    return max(1, min(8, os.cpu_count() or 1))
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything that shapes a streamed plan, except the epoch and the position in it."""
@@ -272,22 +277,69 @@ class StreamingBatchSampler:
         raw = {k: (int(v) if isinstance(v, int) else v) for k, v in raw.items()}
         return Plan(max_tokens=settings.max_tokens, max_cost=settings.max_cost, **raw)
 
-    def segments(self, epoch: int | None = None) -> Iterator[Segment]:
-        """Every segment of ``epoch`` (default the current) from its start, planned one after
-        another: the whole epoch, a segment at a time (reports, tests)."""
+    def segments(self, epoch: int | None = None, workers: int = 1) -> Iterator[Segment]:
+        """Every segment of ``epoch`` (default the current) from its start, in order: the whole
+        epoch, a segment at a time (reports, tests). ``workers`` > 1 plans up to that many
+        segments at once on threads while the next one is cut (the planner releases the GIL;
+        the same segments, at most ``workers + 1`` held at a time)."""
         epoch = self.epoch if epoch is None else epoch
-        yield from self._segments_from(self.settings, epoch, (0, 0, 0, 0), None)
+        workers = int_arg("workers", workers, 1)
+        if workers == 1:
+            yield from self._segments_from(self.settings, epoch, (0, 0, 0, 0), None)
+        else:
+            yield from self._segments_on_threads(self.settings, epoch, workers)
 
-    def balance_report(self, labels=None, seq_lens=None, epoch: int | None = None):
+    def balance_report(
+        self, labels=None, seq_lens=None, epoch: int | None = None, workers: int | None = None
+    ):
         """The whole epoch's ``BalanceReport`` (``adaptiveload.report``), planned segment by
         segment and merged (``merge_reports``): the ``plan`` command's figures at any size.
-        ``labels`` and ``seq_lens`` as ``balance_report``'s (then with the composition)."""
+        ``labels`` and ``seq_lens`` as ``balance_report``'s (then with the composition).
+        ``workers``: threads planning segments (None: one per core, at most 8)."""
         # adaptiveload.report imports the sampler package: imported here, where it is used.
         from adaptiveload.report import balance_report, merge_reports
 
+        workers = default_workers() if workers is None else workers
         return merge_reports(
-            [balance_report(seg.plan, labels, seq_lens) for seg in self.segments(epoch)]
+            [balance_report(seg.plan, labels, seq_lens) for seg in self.segments(epoch, workers)]
         )
+
+    def _segments_on_threads(self, settings, epoch, workers) -> Iterator[Segment]:
+        """``segments`` with a pool: this thread cuts segment after segment (``next_segment``;
+        where each ends depends on where it begins), the pool plans their samples
+        (``plan_samples`` with the segment's index as key, what ``plan_segment`` does)."""
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        o = settings.plan_options(epoch)
+        n = len(self.seq_lens)
+
+        def plan(index, samples, skipped):
+            raw = _sampler.plan_samples(self._table, o, samples, index)
+            raw["skipped"] = skipped  # left out when the segment was cut
+            return self._plan(settings, raw)
+
+        with ThreadPoolExecutor(workers) as pool:
+            pending = deque()
+            index, begin, steps_before = 0, 0, 0
+
+            def ready():
+                nonlocal steps_before
+                i, b, e, future = pending.popleft()
+                seg = Segment(i, b, e, steps_before, future.result())
+                steps_before += seg.plan.num_steps
+                return seg
+
+            while begin < n:
+                end, samples, skipped = _sampler.next_segment(
+                    self._table, o, begin, settings.segment_samples
+                )
+                pending.append((index, begin, end, pool.submit(plan, index, samples, skipped)))
+                index, begin = index + 1, end
+                if len(pending) > workers:
+                    yield ready()
+            while pending:
+                yield ready()
 
     def _segments_from(self, settings, epoch, start, prelude) -> Iterator[Segment]:
         index, begin, steps_before, _ = start
