@@ -282,6 +282,33 @@ def test_one_device_share_runs_a_members_shapes(family):
             pass
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_copy_of_a_split_model_carries_its_own_split(family):
+    """A model copied after its split was installed (an EMA or eval copy; ``torch.save``) has
+    hooks of its own: with the original still split, the copy at degree 1 gives the whole
+    output, and a saved model loads and runs."""
+    import copy
+    import io
+
+    dit = _model(family)
+    inputs, _ = _inputs(family, "odd", 3)
+    with torch.no_grad():
+        whole = _output(family, _trained(family, dit), inputs)
+        with split_sequence(dit, ONE_DEVICE, 2, 0):
+            _output(family, _trained(family, dit), inputs)
+        twin = copy.deepcopy(dit)
+        buffer = io.BytesIO()
+        torch.save(dit, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        with split_sequence(dit, ONE_DEVICE, 2, 0):  # the original stays split
+            pass
+        for other in (twin, loaded):
+            with split_sequence(other, None, 1, 0):
+                out = _output(family, _trained(family, other), inputs)
+            torch.testing.assert_close(out, whole, rtol=0, atol=0)
+
+
 def test_unsupported_models_and_inputs_are_refused():
     """A model without a split, at degree > 1, is refused naming the families that have one
     (degree 1 runs it as it is); per-token timesteps are refused."""

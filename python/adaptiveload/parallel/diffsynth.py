@@ -34,25 +34,23 @@ def _attention(module: nn.Module, split: TokenSplit, q, k, v):
     return split.attend(q, k, v).flatten(2, 3).type_as(q)
 
 
-def install(model: nn.Module) -> TokenSplit:
-    split = TokenSplit()
-
-    def before_block(module, args):
-        if split.current is None:
+class _Split(TokenSplit):
+    def before_block(self, module, args):
+        if self.current is None:
             return None
         x, context, t_mod, freqs, *rest = args
-        split.see_tokens(x.shape[1])
+        self.see_tokens(x.shape[1])
         if t_mod.ndim == 4:
             raise NotImplementedError("split_sequence: per-token timesteps are not supported")
-        return (split.share(x, contiguous=True), context, t_mod, split.share(freqs, dim=0), *rest)
+        return (self.share(x, contiguous=True), context, t_mod, self.share(freqs, dim=0), *rest)
 
-    def after_head(module, args, out):
-        return None if split.current is None else split.gather(out)
 
+def install(model: nn.Module) -> TokenSplit:
+    split = _Split()
     for block in _blocks(model):
         attn = block.self_attn.attn
         # An instance attribute, as the fused-op patch binds forwards: survives deepcopy.
         attn.forward = functools.partial(_attention, attn, split)
-        block.register_forward_pre_hook(before_block)
-    model.head.register_forward_hook(after_head)
+        block.register_forward_pre_hook(split.before_block)
+    model.head.register_forward_hook(split.after_output)
     return split

@@ -69,23 +69,21 @@ class _Processor:
         return shard, text
 
 
-def install(model: nn.Module) -> TokenSplit:
-    split = TokenSplit()
-
-    def before_block(module, args):
-        if split.current is None:
+class _Split(TokenSplit):
+    def before_block(self, module, args):
+        if self.current is None:
             return None
         hidden, text, temb, mask, rope, *rest = args
-        split.see_tokens(hidden.shape[1])
+        self.see_tokens(hidden.shape[1])
         if rope is not None:
-            rope = (split.share(rope[0], dim=0), split.share(rope[1], dim=0))
-        return (split.share(hidden, contiguous=True), text, temb, mask, rope, *rest)
+            rope = (self.share(rope[0], dim=0), self.share(rope[1], dim=0))
+        return (self.share(hidden, contiguous=True), text, temb, mask, rope, *rest)
 
-    def after_proj_out(module, args, out):
-        return None if split.current is None else split.gather(out)
 
+def install(model: nn.Module) -> TokenSplit:
+    split = _Split()
     for block in list(model.transformer_blocks) + list(model.single_transformer_blocks):
         block.attn.processor = _Processor(split, block.attn.processor)
-        block.register_forward_pre_hook(before_block)
-    model.proj_out.register_forward_hook(after_proj_out)
+        block.register_forward_pre_hook(split.before_block)
+    model.proj_out.register_forward_hook(split.after_output)
     return split

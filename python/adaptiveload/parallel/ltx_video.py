@@ -44,21 +44,19 @@ class _Processor:
         return attn.to_out[1](attn.to_out[0](out))
 
 
-def install(model: nn.Module) -> TokenSplit:
-    split = TokenSplit()
-
-    def before_block(module, args, kwargs):
-        if split.current is None:
+class _Split(TokenSplit):
+    def before_block(self, module, args, kwargs):
+        if self.current is None:
             return None
         args, kwargs = list(args), dict(kwargs)
         values = {n: args[i] if i < len(args) else kwargs.get(n) for i, n in enumerate(_ARGS)}
         hidden, temb, rope = values["hidden_states"], values["temb"], values["image_rotary_emb"]
-        split.see_tokens(hidden.shape[1])
-        if split.full > 1 and temb.shape[1] == split.full:
+        self.see_tokens(hidden.shape[1])
+        if self.full > 1 and temb.shape[1] == self.full:
             raise NotImplementedError("split_sequence: per-token timesteps are not supported")
-        values["hidden_states"] = split.share(hidden, contiguous=True)
+        values["hidden_states"] = self.share(hidden, contiguous=True)
         if rope is not None:
-            values["image_rotary_emb"] = (split.share(rope[0]), split.share(rope[1]))
+            values["image_rotary_emb"] = (self.share(rope[0]), self.share(rope[1]))
         for i, name in enumerate(_ARGS):
             if i < len(args):
                 args[i] = values[name]
@@ -66,11 +64,11 @@ def install(model: nn.Module) -> TokenSplit:
                 kwargs[name] = values[name]
         return tuple(args), kwargs
 
-    def after_proj_out(module, args, out):
-        return None if split.current is None else split.gather(out)
 
+def install(model: nn.Module) -> TokenSplit:
+    split = _Split()
     for block in model.transformer_blocks:
         block.attn1.processor = _Processor(split, block.attn1.processor)
-        block.register_forward_pre_hook(before_block, with_kwargs=True)
-    model.proj_out.register_forward_hook(after_proj_out)
+        block.register_forward_pre_hook(split.before_block, with_kwargs=True)
+    model.proj_out.register_forward_hook(split.after_output)
     return split

@@ -69,6 +69,12 @@ class TokenSplit:
         group, _, member = self.current
         return gather_tokens(out, group, self.sizes, member)
 
+    def after_output(self, module, args, out):
+        """Forward hook of the model's output projection: the gather, while a split is in
+        force. The hooks are methods of the split (not closures), so that a copy of the model
+        (``copy.deepcopy``, ``torch.save``) carries its own split with it."""
+        return None if self.current is None else self.gather(out)
+
 
 def check_heads(heads: int, degree: int) -> None:
     if heads % degree:

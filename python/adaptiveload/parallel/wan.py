@@ -45,25 +45,23 @@ class _Processor:
         return attn.to_out[1](attn.to_out[0](out))
 
 
-def install(model: nn.Module) -> TokenSplit:
-    split = TokenSplit()
-
-    def before_block(module, args):
-        if split.current is None:
+class _Split(TokenSplit):
+    def before_block(self, module, args):
+        if self.current is None:
             return None
         hidden, text, temb, rope = args
-        split.see_tokens(hidden.shape[1])
-        if temb.ndim == 4 and temb.shape[1] == split.full:
+        self.see_tokens(hidden.shape[1])
+        if temb.ndim == 4 and temb.shape[1] == self.full:
             raise NotImplementedError("split_sequence: per-token timesteps are not supported")
         if rope is not None:
-            rope = (split.share(rope[0]), split.share(rope[1]))
-        return split.share(hidden, contiguous=True), text, temb, rope
+            rope = (self.share(rope[0]), self.share(rope[1]))
+        return self.share(hidden, contiguous=True), text, temb, rope
 
-    def after_proj_out(module, args, out):
-        return None if split.current is None else split.gather(out)
 
+def install(model: nn.Module) -> TokenSplit:
+    split = _Split()
     for block in model.blocks:
         block.attn1.processor = _Processor(split, block.attn1.processor)
-        block.register_forward_pre_hook(before_block)
-    model.proj_out.register_forward_hook(after_proj_out)
+        block.register_forward_pre_hook(split.before_block)
+    model.proj_out.register_forward_hook(split.after_output)
     return split
