@@ -431,7 +431,7 @@ def main(argv=None):
                 except torch.OutOfMemoryError:
                     # Re-run the step only where no other rank waits in one of its collectives.
                     alone = policy is not None and args.parallel != "fsdp" and groups is None
-                    if not (alone and policy.on_oom(lens_k, d)):
+                    if not (alone and policy.on_oom(lens_k)):
                         raise
                     # Gradients of this step are partial: clear them and run the step again
                     # from its first micro-batch, this kind now fully checkpointed.

@@ -555,21 +555,29 @@ double SampleTable::single_cost(int64_t i) const {
 
 double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size) const {
   check_cap_arguments(max_tokens, max_batch_size);
-  double heaviest = 0.0;
+  // A sample fits whole when it is within max_tokens and memory holds it alone; one that does
+  // not is skipped, refused or planned split, and must not decide the cap of the others.
+  auto fits_whole = [&](int64_t len) {
+    BatchStats one;
+    one.add(len, 0.0);
+    return len <= max_tokens && fits_memory(one);
+  };
+  double heaviest = 0.0, heaviest_any = 0.0;
   for (int64_t i = 0; i < size(); ++i) {
-    if (samples_[i].seq_len > max_tokens) continue;
     BatchStats one;
     one.add(samples_[i].seq_len, samples_[i].cost);
-    if (fits_memory(one)) heaviest = std::max(heaviest, stats_cost(one));
+    const double c = stats_cost(one);
+    heaviest_any = std::max(heaviest_any, c);
+    if (fits_whole(samples_[i].seq_len)) heaviest = std::max(heaviest, c);
   }
-  // Per group, the longest sample within max_tokens and how many there are: the samples over
-  // it are skipped or refused, and must not decide the cap of the others.
+  // Per group, the longest sample that fits whole and how many there are (a pass over the
+  // samples only where some group's longest does not fit whole).
   std::vector<int64_t> max_len = group_max_len_, members = group_size_;
-  if (!max_len.empty() && *std::max_element(max_len.begin(), max_len.end()) > max_tokens) {
+  if (std::any_of(max_len.begin(), max_len.end(), [&](int64_t len) { return !fits_whole(len); })) {
     std::fill(max_len.begin(), max_len.end(), 0);
     std::fill(members.begin(), members.end(), 0);
     for (int64_t i = 0; i < size(); ++i) {
-      if (samples_[i].seq_len > max_tokens) continue;
+      if (!fits_whole(samples_[i].seq_len)) continue;
       max_len[group_[i]] = std::max(max_len[group_[i]], samples_[i].seq_len);
       ++members[group_[i]];
     }
@@ -603,7 +611,9 @@ double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size)
     lightest_full = std::min(lightest_full, stats_cost(full));
     heaviest_full = std::max(heaviest_full, stats_cost(full));
   }
-  if (heaviest == 0.0) return 1.0;  // nothing fits; planning will report the samples
+  // Nothing fits whole: every sample runs split (or is skipped or refused), where the cap
+  // binds no micro-batch; one above every sample's cost keeps reports in scale.
+  if (heaviest == 0.0) return heaviest_any > 0.0 ? heaviest_any : 1.0;
   // With a memory policy, packing already stops where a micro-batch would need recomputation
   // (pack_groups), so the default cap is the one that never binds sooner: every group's
   // micro-batches fill what memory holds without recomputation, the longest samples run

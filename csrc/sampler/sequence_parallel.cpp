@@ -155,7 +155,8 @@ double share_cost(const SpItem& item, int64_t d, const SequenceParallel& sp) {
   while ((int64_t{1} << level) < d) ++level;
   const double measured = level < item.measured.size() ? item.measured[level] : 0.0;
   const double f = level < item.factor.size() ? item.factor[level] : 1.0;
-  return (measured > 0.0 ? measured : std::max(item.floor, item.fixed + split)) * f + comm;
+  // The host floor is paid in full, whatever the factor: it is launch time, not compute.
+  return (measured > 0.0 ? measured * f : std::max(item.floor, (item.fixed + split) * f)) + comm;
 }
 
 void validate_sequence_parallel(const SequenceParallel& sp, int64_t W) {
@@ -300,7 +301,8 @@ SpStep assign_with_degrees(const std::vector<SpItem>& items, int64_t W,
   for (int64_t i = 0; i < n; ++i) {
     if (items[i].min_degree > top)
       invalid("a micro-batch needs " + std::to_string(items[i].min_degree) +
-              " ranks to fit max_tokens, more than sequence_parallel = " + std::to_string(top));
+              " ranks to fit max_tokens (and the memory budget), more than sequence_parallel = " +
+              std::to_string(top));
     degree[i] = std::max<int64_t>(items[i].min_degree, 1);
     lo = std::max(lo, share_cost(items[i], top, sp));
     total += share_cost(items[i], degree[i], sp);
@@ -311,7 +313,7 @@ SpStep assign_with_degrees(const std::vector<SpItem>& items, int64_t W,
   if (!(best.makespan < kInfinity))
     invalid("a step's " + std::to_string(n) + " micro-batches cannot give each of " +
             std::to_string(W) +
-            " ranks one at the degrees max_tokens needs (raise "
+            " ranks one at the degrees max_tokens (and the memory budget) need (raise "
             "micro_batches_per_step or max_tokens)");
   std::vector<int64_t> best_degree = degree;
   // Places the items at `degree`; keeps the placement where it beats the best. Its makespan.

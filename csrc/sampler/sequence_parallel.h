@@ -12,7 +12,7 @@
 // One rank's share of a micro-batch of cost c split d ways (the cost model's unit):
 //
 //   share(d) = measured(d) * f(d) + comm(d)                           where (S, B, d) was measured
-//   share(d) = max(floor, fixed + (c - fixed) / d) * f(d) + comm(d)   elsewhere
+//   share(d) = max(floor, (fixed + (c - fixed) / d) * f(d)) + comm(d) elsewhere
 //   comm(d)  = comm_fraction * (c - fixed) / d + comm_per_token * T * (d - 1) / d^2   (d >= 2)
 //
 // measured(d): the cost model's measured share of this kind (B samples of S tokens, split d

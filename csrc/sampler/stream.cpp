@@ -272,7 +272,8 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
   int64_t count = 0;
   Segment seg;
   seg.begin = begin;
-  const int64_t expected = std::min(n - begin, min_samples + min_samples / 4) + prefix_count;
+  const int64_t least = std::min(n - begin, min_samples);  // no overflow for any min_samples
+  const int64_t expected = std::min(n - begin, least + least / 4) + prefix_count;
   seg.samples.reserve(expected);
   seg.lengths.reserve(expected);
   seg.groups.reserve(expected);

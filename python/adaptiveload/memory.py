@@ -262,17 +262,26 @@ class CheckpointPolicy:
         return n
 
     def on_oom(self, seq_lens, degree: int = 1) -> bool:
-        """Record an out-of-memory error of this micro-batch (a rank's share at ``degree``).
-        Returns True when it should be retried with every block checkpointed (its kind was not
-        yet on full checkpointing); False when it ran out of memory with full checkpointing
-        already (re-raise)."""
-        k = self.kind(seq_lens, degree)
+        """Record an out-of-memory error of this micro-batch. Returns True when it should be
+        retried with every block checkpointed (its kind was not yet on full checkpointing);
+        False when it ran out of memory with full checkpointing already (re-raise).
+
+        Not for a split micro-batch (``degree`` > 1): its members must checkpoint the same
+        blocks (a checkpointed block re-runs its all-to-alls in the backward), and a fallback
+        recorded by the one member that ran out of memory would part them. Raises
+        ``ValueError``; re-raise the out-of-memory error instead."""
+        if degree != 1:
+            raise ValueError(
+                f"on_oom: a micro-batch split over {degree} ranks cannot fall back alone (its "
+                "members must checkpoint the same blocks); re-raise the out-of-memory error"
+            )
+        k = self.kind(seq_lens)
         first = k not in self.fallbacks
         self.fallbacks[k] = self.fallbacks.get(k, 0) + 1
         if first:
             self.log(
                 f"out of memory on a micro-batch of {k[0]} sample(s), {k[1]} tokens, planned with "
-                f"{self.planned_blocks(seq_lens, degree)} checkpointed blocks: this kind runs with all "
+                f"{self.planned_blocks(seq_lens)} checkpointed blocks: this kind runs with all "
                 f"{self.model.num_blocks} checkpointed for the rest of the run"
             )
         return first

@@ -190,6 +190,10 @@ TEST(SequenceParallel, MemoryPolicyScalesEachSharesComputeNotItsCommunication) {
   EXPECT_DOUBLE_EQ(share_cost(it, 2, sp), (10.0 + 45.0) * 0.8 + 0.01 * 1000 * 1.0 / 4.0);
   it.measured = {0.0, 0.0, 30.0};
   EXPECT_DOUBLE_EQ(share_cost(it, 4, sp), 30.0 * 0.5 + 0.01 * 1000 * 3.0 / 16.0);
+  // The host floor is launch time: paid in full whatever the factor.
+  it.measured.clear();
+  it.floor = 20.0;
+  EXPECT_DOUBLE_EQ(share_cost(it, 4, sp), 20.0 + 0.01 * 1000 * 3.0 / 16.0);  // 32.5 * 0.5 < 20
 }
 
 TEST(SequenceParallel, SplitsTwoClipsTogetherWhereOneAloneDoesNotPay) {

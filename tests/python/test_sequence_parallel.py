@@ -170,12 +170,43 @@ def test_memory_policy_checkpoints_each_share_and_splits_what_one_gpu_cannot_hol
     again = make(lens, sequence_parallel=4, **kw).plan()
     for name in ("samples", "costs", "degrees", "members", "checkpointed"):
         np.testing.assert_array_equal(getattr(p, name), getattr(again, name))
-    # a share that ran out of memory runs fully checkpointed for the rest of the run
+    # a member of a split micro-batch cannot fall back to full checkpointing alone
     m = int(np.flatnonzero(p.degrees == 4)[0])
     mb = lens[p.samples[p.offsets[m] : p.offsets[m + 1]]]
-    with pytest.warns(UserWarning, match="out of memory"):
-        assert policy.on_oom(mb, 4)
-    assert policy.blocks_for(mb, 4) == 30
+    with pytest.raises(ValueError, match="cannot fall back alone"):
+        policy.on_oom(mb, 4)
+    assert policy.blocks_for(mb, 4) == int(p.checkpointed[m])
+
+
+def test_default_compute_cap_ignores_samples_that_fit_memory_only_split():
+    """With a memory policy, a sample that fits memory only split (planned at a higher degree)
+    does not decide the default compute cap of the others: the cap is that of the data without
+    it (it dropped its whole group, whose micro-batches then shrank); where every sample fits
+    only split, the cap is no longer the placeholder 1.0 but above every listing's cost."""
+    from adaptiveload import MemoryModel
+    from adaptiveload.memory import GIB
+
+    memory = MemoryModel(30, m0=20e9, mb=1e6, mbk=2e5, mt=1e4, ma=1.3e5, mr=1.3e5, margin=0.05,
+                         recompute_share=0.25)  # fmt: skip
+    one_gpu = memory.max_tokens(40 * GIB)
+    rng = np.random.default_rng()
+    lens = rng.choice([256, 1000], 4000)
+    groups = (lens == 1000).astype(np.int64)
+    kw = dict(num_replicas=8, rank=0, uneven_counts=True, sequence_parallel=4,
+              memory_model=memory, memory_budget_gib=40)  # fmt: skip
+    alone = AdaptiveBatchSampler(lens, 400_000, group_keys=groups, **kw).plan()
+    more = AdaptiveBatchSampler(np.append(lens, int(1.5 * one_gpu)), 400_000,
+                                group_keys=np.append(groups, 1), **kw).plan()  # fmt: skip
+    assert more.max_cost == alone.max_cost
+    split_only = rng.integers(one_gpu + 1000, 2 * one_gpu - 1000, 64)
+    p = AdaptiveBatchSampler(split_only, 200_000, **kw).plan()
+    assert (p.degrees > 1).all() and p.max_cost >= p.costs.max()
+    s = AdaptiveBatchSampler(split_only, 200_000, **kw)
+    with pytest.raises(ValueError, match=r"pass the plan's degree \(mb.degree\)"):
+        s.checkpointed_blocks([0])
+    with pytest.raises(ValueError, match="degree must be a power of two <= sequence_parallel"):
+        s.checkpointed_blocks([0], 3)
+    assert s.checkpointed_blocks([0], 4) >= 0
 
 
 def test_ranks_stream_their_listings_with_labels():

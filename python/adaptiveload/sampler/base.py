@@ -260,6 +260,12 @@ class PlannedBatchSampler(Sampler[list[int]]):
         if self.memory_model is None:
             raise ValueError("checkpointed_blocks needs a sampler made with memory_model")
         idx = self._indices(indices, "checkpointed_blocks")
+        d = self.sequence_parallel
+        if degree not in {2**k for k in range(d.bit_length())}:
+            raise ValueError(
+                f"checkpointed_blocks: degree must be a power of two <= sequence_parallel = {d} "
+                f"(the plan's mb.degree), got {degree!r}"
+            )
         held = held_lengths(self.seq_lens[idx], degree)
         if degree == 1:
             blocks = int(self._table.checkpointed_blocks(idx))
@@ -268,12 +274,16 @@ class PlannedBatchSampler(Sampler[list[int]]):
         if blocks < 0:
             peak = self.memory_model.peak_bytes(held, self.memory_model.num_blocks)
             share = f", a share of {degree}" if degree > 1 else ""
+            hint = (
+                "; split, pass the plan's degree (mb.degree)"
+                if degree < d
+                else ": no plan holds such a micro-batch"
+            )
             raise ValueError(
                 f"checkpointed_blocks: these {idx.size} sample(s) ({int(held.sum())} tokens"
                 f"{share}) do not fit the memory budget of {self.memory_budget_gib:g} GiB even "
                 f"with every block checkpointed (predicted peak {peak / GIB:.3g} GiB, "
-                f"{peak * (1 + self.memory_model.margin) / GIB:.3g} GiB with the margin): no "
-                "plan holds such a micro-batch"
+                f"{peak * (1 + self.memory_model.margin) / GIB:.3g} GiB with the margin){hint}"
             )
         return blocks
 
