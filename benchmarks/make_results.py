@@ -372,19 +372,20 @@ SECTIONS = [
             "all ranks whenever it reaches one. A process's own memory is its anonymous "
             "resident memory (about 0.3 GiB of it is importing torch); the node's adds the "
             "lengths file once (the page cache all processes read).",
-            "With 2 processes (a core each) the same run gave, at 1e7 / 1e8 / 1e9 samples: "
-            "first micro-batch 0.96 / 0.94 / 3.50 s, 1,164 / 1,011 / 744 samples/s per rank, "
-            "table pass 0.08 / 0.50 / 6.28 s. At 1e9 the first micro-batch reads a segment's "
-            "lengths at random over 4 GB, so it depends on what of the file the page cache "
-            "holds: three later runs of 2 processes at 1e9 (python benchmarks/bench_scale.py "
-            "--stream --sizes 1e9 --procs 2 --iterate 300, 2026-12-03, the file read by the "
-            "table pass just before) gave 1.15, 1.17 and 1.05 s; the 3.50 s run is the worst "
-            "seen. "
+            "With 2 processes (a core each), 2026-12-04 (python benchmarks/bench_scale.py "
+            "--stream --sizes 1e7,1e8 --procs 2, then --sizes 1e9 --procs 2 --iterate 300), at "
+            "1e7 / 1e8 / 1e9 samples: first micro-batch 0.46 / 0.50 / 0.49 s, 2,074 / 1,928 / "
+            "2,029 samples/s per rank, table pass 0.03 / 0.32 / 2.55 s. Before next_segment read "
+            "a chunk of positions at a time (2026-12-03): 0.96 / 0.94 / 1.05-3.50 s, 1,164 / "
+            "1,011 / 744 samples/s, table pass 0.08 / 0.50 / 6.28 s; at 1e9 the first "
+            "micro-batch reads a segment's lengths at random over 4 GB, so it depends on what of "
+            "the file the page cache holds (3.50 s was the worst seen). The whole plan is the "
+            "report path, segments planned on a thread per core (segments(workers=2) here). "
             "Consumption assumed for the planning rate: an H200 trains at most about 20 "
             "samples/s of this mix, generously (an image through 3 of Wan 2.1-1.3B's 30 blocks "
             "alone takes about 55 ms forward and backward), so a rank needs 20 samples/s and a "
             "node of 8, 160; the "
-            "whole plan of 1e9 samples was not timed (about 12 minutes at the 10M rate).",
+            "whole plan of 1e9 samples was not timed (about 4 minutes at the 1e8 rate).",
         ),
     ),
     (
