@@ -160,9 +160,12 @@ def _split_rank(rank, world, family, schedule, seed, wrap):
     if wrap == "ddp":
         net = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
     elif wrap == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        net = fully_shard(model, reshard_after_forward=False)
+        # CPU ranks (gloo) also where a GPU is present: FSDP2 would pick the GPU by default.
+        mesh = init_device_mesh("cpu", (world,))
+        net = fully_shard(model, mesh=mesh, reshard_after_forward=False)
     else:
         net = model
     mine = [(i, mb) for i, mb in enumerate(schedule) if mb[2] <= rank < mb[2] + mb[1]]
