@@ -243,6 +243,14 @@ def main(argv=None):
     if progress.steps != saved:
         accelerator.save_state(os.path.join(args.output, f"step-{progress.steps}"))
     accelerator.end_training()
+    if torch.distributed.is_initialized():
+        # A rank sometimes never exited (twice in a row on the CI machine): at
+        # interpreter exit DDP's reducer destroyed the gloo process group, joining its worker
+        # thread while holding the GIL, while that thread, freeing the tensors of an all-gather
+        # it had run, waited for the GIL. A barrier waits without the GIL, so the worker
+        # threads finish such frees first; its own work holds no tensor.
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
