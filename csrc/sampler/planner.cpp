@@ -7,7 +7,9 @@
 #include <queue>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
+#include "sampler/exchanges.h"
 #include "sampler/rng.h"
 
 namespace adaptiveload {
@@ -207,104 +209,86 @@ bool by_decreasing_cost(const Item& a, const Item& b) {
   return a.first > b.first || (a.first == b.first && a.second < b.second);
 }
 
+// Sorts a window's items (given in increasing micro-batch) by decreasing cost, equal costs
+// in increasing micro-batch: by_decreasing_cost's order. Micro-batches of one group and one
+// count cost exactly the same, so a window of 262,144 often holds a dozen distinct costs: then
+// a stable counting sort by cost, in one pass; otherwise std::sort.
+void sort_by_decreasing_cost(std::vector<Item>& items, std::vector<Item>& scratch) {
+  constexpr size_t kMaxDistinct = 64;
+  std::vector<double> value;  // the distinct costs, decreasing
+  for (const Item& item : items) {
+    auto it = std::lower_bound(value.begin(), value.end(), item.first, std::greater<double>());
+    if (it != value.end() && *it == item.first) continue;
+    if (value.size() == kMaxDistinct) {
+      std::sort(items.begin(), items.end(), by_decreasing_cost);
+      return;
+    }
+    value.insert(it, item.first);
+  }
+  auto slot = [&](double c) {
+    return std::lower_bound(value.begin(), value.end(), c, std::greater<double>()) - value.begin();
+  };
+  std::vector<int64_t> next(value.size() + 1, 0);
+  for (const Item& item : items) ++next[slot(item.first) + 1];
+  for (size_t v = 0; v < value.size(); ++v) next[v + 1] += next[v];
+  scratch.resize(items.size());
+  for (const Item& item : items) scratch[next[slot(item.first)]++] = item;
+  items.swap(scratch);
+}
+
 // Steps of a window mixed from `strata` cost strata: the cost-sorted items are cut into that
 // many contiguous strata of whole steps, and each stratum's items, ordered by group and then by
 // decreasing cost, are dealt round-robin to its steps, so each step holds every group of its
 // stratum in proportion and a spread of its costs. One stratum mixes the whole window; as many
-// strata as steps leave the sorted order (steps of similar cost). Each step's items are then
-// put in decreasing cost.
+// strata as steps leave the sorted order (steps of similar cost). Each step's items are then in
+// decreasing cost (by_decreasing_cost): appended in the sorted order, which needs no sort.
 void mix_window(const std::vector<Item>& sorted, const std::vector<int32_t>& item_group,
                 int64_t steps, int64_t strata, int64_t per_step, std::vector<Item>& out) {
   out.resize(sorted.size());
-  std::vector<Item> stratum;
+  std::vector<int32_t> groups;   // the stratum's groups, as met
+  std::vector<int64_t> start;    // per group of the stratum: where its run starts in the deal
+  std::vector<int32_t> kind_of;  // per item of the stratum: its group's place in `groups`
+  std::vector<int64_t> fill(steps);
+  std::unordered_map<int32_t, int32_t> place;  // group -> its place in `groups`
   for (int64_t i = 0; i < strata; ++i) {
     const int64_t s0 = i * steps / strata, s1 = (i + 1) * steps / strata, n = s1 - s0;
-    stratum.assign(sorted.begin() + s0 * per_step, sorted.begin() + s1 * per_step);
-    std::stable_sort(stratum.begin(), stratum.end(), [&](const Item& a, const Item& b) {
-      return item_group[a.second] < item_group[b.second];
-    });
-    for (int64_t j = 0; j < n * per_step; ++j) out[(s0 + j % n) * per_step + j / n] = stratum[j];
-    for (int64_t c = s0; c < s1; ++c)
-      std::sort(out.begin() + c * per_step, out.begin() + (c + 1) * per_step, by_decreasing_cost);
-  }
-}
-
-// Lowers the most loaded bin by exchanges with any other bin: a swap of one of its items with
-// a cheaper one, or (`moves`: any count >= 1 per bin) a move of one of its items, taking the
-// exchange that lowers the larger of the two bins' sums most, while one does. Each exchange
-// lowers the sum of squared loads, so the loop ends; the cap only bounds its time.
-//
-// The exchange taken is the first, in the order (item of the top bin, swaps before moves, the
-// other item or bin), of those that lower the larger sum most. An exchange between the top bin
-// h and a bin x leaves the larger of their sums at (load[h] + load[x]) / 2 at least, so bins
-// are visited by increasing load, each once for all items of h, and the visit stops at the
-// first whose half sum with h is above the best found so far (with a margin far above
-// rounding): the same exchange as a scan of every item, in a fraction of the time.
-void improve_by_exchanges(const double* costs, int64_t n_items, int64_t num_bins, bool moves,
-                          std::vector<int64_t>& bin_of) {
-  std::vector<double> load(num_bins, 0.0);
-  std::vector<int64_t> count(num_bins, 0);
-  std::vector<std::vector<int64_t>> members(num_bins);  // each bin's items, increasing
-  for (int64_t i = 0; i < n_items; ++i) {
-    load[bin_of[i]] += costs[i], ++count[bin_of[i]];
-    members[bin_of[i]].push_back(i);
-  }
-  auto drop = [](std::vector<int64_t>& v, int64_t i) { v.erase(std::find(v.begin(), v.end(), i)); };
-  auto add = [](std::vector<int64_t>& v, int64_t i) {
-    v.insert(std::lower_bound(v.begin(), v.end(), i), i);
-  };
-  // The bins by increasing load, kept so as the two bins of each exchange change.
-  auto lighter = [&](int64_t x, int64_t y) {
-    return load[x] < load[y] || (load[x] == load[y] && x < y);
-  };
-  std::vector<int64_t> by_load(num_bins);
-  std::iota(by_load.begin(), by_load.end(), 0);
-  std::sort(by_load.begin(), by_load.end(), lighter);
-  for (int64_t rounds = 0; rounds < 4 * n_items; ++rounds) {
-    // The most loaded bin, the first of equals (by_load ends with them, in increasing order).
-    int64_t top = num_bins - 1;
-    while (top > 0 && load[by_load[top - 1]] == load[by_load[num_bins - 1]]) --top;
-    const int64_t h = by_load[top];
-    // The best exchange so far: the larger sum after it, and its place in the order above.
-    double best = load[h];
-    int64_t give = -1, take = -1, to = -1, kind = 0, other = 0;
-    auto consider = [&](double after, int64_t a, int64_t k, int64_t o, int64_t b, int64_t x) {
-      const bool earlier =
-          give >= 0 && (a < give || (a == give && (k < kind || (k == kind && o < other))));
-      if (after < best || (after == best && earlier)) {
-        best = after, give = a, take = b, to = x, kind = k, other = o;
-      }
-    };
-    for (int64_t x : by_load) {
-      if (x == h) continue;
-      if (0.5 * (load[h] + load[x]) > best + 1e-9 * std::abs(best)) break;  // and all later
-      for (int64_t a : members[h]) {
-        for (int64_t b : members[x]) {
-          const double d = costs[a] - costs[b];
-          if (d > 0) consider(std::max(load[h] - d, load[x] + d), a, 0, b, b, x);
+    const int64_t p0 = s0 * per_step, p1 = s1 * per_step;
+    // The deal takes the stratum stable-sorted by group: group g's j-th item (in sorted order)
+    // is dealt at start[g] + j, to step s0 + (start[g] + j) % n.
+    groups.clear();
+    start.clear();
+    place.clear();
+    kind_of.resize(p1 - p0);
+    int32_t last_group = -1, last_place = -1;
+    for (int64_t p = p0; p < p1; ++p) {
+      const int32_t g = item_group[sorted[p].second];
+      if (g != last_group) {
+        auto [it, added] = place.try_emplace(g, static_cast<int32_t>(groups.size()));
+        if (added) {
+          groups.push_back(g);
+          start.push_back(0);
         }
-        if (moves && count[h] >= 2)
-          consider(std::max(load[h] - costs[a], load[x] + costs[a]), a, 1, x, -1, x);
+        last_group = g, last_place = it->second;
       }
+      kind_of[p - p0] = last_place;
+      ++start[last_place];
     }
-    if (give < 0) break;
-    const double d = costs[give] - (take >= 0 ? costs[take] : 0.0);
-    for (int64_t x : {h, to}) by_load.erase(std::find(by_load.begin(), by_load.end(), x));
-    bin_of[give] = to;
-    drop(members[h], give);
-    add(members[to], give);
-    if (take >= 0) {
-      bin_of[take] = h;
-      drop(members[to], take);
-      add(members[h], take);
-    } else {
-      --count[h];
-      ++count[to];
+    std::vector<int32_t> by_group(groups.size());
+    std::iota(by_group.begin(), by_group.end(), 0);
+    std::sort(by_group.begin(), by_group.end(),
+              [&](int32_t a, int32_t b) { return groups[a] < groups[b]; });
+    int64_t at = 0;
+    for (int32_t k : by_group) {
+      const int64_t count = start[k];
+      start[k] = at;
+      at += count;
     }
-    load[h] -= d;
-    load[to] += d;
-    for (int64_t x : {h, to})
-      by_load.insert(std::lower_bound(by_load.begin(), by_load.end(), x, lighter), x);
+    std::fill(fill.begin() + s0, fill.begin() + s1, 0);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t j = start[kind_of[p - p0]]++;
+      const int64_t c = s0 + j % n;
+      out[c * per_step + fill[c]++] = sorted[p];
+    }
   }
 }
 
@@ -646,14 +630,26 @@ std::vector<int64_t> SampleTable::oversize_samples(int64_t max_tokens, double ma
   return out;
 }
 
+namespace {
+
+// The items by decreasing cost, equal costs in increasing index: a stable sort, skipped where
+// the costs already decrease (the planner's steps come sorted).
+std::vector<int64_t> decreasing_order(const double* costs, int64_t n_items) {
+  std::vector<int64_t> order(n_items);
+  std::iota(order.begin(), order.end(), 0);
+  if (!std::is_sorted(costs, costs + n_items, std::greater<double>()))
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
+  return order;
+}
+
+}  // namespace
+
 std::vector<int64_t> assign_to_ranks(const double* costs, int64_t n_items, int64_t num_bins,
                                      int64_t per_bin) {
   if (num_bins < 1 || per_bin < 1 || n_items != num_bins * per_bin)
     invalid("assign_to_ranks: need n_items == num_bins * per_bin");
-  std::vector<int64_t> order(n_items);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
+  std::vector<int64_t> order = decreasing_order(costs, n_items);
   using Bin = std::pair<double, int64_t>;  // (load, bin): ties go to the lower bin
   std::priority_queue<Bin, std::vector<Bin>, std::greater<Bin>> open;
   for (int64_t b = 0; b < num_bins; ++b) open.push({0.0, b});
@@ -669,10 +665,7 @@ std::vector<int64_t> assign_to_ranks(const double* costs, int64_t n_items, int64
 
 std::vector<int64_t> assign_uneven(const double* costs, int64_t n_items, int64_t num_bins) {
   if (num_bins < 1 || n_items < num_bins) invalid("assign_uneven: need n_items >= num_bins >= 1");
-  std::vector<int64_t> order(n_items);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
+  std::vector<int64_t> order = decreasing_order(costs, n_items);
   std::vector<double> load(num_bins, 0.0);
   std::vector<int64_t> count(num_bins, 0), bin_of(n_items);
   using Bin = std::pair<double, int64_t>;  // (load, bin): ties go to the lower bin
@@ -888,7 +881,7 @@ void plan_bucketed(const SampleTable& table, const PlanOptions& o, std::vector<i
   }
   if (o.balance) {
     const int64_t L = o.lookahead_steps;
-    std::vector<Item> items, mixed;  // (cost, micro-batch): sorted by cost, and as mixed
+    std::vector<Item> items, mixed, scratch;  // (cost, micro-batch): sorted, and as mixed
     std::vector<int32_t> item_group(m);
     for (int64_t i = 0; i < m; ++i) item_group[i] = table.group(bucketed[mbs[i].begin]);
     std::vector<int64_t> chunk_order, ranks, mixed_ranks, fill(W);
@@ -898,7 +891,7 @@ void plan_bucketed(const SampleTable& table, const PlanOptions& o, std::vector<i
       for (int64_t j = 0; j < steps * per_step; ++j)
         items[j] = {mbs[t0 * per_step + j].cost, t0 * per_step + j};
       // Decreasing cost; equal costs keep their order.
-      std::sort(items.begin(), items.end(), by_decreasing_cost);
+      sort_by_decreasing_cost(items, scratch);
       chunk_order.resize(steps);
       std::iota(chunk_order.begin(), chunk_order.end(), 0);
       if (o.shuffle) shuffle_in_place(chunk_order, order_rng);

@@ -1,0 +1,204 @@
+#include "sampler/exchanges.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <set>
+#include <utility>
+
+namespace adaptiveload {
+
+namespace {
+
+// The bins as the rounds change them: loads, counts, each bin's items (increasing) and the
+// bins by increasing load (ties by index).
+struct Bins {
+  const double* costs;
+  std::vector<double> load;
+  std::vector<int64_t> count;
+  std::vector<std::vector<int64_t>> members;
+  std::vector<int64_t> by_load;
+
+  Bins(const double* c, int64_t n_items, int64_t num_bins, const std::vector<int64_t>& bin_of)
+      : costs(c), load(num_bins, 0.0), count(num_bins, 0), members(num_bins), by_load(num_bins) {
+    for (int64_t i = 0; i < n_items; ++i) {
+      load[bin_of[i]] += costs[i], ++count[bin_of[i]];
+      members[bin_of[i]].push_back(i);
+    }
+    std::iota(by_load.begin(), by_load.end(), 0);
+    std::sort(by_load.begin(), by_load.end(), [&](int64_t x, int64_t y) { return lighter(x, y); });
+  }
+
+  bool lighter(int64_t x, int64_t y) const {
+    return load[x] < load[y] || (load[x] == load[y] && x < y);
+  }
+
+  // The most loaded bin, the first of equals (by_load ends with them, in increasing order).
+  int64_t top() const {
+    const int64_t last = static_cast<int64_t>(by_load.size()) - 1;
+    int64_t t = last;
+    while (t > 0 && load[by_load[t - 1]] == load[by_load[last]]) --t;
+    return by_load[t];
+  }
+};
+
+// The best exchange of a round so far: the larger sum after it and its place in the order
+// (item of h, kind: 0 swap / 1 move, other: the item or the bin).
+struct Best {
+  double after;
+  int64_t give = -1, take = -1, to = -1, kind = 0, other = 0;
+
+  void consider(double a_after, int64_t a, int64_t k, int64_t o, int64_t b, int64_t x) {
+    const bool earlier =
+        give >= 0 && (a < give || (a == give && (k < kind || (k == kind && o < other))));
+    if (a_after < after || (a_after == after && earlier)) {
+      after = a_after, give = a, take = b, to = x, kind = k, other = o;
+    }
+  }
+};
+
+// Applies the round's exchange to bin_of and the bins.
+void apply(Bins& s, int64_t h, const Best& e, std::vector<int64_t>& bin_of) {
+  auto drop = [](std::vector<int64_t>& v, int64_t i) { v.erase(std::find(v.begin(), v.end(), i)); };
+  auto add = [](std::vector<int64_t>& v, int64_t i) {
+    v.insert(std::lower_bound(v.begin(), v.end(), i), i);
+  };
+  const double d = s.costs[e.give] - (e.take >= 0 ? s.costs[e.take] : 0.0);
+  for (int64_t x : {h, e.to}) s.by_load.erase(std::find(s.by_load.begin(), s.by_load.end(), x));
+  bin_of[e.give] = e.to;
+  drop(s.members[h], e.give);
+  add(s.members[e.to], e.give);
+  if (e.take >= 0) {
+    bin_of[e.take] = h;
+    drop(s.members[e.to], e.take);
+    add(s.members[h], e.take);
+  } else {
+    --s.count[h];
+    ++s.count[e.to];
+  }
+  s.load[h] -= d;
+  s.load[e.to] += d;
+  for (int64_t x : {h, e.to})
+    s.by_load.insert(std::lower_bound(s.by_load.begin(), s.by_load.end(), x,
+                                      [&](int64_t p, int64_t q) { return s.lighter(p, q); }),
+                     x);
+}
+
+// Moves of an item a of h: the larger sum max(load[h] - c, load[x] + c) does not decrease
+// with load[x], so bins are visited by increasing load until it is above the best.
+void consider_moves(const Bins& s, int64_t h, int64_t a, Best& best) {
+  const double c = s.costs[a];
+  for (int64_t x : s.by_load) {
+    if (x == h) continue;
+    const double after = std::max(s.load[h] - c, s.load[x] + c);
+    if (after > best.after) break;
+    // A tie wins only over a move of this same a to a later bin.
+    if (after == best.after && (best.give != a || best.kind != 1)) break;
+    best.consider(after, a, 1, x, -1, x);
+  }
+}
+
+}  // namespace
+
+void improve_by_exchanges_scan(const double* costs, int64_t n_items, int64_t num_bins, bool moves,
+                               std::vector<int64_t>& bin_of) {
+  Bins s(costs, n_items, num_bins, bin_of);
+  for (int64_t rounds = 0; rounds < 4 * n_items; ++rounds) {
+    const int64_t h = s.top();
+    Best best{s.load[h]};
+    for (int64_t x : s.by_load) {
+      if (x == h) continue;
+      // An exchange with x leaves the larger sum at (load[h] + load[x]) / 2 at least; the
+      // margin is far above rounding.
+      if (0.5 * (s.load[h] + s.load[x]) > best.after + 1e-9 * std::abs(best.after)) break;
+      for (int64_t a : s.members[h]) {
+        for (int64_t b : s.members[x]) {
+          const double d = costs[a] - costs[b];
+          if (d > 0) best.consider(std::max(s.load[h] - d, s.load[x] + d), a, 0, b, b, x);
+        }
+        if (moves && s.count[h] >= 2)
+          best.consider(std::max(s.load[h] - costs[a], s.load[x] + costs[a]), a, 1, x, -1, x);
+      }
+    }
+    if (best.give < 0) break;
+    apply(s, h, best, bin_of);
+  }
+}
+
+void improve_by_exchanges_indexed(const double* costs, int64_t n_items, int64_t num_bins,
+                                  bool moves, std::vector<int64_t>& bin_of) {
+  // The distinct costs, increasing, and each item's.
+  std::vector<double> value(costs, costs + n_items);
+  std::sort(value.begin(), value.end());
+  value.erase(std::unique(value.begin(), value.end()), value.end());
+  const int64_t V = static_cast<int64_t>(value.size());
+  std::vector<int64_t> value_of(n_items);
+  for (int64_t i = 0; i < n_items; ++i)
+    value_of[i] = std::lower_bound(value.begin(), value.end(), costs[i]) - value.begin();
+
+  Bins s(costs, n_items, num_bins, bin_of);
+  // Per cost v, the bins holding an item of it, by increasing load: (load, that bin's first
+  // item of cost v). Among bins of equal load the first item comes first, which is the swap
+  // the order prefers.
+  using Entry = std::pair<double, int64_t>;
+  std::vector<std::set<Entry>> holders(V);
+  std::vector<int64_t> seen(V, -1);
+  int64_t visit = 0;
+  auto index = [&](int64_t x, bool enter) {
+    ++visit;
+    for (int64_t i : s.members[x]) {  // increasing: the first of each cost is its least item
+      const int64_t v = value_of[i];
+      if (seen[v] == visit) continue;
+      seen[v] = visit;
+      if (enter) {
+        holders[v].insert({s.load[x], i});
+      } else {
+        holders[v].erase({s.load[x], i});
+      }
+    }
+  };
+  for (int64_t x = 0; x < num_bins; ++x) index(x, true);
+
+  for (int64_t rounds = 0; rounds < 4 * n_items; ++rounds) {
+    const int64_t h = s.top();
+    Best best{s.load[h]};
+    for (int64_t a : s.members[h]) {
+      for (int64_t v = 0; v < value_of[a]; ++v) {
+        const double d = costs[a] - value[v];  // the same double as costs[a] - costs[b]
+        for (const Entry& e : holders[v]) {
+          const int64_t x = bin_of[e.second];
+          if (x == h) continue;
+          const double after = std::max(s.load[h] - d, e.first + d);
+          if (after > best.after) break;  // and every heavier bin of cost v
+          // A tie wins only over a swap of this same a with a later item (items of h come in
+          // increasing order, and a's swaps before its moves).
+          if (after == best.after && (best.give != a || best.kind != 0)) break;
+          best.consider(after, a, 0, e.second, e.second, x);
+        }
+      }
+      if (moves && s.count[h] >= 2) consider_moves(s, h, a, best);
+    }
+    if (best.give < 0) break;
+    const int64_t to = best.to;
+    index(h, false);
+    index(to, false);
+    apply(s, h, best, bin_of);
+    index(h, true);
+    index(to, true);
+  }
+}
+
+void improve_by_exchanges(const double* costs, int64_t n_items, int64_t num_bins, bool moves,
+                          std::vector<int64_t>& bin_of) {
+  // Count distinct costs up to the bound, on a sorted copy.
+  std::vector<double> sorted(costs, costs + n_items);
+  std::sort(sorted.begin(), sorted.end());
+  const int64_t distinct = std::unique(sorted.begin(), sorted.end()) - sorted.begin();
+  if (distinct <= kIndexedMaxCosts) {
+    improve_by_exchanges_indexed(costs, n_items, num_bins, moves, bin_of);
+  } else {
+    improve_by_exchanges_scan(costs, n_items, num_bins, moves, bin_of);
+  }
+}
+
+}  // namespace adaptiveload
