@@ -516,6 +516,42 @@ void bind_stream(py::module_& m) {
       },
       py::arg("table"), py::arg("options"), py::arg("begin"), py::arg("min_samples"));
 
+  // A segment cut and not yet planned, held by Python between cut_segment and plan_cut (the
+  // report path cuts on one thread and plans on others, without reading the samples again).
+  py::class_<adaptiveload::Segment>(m, "CutSegment")
+      .def_readonly("begin", &adaptiveload::Segment::begin)
+      .def_readonly("end", &adaptiveload::Segment::end);
+
+  m.def(
+      "cut_segment",
+      [](const BoundStreamTable& b, const PlanOptions& o, int64_t begin, int64_t min_samples) {
+        auto seg = std::make_unique<adaptiveload::Segment>();
+        {
+          py::gil_scoped_release release;
+          const adaptiveload::Permutation perm(b.table->size(), o.seed, o.epoch, o.shuffle);
+          *seg = adaptiveload::next_segment(*b.table, o, perm, begin, min_samples);
+        }
+        return seg;
+      },
+      py::arg("table"), py::arg("options"), py::arg("begin"), py::arg("min_samples"));
+
+  m.def(
+      "plan_cut",
+      [](const BoundStreamTable& b, const PlanOptions& o, adaptiveload::Segment& seg,
+         uint64_t key) {
+        if (seg.samples.size() != seg.lengths.size())
+          throw py::value_error("plan_cut: this segment was planned already");
+        EpochPlan plan;
+        {
+          py::gil_scoped_release release;
+          plan = adaptiveload::plan_segment(*b.table, o, std::move(seg), key);
+        }
+        seg.samples.clear();
+        seg.lengths.assign(1, 0);  // planned: plan_cut refuses it from now on
+        return plan_dict(std::move(plan), o, false);
+      },
+      py::arg("table"), py::arg("options"), py::arg("segment"), py::arg("key"));
+
   m.def(
       "plan_segment",
       [](const BoundStreamTable& b, const PlanOptions& o, int64_t begin, int64_t min_samples,

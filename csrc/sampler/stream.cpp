@@ -387,13 +387,19 @@ EpochPlan plan_samples(const StreamTable& t, const PlanOptions& o, const int64_t
   std::vector<int64_t> keep, lens, skipped;
   std::vector<int32_t> group;
   keep.reserve(count);
+  lens.reserve(count);
+  group.reserve(count);
+  // Whether a sample breaks a cap depends on its length only: decided per distinct length.
+  std::vector<uint8_t> over(t.num_lengths());
+  for (int64_t j = 0; j < t.num_lengths(); ++j)
+    over[j] = t.exceeds_caps(t.length(j), o.max_tokens, o.max_cost, o.sequence_parallel.max_degree);
   for (int64_t j = 0; j < count; ++j) {
     const int64_t i = samples[j];
     if (i < 0 || i >= t.size())
       invalid("sample index " + std::to_string(i) + " out of range (" + std::to_string(t.size()) +
               " samples)");
     const int64_t len = t.seq_len(i);
-    if (t.exceeds_caps(len, o.max_tokens, o.max_cost, o.sequence_parallel.max_degree)) {
+    if (over[t.length_index(len)]) {
       if (o.oversize != OversizePolicy::kSkip) refuse(t, o, i);
       skipped.push_back(i);
       continue;

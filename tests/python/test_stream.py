@@ -340,6 +340,24 @@ def test_segments_planned_by_workers_equal_one_by_one(skip):
     assert s.balance_report(lens, lens) == s.balance_report(lens, lens, workers=1)
 
 
+def test_a_cut_segment_is_planned_once():
+    """``cut_segment`` / ``plan_cut`` (the threads' path) plan what ``plan_segment`` plans, and
+    a cut planned twice is refused, not planned empty."""
+    from adaptiveload import _sampler
+
+    lens = lengths(5000, seed=3)
+    s = sampler(lens)
+    o = s.settings.plan_options(0)
+    cut = _sampler.cut_segment(s._table, o, 0, s.settings.segment_samples)
+    end, whole = _sampler.plan_segment(s._table, o, 0, s.settings.segment_samples, 0)
+    assert (cut.begin, cut.end) == (0, end)
+    planned = _sampler.plan_cut(s._table, o, cut, 0)
+    for name in ("samples", "offsets", "costs", "tokens", "skipped"):
+        np.testing.assert_array_equal(planned[name], whole[name])
+    with pytest.raises(ValueError, match="planned already"):
+        _sampler.plan_cut(s._table, o, cut, 0)
+
+
 def test_plan_command_streams(capsys):
     from adaptiveload.cli import main
 

@@ -305,19 +305,17 @@ class StreamingBatchSampler:
         )
 
     def _segments_on_threads(self, settings, epoch, workers) -> Iterator[Segment]:
-        """``segments`` with a pool: this thread cuts segment after segment (``next_segment``;
-        where each ends depends on where it begins), the pool plans their samples
-        (``plan_samples`` with the segment's index as key, what ``plan_segment`` does)."""
+        """``segments`` with a pool: this thread cuts segment after segment (``cut_segment``;
+        where each ends depends on where it begins), the pool plans each as cut (``plan_cut``
+        with the segment's index as key, what ``plan_segment`` does)."""
         from collections import deque
         from concurrent.futures import ThreadPoolExecutor
 
         o = settings.plan_options(epoch)
         n = len(self.seq_lens)
 
-        def plan(index, samples, skipped):
-            raw = _sampler.plan_samples(self._table, o, samples, index)
-            raw["skipped"] = skipped  # left out when the segment was cut
-            return self._plan(settings, raw)
+        def plan(index, cut):
+            return self._plan(settings, _sampler.plan_cut(self._table, o, cut, index))
 
         with ThreadPoolExecutor(workers) as pool:
             pending = deque()
@@ -331,10 +329,9 @@ class StreamingBatchSampler:
                 return seg
 
             while begin < n:
-                end, samples, skipped = _sampler.next_segment(
-                    self._table, o, begin, settings.segment_samples
-                )
-                pending.append((index, begin, end, pool.submit(plan, index, samples, skipped)))
+                cut = _sampler.cut_segment(self._table, o, begin, settings.segment_samples)
+                end = cut.end
+                pending.append((index, begin, end, pool.submit(plan, index, cut)))
                 index, begin = index + 1, end
                 if len(pending) > workers:
                     yield ready()
