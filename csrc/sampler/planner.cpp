@@ -294,9 +294,15 @@ void mix_window(const std::vector<Item>& sorted, const std::vector<int32_t>& ite
 
 // Ranks of every item of a window's steps (`ranks`, by position), and the steps' mean
 // predicted imbalance 1 - mean / max of the ranks' sums. `improve`: exchanges after LPT.
+//
+// `limit` > 0 (a trial of a mix): once the steps so far put the mean above `limit`, whatever the
+// rest add, the rest are skipped and a mean above `limit` returned (with `ranks` incomplete). A
+// step adds 1 - mean / max >= 0 but for rounding, at most (W + 2) * 2^-53 below 0: with the
+// margin, a trial given up is one that all its steps fail too.
 double assign_window(const std::vector<Item>& arranged, int64_t steps, int64_t W, int64_t K,
-                     bool uneven, bool improve, std::vector<int64_t>& ranks) {
+                     bool uneven, bool improve, std::vector<int64_t>& ranks, double limit = 0.0) {
   const int64_t per_step = W * K;
+  const double rounding = static_cast<double>(W + 2) * 1e-15;  // per step, far above rounding
   ranks.resize(steps * per_step);
   std::vector<double> costs(per_step), load(W);
   std::vector<int64_t> rank_of(per_step);
@@ -318,6 +324,9 @@ double assign_window(const std::vector<Item>& arranged, int64_t steps, int64_t W
     const double top = *std::max_element(load.begin(), load.end());
     if (top > 0.0) imbalance += 1.0 - std::accumulate(load.begin(), load.end(), 0.0) / (W * top);
     std::copy(rank_of.begin(), rank_of.end(), ranks.begin() + c * per_step);
+    if (limit > 0.0 && imbalance - rounding * static_cast<double>(steps - 1 - c) >
+                           limit * static_cast<double>(steps) + 1e-9)
+      return limit + 1.0;
   }
   return steps > 0 ? imbalance / static_cast<double>(steps) : 0.0;
 }
@@ -903,10 +912,10 @@ void plan_bucketed(const SampleTable& table, const PlanOptions& o, std::vector<i
       if (o.mix_tolerance > 0.0) {
         for (int64_t s = 1; s < steps; s *= 2) {
           mix_window(items, item_group, steps, s, per_step, mixed);
-          const double imbalance =
-              sp_on ? assign_window_sp(mixed, steps, W, per_step, sp_info, o.sequence_parallel,
-                                       sp_mixed)
-                    : assign_window(mixed, steps, W, K, o.uneven_counts, true, mixed_ranks);
+          const double imbalance = sp_on ? assign_window_sp(mixed, steps, W, per_step, sp_info,
+                                                            o.sequence_parallel, sp_mixed)
+                                         : assign_window(mixed, steps, W, K, o.uneven_counts, true,
+                                                         mixed_ranks, o.mix_tolerance);
           if (imbalance <= o.mix_tolerance) {
             strata = s;
             arranged = &mixed;
