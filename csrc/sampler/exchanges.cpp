@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <set>
 #include <utility>
@@ -98,6 +99,21 @@ void consider_moves(const Bins& s, int64_t h, int64_t a, Best& best) {
   }
 }
 
+// The distinct costs, increasing; in one pass where they come in decreasing order (the
+// planner's steps do).
+std::vector<double> distinct_costs(const double* costs, int64_t n_items) {
+  std::vector<double> value;
+  if (std::is_sorted(costs, costs + n_items, std::greater<double>())) {
+    for (int64_t i = n_items - 1; i >= 0; --i)
+      if (value.empty() || value.back() != costs[i]) value.push_back(costs[i]);
+    return value;
+  }
+  value.assign(costs, costs + n_items);
+  std::sort(value.begin(), value.end());
+  value.erase(std::unique(value.begin(), value.end()), value.end());
+  return value;
+}
+
 }  // namespace
 
 void improve_by_exchanges_scan(const double* costs, int64_t n_items, int64_t num_bins, bool moves,
@@ -128,9 +144,7 @@ void improve_by_exchanges_scan(const double* costs, int64_t n_items, int64_t num
 void improve_by_exchanges_indexed(const double* costs, int64_t n_items, int64_t num_bins,
                                   bool moves, std::vector<int64_t>& bin_of) {
   // The distinct costs, increasing, and each item's.
-  std::vector<double> value(costs, costs + n_items);
-  std::sort(value.begin(), value.end());
-  value.erase(std::unique(value.begin(), value.end()), value.end());
+  std::vector<double> value = distinct_costs(costs, n_items);
   const int64_t V = static_cast<int64_t>(value.size());
   std::vector<int64_t> value_of(n_items);
   for (int64_t i = 0; i < n_items; ++i)
@@ -191,10 +205,7 @@ void improve_by_exchanges_indexed(const double* costs, int64_t n_items, int64_t 
 void improve_by_exchanges(const double* costs, int64_t n_items, int64_t num_bins, bool moves,
                           std::vector<int64_t>& bin_of) {
   // Count distinct costs up to the bound, on a sorted copy.
-  std::vector<double> sorted(costs, costs + n_items);
-  std::sort(sorted.begin(), sorted.end());
-  const int64_t distinct = std::unique(sorted.begin(), sorted.end()) - sorted.begin();
-  if (distinct <= kIndexedMaxCosts) {
+  if (static_cast<int64_t>(distinct_costs(costs, n_items).size()) <= kIndexedMaxCosts) {
     improve_by_exchanges_indexed(costs, n_items, num_bins, moves, bin_of);
   } else {
     improve_by_exchanges_scan(costs, n_items, num_bins, moves, bin_of);

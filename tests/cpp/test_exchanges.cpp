@@ -11,8 +11,9 @@
 namespace adaptiveload {
 namespace {
 
-// Items of `distinct` costs (drawn from a few magnitudes, so that sums tie and round alike),
-// in decreasing order as the planner gives them, assigned by LPT (even counts) or uneven LPT.
+// Items of `distinct` costs (drawn from a few magnitudes, so that sums tie and round alike):
+// in decreasing order as the planner gives them, assigned by LPT (even counts) or uneven LPT,
+// or in any order and any bins.
 struct Case {
   std::vector<double> costs;
   std::vector<int64_t> bins;
@@ -32,7 +33,8 @@ Case draw(std::mt19937_64& rng, int64_t num_bins, int64_t per_bin, int64_t disti
   std::sort(costs.begin(), costs.end(), std::greater<double>());
   std::vector<int64_t> bins;
   if (!start_lpt) {
-    // Any start, every bin non-empty.
+    // Any start, every bin non-empty, the costs in any order.
+    std::shuffle(costs.begin(), costs.end(), rng);
     bins.resize(n);
     std::uniform_int_distribution<int64_t> any(0, num_bins - 1);
     for (int64_t i = 0; i < n; ++i) bins[i] = i < num_bins ? i : any(rng);
