@@ -8,7 +8,7 @@ For each N, --procs rank processes of one node start together; each makes
 reports: seconds to its first micro-batch, micro-batches per second while iterating the next
 --iterate, its peak resident memory, and the size of ``state_dict`` after them. A second part
 times the whole plan of N samples for the ranks against ``numpy.random.permutation(N)`` in the
-same process.
+same process (with --stream, the least of 3 runs of each).
 
     python benchmarks/bench_scale.py --sizes 1e6,1e7 --procs 2 [--write]
     python benchmarks/bench_scale.py --stream --sizes 1e7,1e8,1e9 --procs 8 [--write]
@@ -146,21 +146,25 @@ def gather(queue, ps) -> list[dict]:
     return out
 
 
-def whole_stream(path, ranks, k):
+def whole_stream(path, ranks, k, repeat=3):
     """Seconds to plan the whole epoch segment by segment (the report path), and numpy's
-    permutation of as many samples."""
+    permutation of as many samples: the least of ``repeat`` runs of each, alternated (this
+    machine's times vary by up to 2x from run to run, the permutation's most)."""
     from adaptiveload import StreamingBatchSampler
     from adaptiveload.sampler.stream import default_workers
 
     lens = np.load(path, mmap_mode="r")
     s = StreamingBatchSampler(lens, MAX_TOKENS, num_replicas=ranks, rank=0,
                               micro_batches_per_step=k)  # fmt: skip
-    t0 = time.perf_counter()
-    steps = sum(seg.plan.num_steps for seg in s.segments(workers=default_workers()))
-    plan_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    np.random.default_rng(0).permutation(len(lens))
-    return plan_s, time.perf_counter() - t0, steps
+    plan_s = perm_s = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        steps = sum(seg.plan.num_steps for seg in s.segments(workers=default_workers()))
+        plan_s = min(plan_s, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        np.random.default_rng(0).permutation(len(lens))
+        perm_s = min(perm_s, time.perf_counter() - t0)
+    return plan_s, perm_s, steps
 
 
 def stream_main(args, sizes) -> int:
