@@ -204,7 +204,7 @@ void improve_by_exchanges_indexed(const double* costs, int64_t n_items, int64_t 
 
 void improve_by_exchanges(const double* costs, int64_t n_items, int64_t num_bins, bool moves,
                           std::vector<int64_t>& bin_of) {
-  // Count distinct costs up to the bound, on a sorted copy.
+  // The index where the step's costs are few distinct values; the scan elsewhere.
   if (static_cast<int64_t>(distinct_costs(costs, n_items).size()) <= kIndexedMaxCosts) {
     improve_by_exchanges_indexed(costs, n_items, num_bins, moves, bin_of);
   } else {
