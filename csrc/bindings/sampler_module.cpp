@@ -459,6 +459,12 @@ py::array integer_column(const py::array& a, const char* name) {
   return a;
 }
 
+// A segment cut by cut_segment, planned once by plan_cut.
+struct CutSegment {
+  adaptiveload::Segment segment;
+  bool planned = false;
+};
+
 void bind_stream(py::module_& m) {
   py::class_<BoundStreamTable>(m, "StreamTable")
       .def(py::init([](const py::array& seq_lens, std::optional<py::array> group_ids,
@@ -518,36 +524,33 @@ void bind_stream(py::module_& m) {
 
   // A segment cut and not yet planned, held by Python between cut_segment and plan_cut (the
   // report path cuts on one thread and plans on others, without reading the samples again).
-  py::class_<adaptiveload::Segment>(m, "CutSegment")
-      .def_readonly("begin", &adaptiveload::Segment::begin)
-      .def_readonly("end", &adaptiveload::Segment::end);
+  py::class_<CutSegment>(m, "CutSegment")
+      .def_property_readonly("begin", [](const CutSegment& c) { return c.segment.begin; })
+      .def_property_readonly("end", [](const CutSegment& c) { return c.segment.end; });
 
   m.def(
       "cut_segment",
       [](const BoundStreamTable& b, const PlanOptions& o, int64_t begin, int64_t min_samples) {
-        auto seg = std::make_unique<adaptiveload::Segment>();
+        auto cut = std::make_unique<CutSegment>();
         {
           py::gil_scoped_release release;
           const adaptiveload::Permutation perm(b.table->size(), o.seed, o.epoch, o.shuffle);
-          *seg = adaptiveload::next_segment(*b.table, o, perm, begin, min_samples);
+          cut->segment = adaptiveload::next_segment(*b.table, o, perm, begin, min_samples);
         }
-        return seg;
+        return cut;
       },
       py::arg("table"), py::arg("options"), py::arg("begin"), py::arg("min_samples"));
 
   m.def(
       "plan_cut",
-      [](const BoundStreamTable& b, const PlanOptions& o, adaptiveload::Segment& seg,
-         uint64_t key) {
-        if (seg.samples.size() != seg.lengths.size())
-          throw py::value_error("plan_cut: this segment was planned already");
+      [](const BoundStreamTable& b, const PlanOptions& o, CutSegment& cut, uint64_t key) {
+        if (cut.planned) throw py::value_error("plan_cut: this segment was planned already");
+        cut.planned = true;  // its samples move into the plan
         EpochPlan plan;
         {
           py::gil_scoped_release release;
-          plan = adaptiveload::plan_segment(*b.table, o, std::move(seg), key);
+          plan = adaptiveload::plan_segment(*b.table, o, std::move(cut.segment), key);
         }
-        seg.samples.clear();
-        seg.lengths.assign(1, 0);  // planned: plan_cut refuses it from now on
         return plan_dict(std::move(plan), o, false);
       },
       py::arg("table"), py::arg("options"), py::arg("segment"), py::arg("key"));

@@ -141,10 +141,11 @@ void improve_by_exchanges_scan(const double* costs, int64_t n_items, int64_t num
   }
 }
 
-void improve_by_exchanges_indexed(const double* costs, int64_t n_items, int64_t num_bins,
-                                  bool moves, std::vector<int64_t>& bin_of) {
-  // The distinct costs, increasing, and each item's.
-  std::vector<double> value = distinct_costs(costs, n_items);
+namespace {
+
+// improve_by_exchanges_indexed, given the distinct costs, increasing.
+void improve_indexed(const double* costs, int64_t n_items, int64_t num_bins, bool moves,
+                     std::vector<int64_t>& bin_of, const std::vector<double>& value) {
   const int64_t V = static_cast<int64_t>(value.size());
   std::vector<int64_t> value_of(n_items);
   for (int64_t i = 0; i < n_items; ++i)
@@ -202,11 +203,19 @@ void improve_by_exchanges_indexed(const double* costs, int64_t n_items, int64_t 
   }
 }
 
+}  // namespace
+
+void improve_by_exchanges_indexed(const double* costs, int64_t n_items, int64_t num_bins,
+                                  bool moves, std::vector<int64_t>& bin_of) {
+  improve_indexed(costs, n_items, num_bins, moves, bin_of, distinct_costs(costs, n_items));
+}
+
 void improve_by_exchanges(const double* costs, int64_t n_items, int64_t num_bins, bool moves,
                           std::vector<int64_t>& bin_of) {
   // The index where the step's costs are few distinct values; the scan elsewhere.
-  if (static_cast<int64_t>(distinct_costs(costs, n_items).size()) <= kIndexedMaxCosts) {
-    improve_by_exchanges_indexed(costs, n_items, num_bins, moves, bin_of);
+  std::vector<double> value = distinct_costs(costs, n_items);
+  if (static_cast<int64_t>(value.size()) <= kIndexedMaxCosts) {
+    improve_indexed(costs, n_items, num_bins, moves, bin_of, value);
   } else {
     improve_by_exchanges_scan(costs, n_items, num_bins, moves, bin_of);
   }
