@@ -29,6 +29,8 @@ class _Processor:
     def __init__(self, split: TokenSplit, plain):
         self.split, self.plain = split, plain
 
+    # Named arguments, not *args/**kwargs: diffusers' Attention passes a processor only the
+    # keyword arguments its __call__ names (it drops the rotary table otherwise).
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  rotary_emb=None, **kwargs):  # fmt: skip
         if self.split.current is None:
