@@ -229,6 +229,15 @@ int64_t Permutation::operator()(int64_t position) const {
 
 namespace {
 
+// Per distinct length (the table's order), whether a sample of it alone breaks a cap: that
+// depends on its length only, so it is decided once per length, not per sample.
+std::vector<uint8_t> over_caps(const StreamTable& t, const PlanOptions& o) {
+  std::vector<uint8_t> over(t.num_lengths());
+  for (int64_t j = 0; j < t.num_lengths(); ++j)
+    over[j] = t.exceeds_caps(t.length(j), o.max_tokens, o.max_cost, o.sequence_parallel.max_degree);
+  return over;
+}
+
 [[noreturn]] void refuse(const StreamTable& t, const PlanOptions& o, int64_t i) {
   invalid("sample " + std::to_string(i) + " has " + std::to_string(t.seq_len(i)) +
           " tokens and alone exceeds max_tokens = " + std::to_string(o.max_tokens) +
@@ -256,18 +265,13 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
     invalid("lookahead_steps * num_replicas * micro_batches_per_step must be <= 2^40, got " +
             std::to_string(o.lookahead_steps) + " * " + std::to_string(per_step));
   const int64_t per_window = per_step * (o.balance ? o.lookahead_steps : 1);
-  const int64_t max_degree = o.sequence_parallel.max_degree;
   // Packing as plan_bucketed packs (pack_groups), counting micro-batches only: each group's
   // open micro-batch, which a sample joins unless that breaks a cap. What a sample's length
   // decides (over a cap, its cost, its group without group ids) is looked up per distinct
   // length, once.
-  const int64_t num_lengths = t.num_lengths();
-  std::vector<uint8_t> over(num_lengths);
-  std::vector<double> cost(num_lengths);
-  for (int64_t j = 0; j < num_lengths; ++j) {
-    over[j] = t.exceeds_caps(t.length(j), o.max_tokens, o.max_cost, max_degree);
-    cost[j] = t.length_cost(j);
-  }
+  const std::vector<uint8_t> over = over_caps(t, o);
+  std::vector<double> cost(t.num_lengths());
+  for (int64_t j = 0; j < t.num_lengths(); ++j) cost[j] = t.length_cost(j);
   std::vector<BatchStats> open(t.num_groups());
   int64_t count = 0;
   Segment seg;
@@ -389,10 +393,7 @@ EpochPlan plan_samples(const StreamTable& t, const PlanOptions& o, const int64_t
   keep.reserve(count);
   lens.reserve(count);
   group.reserve(count);
-  // Whether a sample breaks a cap depends on its length only: decided per distinct length.
-  std::vector<uint8_t> over(t.num_lengths());
-  for (int64_t j = 0; j < t.num_lengths(); ++j)
-    over[j] = t.exceeds_caps(t.length(j), o.max_tokens, o.max_cost, o.sequence_parallel.max_degree);
+  const std::vector<uint8_t> over = over_caps(t, o);
   for (int64_t j = 0; j < count; ++j) {
     const int64_t i = samples[j];
     if (i < 0 || i >= t.size())
