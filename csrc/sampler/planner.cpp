@@ -73,6 +73,46 @@ MicroBatch make_micro_batch(const SampleTable& table, const std::vector<int64_t>
           stats.tokens, padding, static_cast<int32_t>(table.checkpointed_blocks(stats))};
 }
 
+// Whether a micro-batch grown to `grown` (two or more samples) breaks a cap. Under a memory
+// policy a micro-batch of two or more samples grows only while it needs no recomputation: one
+// that would is cut, and its samples run in more micro-batches without it (the same samples,
+// less time); a single sample takes the blocks it needs.
+bool breaks_caps(const SampleTable& table, const PlanOptions& o, const BatchStats& grown,
+                 int64_t grown_ckpt, double grown_cost) {
+  const bool full = o.max_batch_size > 0 && grown.count > o.max_batch_size;
+  return full || grown.tokens > o.max_tokens || grown_ckpt < 0 || grown_cost > o.max_cost ||
+         (table.has_memory_policy() && grown_ckpt > 0);
+}
+
+// pack_groups for a group whose samples all have `len` tokens: whether a sample joins the open
+// micro-batch depends only on how many it holds, so the group is cut every `run` samples, run
+// being the first count at which one more breaks a cap, and no sample is read.
+void pack_uniform(const SampleTable& table, const PlanOptions& o, int64_t len, double f,
+                  int64_t begin, int64_t end, std::vector<MicroBatch>& mbs) {
+  auto micro_batch = [&](int64_t first, int64_t count) {
+    BatchStats stats;
+    for (int64_t j = 0; j < count; ++j) stats.add(len, f);
+    return MicroBatch{
+        first,        first + count, table.stats_cost(stats),
+        stats.tokens, false,         static_cast<int32_t>(table.checkpointed_blocks(stats))};
+  };
+  BatchStats stats;
+  stats.add(len, f);
+  int64_t run = 1;
+  while (begin + run < end) {
+    BatchStats grown = stats;
+    grown.add(len, f);
+    if (breaks_caps(table, o, grown, table.checkpointed_blocks(grown), table.stats_cost(grown)))
+      break;
+    stats = grown;
+    ++run;
+  }
+  const MicroBatch full = micro_batch(begin, run);
+  for (; begin + run <= end; begin += run)
+    mbs.push_back({begin, begin + run, full.cost, full.tokens, false, full.checkpointed});
+  if (begin < end) mbs.push_back(micro_batch(begin, end - begin));
+}
+
 // Greedy packing of each group's samples, in their (shuffled) order, under both caps.
 std::vector<MicroBatch> pack_groups(const SampleTable& table, const PlanOptions& o,
                                     const std::vector<int64_t>& bucketed,
@@ -81,21 +121,20 @@ std::vector<MicroBatch> pack_groups(const SampleTable& table, const PlanOptions&
   for (size_t g = 0; g + 1 < group_begin.size(); ++g) {
     const int64_t end = group_begin[g + 1];
     int64_t begin = group_begin[g];
+    if (begin == end) continue;
+    if (const int64_t len = table.group_uniform_len(static_cast<int64_t>(g)); len > 0) {
+      pack_uniform(table, o, len, table.sample_cost(bucketed[begin]), begin, end, mbs);
+      continue;
+    }
     BatchStats stats;
     double cost = 0.0;
     int64_t ckpt = 0;
-    // Under a memory policy a micro-batch of two or more samples grows only while it needs no
-    // recomputation: one that would is cut, and its samples run in more micro-batches without
-    // it (the same samples, less time); a single sample takes the blocks it needs.
-    const bool free_only = table.has_memory_policy();
     for (int64_t j = begin; j < end; ++j) {
       BatchStats grown = stats;
       grown.add(table.seq_len(bucketed[j]), table.sample_cost(bucketed[j]));
       const int64_t grown_ckpt = table.checkpointed_blocks(grown);
       const double grown_cost = table.stats_cost(grown);
-      const bool full = o.max_batch_size > 0 && grown.count > o.max_batch_size;
-      if (j > begin && (full || grown.tokens > o.max_tokens || grown_ckpt < 0 ||
-                        grown_cost > o.max_cost || (free_only && grown_ckpt > 0))) {
+      if (j > begin && breaks_caps(table, o, grown, grown_ckpt, grown_cost)) {
         mbs.push_back({begin, j, cost, stats.tokens, false, static_cast<int32_t>(ckpt)});
         begin = j;
         grown = BatchStats{};
@@ -514,10 +553,14 @@ SampleTable::SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* grou
   }
   group_max_len_.assign(num_groups_, 0);
   group_size_.assign(num_groups_, 0);
+  group_uniform_len_.assign(num_groups_, -1);  // -1: no sample seen yet
   samples_.resize(n);
   for (int64_t i = 0; i < n; ++i) {
-    group_max_len_[group_[i]] = std::max(group_max_len_[group_[i]], seq_lens[i]);
-    ++group_size_[group_[i]];
+    const int32_t g = group_[i];
+    group_max_len_[g] = std::max(group_max_len_[g], seq_lens[i]);
+    ++group_size_[g];
+    if (group_uniform_len_[g] != seq_lens[i])
+      group_uniform_len_[g] = group_size_[g] == 1 ? seq_lens[i] : 0;
     samples_[i] = {seq_lens[i], cost_.sample_cost(seq_lens[i])};
   }
   for (int64_t g = 0; g < num_groups_; ++g)

@@ -93,6 +93,8 @@ class SampleTable {
   int64_t num_groups() const { return num_groups_; }
   int64_t seq_len(int64_t i) const { return samples_[i].seq_len; }
   int32_t group(int64_t i) const { return group_[i]; }
+  /// The length every sample of group g has, or 0 where its lengths differ.
+  int64_t group_uniform_len(int64_t g) const { return group_uniform_len_[g]; }
   double sample_cost(int64_t i) const { return samples_[i].cost; }
   const CostModel& cost_model() const { return cost_; }
   bool has_memory_policy() const { return has_memory_; }
@@ -148,7 +150,8 @@ class SampleTable {
   std::vector<Sample> samples_;
   std::vector<int32_t> group_;  // dense group id per sample (the caller's, or by length)
   std::vector<int64_t> group_max_len_;
-  std::vector<int64_t> group_size_;  // samples per group
+  std::vector<int64_t> group_uniform_len_;  // per group: its one length, or 0
+  std::vector<int64_t> group_size_;         // samples per group
   int64_t num_groups_ = 0;
   CostModel cost_;
   bool has_memory_ = false;

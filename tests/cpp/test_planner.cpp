@@ -297,6 +297,53 @@ TEST(SampleTable, DefaultMaxCostAdmitsHeaviestAndFullLightGroup) {
   EXPECT_DOUBLE_EQ(short_only.default_max_cost(2000), 20 * 1e4);
 }
 
+TEST(SampleTable, KnowsWhichGroupsHoldOneLength) {
+  const std::vector<int64_t> lens = {10, 10, 20, 30};
+  const std::vector<int64_t> ids = {0, 1, 0, 1};
+  const std::vector<int64_t> same = {0, 0, 1, 1};
+  SampleTable mixed(lens.data(), 4, ids.data(), CostModel::power(1.0));
+  EXPECT_EQ(mixed.group_uniform_len(0), 0);
+  EXPECT_EQ(mixed.group_uniform_len(1), 0);
+  SampleTable uniform(lens.data(), 2, same.data(), CostModel::power(1.0));
+  EXPECT_EQ(uniform.group_uniform_len(0), 10);
+  SampleTable by_length(lens.data(), 4, nullptr, CostModel::power(1.0));
+  EXPECT_EQ(by_length.group_uniform_len(0), 10);
+  EXPECT_EQ(by_length.group_uniform_len(2), 30);
+}
+
+// A group of one length is packed by counting (pack_uniform): every micro-batch holds the
+// count the first binding cap allows, the last what is left; as a group of mixed lengths
+// holding the same samples would be packed one sample at a time.
+TEST(PlanEpochTest, GroupOfOneLengthPacksLikeSampleBySample) {
+  for (int64_t n : {1, 7, 25, 40}) {
+    for (int64_t max_batch_size : {0, 3}) {
+      for (double max_cost : {1e9, 450.0}) {  // 450: four samples of cost 100 fit, five do not
+        const std::vector<int64_t> lens(n, 100);
+        SampleTable table(lens.data(), n, nullptr, CostModel::power(1.0));
+        PlanOptions o;
+        o.max_tokens = 1000;  // ten samples
+        o.max_batch_size = max_batch_size;
+        o.max_cost = max_cost;
+        o.balance = false;
+        o.shuffle = false;
+        const EpochPlan plan = plan_epoch(table, o);
+        int64_t run = 10;
+        if (max_batch_size > 0) run = std::min(run, max_batch_size);
+        if (max_cost < 1e9) run = std::min<int64_t>(run, 4);
+        std::vector<int64_t> sizes;
+        for (size_t m = 0; m + 1 < plan.offsets.size(); ++m)
+          if (!plan.padding[m]) sizes.push_back(plan.offsets[m + 1] - plan.offsets[m]);
+        std::vector<int64_t> expected;
+        for (int64_t left = n; left > 0; left -= run) expected.push_back(std::min(run, left));
+        std::sort(sizes.begin(), sizes.end());
+        std::sort(expected.begin(), expected.end());
+        EXPECT_EQ(sizes, expected)
+            << "n " << n << " max_batch_size " << max_batch_size << " max_cost " << max_cost;
+      }
+    }
+  }
+}
+
 TEST(AssignToRanks, EachBinGetsExactlyPerBinItems) {
   std::mt19937 gen(7);
   std::uniform_real_distribution<double> u(0.1, 10.0);
