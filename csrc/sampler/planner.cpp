@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <queue>
@@ -697,15 +698,16 @@ std::vector<int64_t> decreasing_order(const double* costs, int64_t n_items) {
 
 }  // namespace
 
-std::vector<int64_t> assign_to_ranks(const double* costs, int64_t n_items, int64_t num_bins,
-                                     int64_t per_bin) {
-  if (num_bins < 1 || per_bin < 1 || n_items != num_bins * per_bin)
-    invalid("assign_to_ranks: need n_items == num_bins * per_bin");
-  std::vector<int64_t> order = decreasing_order(costs, n_items);
-  using Bin = std::pair<double, int64_t>;  // (load, bin): ties go to the lower bin
+namespace {
+
+using Bin = std::pair<double, int64_t>;  // (load, bin): ties go to the lower bin
+
+// LPT with a heap of the open bins.
+std::vector<int64_t> lpt_heap(const double* costs, const std::vector<int64_t>& order,
+                              int64_t num_bins, int64_t per_bin) {
   std::priority_queue<Bin, std::vector<Bin>, std::greater<Bin>> open;
   for (int64_t b = 0; b < num_bins; ++b) open.push({0.0, b});
-  std::vector<int64_t> fill(num_bins, 0), bin_of(n_items);
+  std::vector<int64_t> fill(num_bins, 0), bin_of(order.size());
   for (int64_t item : order) {
     auto [load, b] = open.top();
     open.pop();
@@ -713,6 +715,67 @@ std::vector<int64_t> assign_to_ranks(const double* costs, int64_t n_items, int64
     if (++fill[b] < per_bin) open.push({load + costs[item], b});
   }
   return bin_of;
+}
+
+// The same LPT with two sorted queues instead of the heap, for items whose costs come in few
+// runs of equal cost. Within a run of cost c, bins leave in increasing (load, bin) order and
+// come back as (load + c, bin): in increasing order again, so they queue behind one another
+// (`back`), and the least open bin is the lesser of the two queues' fronts. At each new run the
+// queues are merged. Rounding can give two loads one sum and put a higher bin first; there it
+// returns false and the heap decides.
+bool lpt_runs(const double* costs, const std::vector<int64_t>& order, int64_t num_bins,
+              int64_t per_bin, std::vector<int64_t>& bin_of) {
+  std::vector<Bin> front(num_bins), back, merged;
+  for (int64_t b = 0; b < num_bins; ++b) front[b] = {0.0, b};
+  back.reserve(num_bins);
+  std::vector<int64_t> fill(num_bins, 0);
+  bin_of.resize(order.size());
+  size_t f = 0, k = 0;  // the queues' fronts
+  double run = std::numeric_limits<double>::quiet_NaN();
+  for (int64_t item : order) {
+    const double c = costs[item];
+    if (!(c == run)) {
+      merged.clear();
+      std::merge(front.begin() + f, front.end(), back.begin() + k, back.end(),
+                 std::back_inserter(merged));
+      front.swap(merged);
+      back.clear();
+      f = k = 0;
+      run = c;
+    }
+    const Bin least =
+        k < back.size() && (f == front.size() || back[k] < front[f]) ? back[k++] : front[f++];
+    bin_of[item] = least.second;
+    if (++fill[least.second] < per_bin) {
+      const Bin next{least.first + c, least.second};
+      if (!back.empty() && next < back.back()) return false;
+      back.push_back(next);
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<int64_t> assign_to_ranks(const double* costs, int64_t n_items, int64_t num_bins,
+                                     int64_t per_bin) {
+  if (num_bins < 1 || per_bin < 1 || n_items != num_bins * per_bin)
+    invalid("assign_to_ranks: need n_items == num_bins * per_bin");
+  std::vector<int64_t> order = decreasing_order(costs, n_items);
+  // The queues merge once per run of equal costs: worth it while runs are few.
+  int64_t runs = 0;
+  for (int64_t j = 0; j < n_items && runs <= kLptMaxRuns; ++j)
+    runs += j == 0 || costs[order[j]] != costs[order[j - 1]];
+  std::vector<int64_t> bin_of;
+  if (runs <= kLptMaxRuns && lpt_runs(costs, order, num_bins, per_bin, bin_of)) return bin_of;
+  return lpt_heap(costs, order, num_bins, per_bin);
+}
+
+std::vector<int64_t> assign_to_ranks_heap(const double* costs, int64_t n_items, int64_t num_bins,
+                                          int64_t per_bin) {
+  if (num_bins < 1 || per_bin < 1 || n_items != num_bins * per_bin)
+    invalid("assign_to_ranks: need n_items == num_bins * per_bin");
+  return lpt_heap(costs, decreasing_order(costs, n_items), num_bins, per_bin);
 }
 
 std::vector<int64_t> assign_uneven(const double* costs, int64_t n_items, int64_t num_bins) {

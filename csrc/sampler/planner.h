@@ -265,6 +265,14 @@ void plan_bucketed(const SampleTable& table, const PlanOptions& options,
 std::vector<int64_t> assign_to_ranks(const double* costs, int64_t n_items, int64_t num_bins,
                                      int64_t per_bin);
 
+/// Up to this many runs of equal cost (items in decreasing cost), assign_to_ranks keeps its
+/// open bins in two sorted queues merged once per run; with more, in a heap. Same result.
+constexpr int64_t kLptMaxRuns = 64;
+
+/// assign_to_ranks with the heap whatever the runs (what tests compare the queues against).
+std::vector<int64_t> assign_to_ranks_heap(const double* costs, int64_t n_items, int64_t num_bins,
+                                          int64_t per_bin);
+
 /// \brief Assigns n_items >= num_bins costs to num_bins bins, any count >= 1 each,
 /// minimizing the largest bin sum greedily: the num_bins largest items open one bin each,
 /// every further item (in decreasing cost) goes to the least loaded bin (LPT), and then

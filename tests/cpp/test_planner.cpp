@@ -360,6 +360,28 @@ TEST(AssignToRanks, EachBinGetsExactlyPerBinItems) {
   EXPECT_THROW(assign_to_ranks(c.data(), 2, 3, 1), std::invalid_argument);
 }
 
+// Costs in few runs take the two sorted queues; each assignment must be the heap's, item for
+// item, ties and rounding included (1e16 + 1 rounds to 1e16: two loads that add a cost to one
+// sum, where the queues give way to the heap).
+TEST(AssignToRanks, QueuesOfRunsAssignAsTheHeapDoes) {
+  std::mt19937_64 rng(std::random_device{}());
+  const std::vector<double> values = {1.0, 1.0 + 0x1p-52, 3.0, 7.5, 1e16, 1e16 + 2.0, 0.1, 0.2};
+  int64_t checked = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int64_t bins = 1 + static_cast<int64_t>(rng() % 40);
+    const int64_t per_bin = 1 + static_cast<int64_t>(rng() % 6);
+    const int64_t distinct = 1 + static_cast<int64_t>(rng() % values.size());
+    std::vector<double> costs(bins * per_bin);
+    for (double& c : costs) c = values[rng() % distinct];
+    if (trial % 2) std::sort(costs.begin(), costs.end(), std::greater<double>());
+    const auto heap = assign_to_ranks_heap(costs.data(), bins * per_bin, bins, per_bin);
+    const auto queues = assign_to_ranks(costs.data(), bins * per_bin, bins, per_bin);
+    ASSERT_EQ(queues, heap) << "trial " << trial << " bins " << bins << " per_bin " << per_bin;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 400);
+}
+
 TEST(AssignToRanks, MatchesBruteForceOptimumClosely) {
   // 3 bins x 2 items: LPT with cardinality is within 4/3 of optimal; on these small
   // random cases check against exhaustive search.
