@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <memory_resource>
 #include <numeric>
 #include <set>
 #include <utility>
@@ -156,23 +157,43 @@ void improve_indexed(const double* costs, int64_t n_items, int64_t num_bins, boo
   // item of cost v). Among bins of equal load the first item comes first, which is the swap
   // the order prefers.
   using Entry = std::pair<double, int64_t>;
-  std::vector<std::set<Entry>> holders(V);
+  // Nodes come from a pool of this call's own: a round's erases free what its inserts take.
+  std::pmr::unsynchronized_pool_resource pool;
+  std::vector<std::pmr::set<Entry>> holders;
+  holders.reserve(V);
+  for (int64_t v = 0; v < V; ++v) holders.emplace_back(&pool);
   std::vector<int64_t> seen(V, -1);
   int64_t visit = 0;
-  auto index = [&](int64_t x, bool enter) {
+  // f(v, i) for each cost v that bin x holds, i its first item of that cost (members come
+  // increasing: the first of each cost is its least item).
+  auto each_cost = [&](int64_t x, auto&& f) {
     ++visit;
-    for (int64_t i : s.members[x]) {  // increasing: the first of each cost is its least item
+    for (int64_t i : s.members[x]) {
       const int64_t v = value_of[i];
       if (seen[v] == visit) continue;
       seen[v] = visit;
+      f(v, i);
+    }
+  };
+  auto index = [&](int64_t x, bool enter) {
+    each_cost(x, [&](int64_t v, int64_t i) {
       if (enter) {
         holders[v].insert({s.load[x], i});
       } else {
         holders[v].erase({s.load[x], i});
       }
-    }
+    });
   };
-  for (int64_t x = 0; x < num_bins; ++x) index(x, true);
+  {
+    // Built from sorted entries, each inserted at the end: linear, not a search per entry.
+    std::vector<std::vector<Entry>> initial(V);
+    for (int64_t x = 0; x < num_bins; ++x)
+      each_cost(x, [&](int64_t v, int64_t i) { initial[v].push_back({s.load[x], i}); });
+    for (int64_t v = 0; v < V; ++v) {
+      std::sort(initial[v].begin(), initial[v].end());
+      for (const Entry& e : initial[v]) holders[v].insert(holders[v].end(), e);
+    }
+  }
 
   for (int64_t rounds = 0; rounds < 4 * n_items; ++rounds) {
     const int64_t h = s.top();
