@@ -87,16 +87,32 @@ class StreamTable {
   uint64_t digest_ = 0;
 };
 
+/// Instruction sets Permutation::fill has builds for (x86-64; elsewhere only the baseline).
+enum class VectorIsa { kBaseline, kAvx2, kAvx512 };
+
 /// \brief A keyed permutation of [0, n): a Feistel network over the smallest even power of two
 /// >= n, walked until it lands below n. Identity without shuffle.
 class Permutation {
  public:
   Permutation(int64_t n, uint64_t seed, int64_t epoch, bool shuffle);
   int64_t operator()(int64_t position) const;
+  /// out[j] = (*this)(begin + j) for j < count: the same values, a block at a time (the
+  /// network's rounds on several positions at once, in vector registers where the processor
+  /// has them).
+  void fill(int64_t begin, int64_t count, int64_t* out) const;
+  /// As fill, with the build for `isa` (tests compare them); throws where the processor lacks it.
+  void fill_with(VectorIsa isa, int64_t begin, int64_t count, int64_t* out) const;
+  /// Whether this processor runs the build for `isa` (the baseline: always).
+  static bool supports(VectorIsa isa);
   int64_t size() const { return n_; }
+
+  /// The network's rounds on `count` values in place, as one build has them.
+  using FeistelFn = void (*)(uint64_t* x, int64_t count, const uint64_t* keys, int half_bits,
+                             uint64_t mask);
 
  private:
   uint64_t feistel(uint64_t x) const;
+  void fill_blocks(FeistelFn rounds, int64_t begin, int64_t count, int64_t* out) const;
   int64_t n_;
   bool identity_;
   int half_bits_ = 1;

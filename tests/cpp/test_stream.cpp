@@ -44,6 +44,60 @@ TEST(Permutation, IsABijectionKeyedBySeedAndEpoch) {
   for (int64_t x = 0; x < n; ++x) ASSERT_EQ(off(x), x);
 }
 
+// The permutation's values are pinned: a streamed epoch's order, and so every resumed state,
+// depends on them. These are the values of the first implementation.
+TEST(Permutation, ValuesArePinned) {
+  const std::vector<int64_t> small = {984, 619, 829, 824, 152, 871, 658, 790};
+  const std::vector<int64_t> large = {1883578, 9326572, 8050061, 6498186,
+                                      87534,   6955670, 8766952, 7861695};
+  const Permutation a(1000, 7, 3, true), b(10000000, 7, 3, true);
+  std::vector<int64_t> got(8);
+  for (int64_t x = 0; x < 8; ++x) {
+    EXPECT_EQ(a(x), small[x]);
+    EXPECT_EQ(b(x), large[x]);
+  }
+  b.fill(0, 8, got.data());
+  EXPECT_EQ(got, large);
+}
+
+// fill (blocks of positions, the rounds in vector registers, cycle walking gathered) gives
+// what operator() gives position by position, for every build this processor runs, at block
+// edges and with the walk's second and third rounds.
+TEST(Permutation, FillGivesWhatEachPositionGives) {
+  std::mt19937_64 gen(11);
+  for (int64_t n :
+       {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{3}, int64_t{17}, int64_t{255}, int64_t{256},
+        int64_t{257}, int64_t{4097}, int64_t{100003}, (int64_t{1} << 20) + 3}) {
+    for (bool shuffle : {true, false}) {
+      const Permutation p(n, gen(), static_cast<int64_t>(gen() % 5), shuffle);
+      std::vector<int64_t> want(n);
+      for (int64_t x = 0; x < n; ++x) want[x] = p(x);
+      for (VectorIsa isa : {VectorIsa::kBaseline, VectorIsa::kAvx2, VectorIsa::kAvx512}) {
+        if (!Permutation::supports(isa)) continue;
+        std::vector<int64_t> got(n, -1);
+        p.fill_with(isa, 0, n, got.data());
+        ASSERT_EQ(got, want) << "n = " << n << ", build " << static_cast<int>(isa);
+        for (int trial = 0; trial < 20 && n > 0; ++trial) {
+          const int64_t begin = static_cast<int64_t>(gen() % n);
+          const int64_t count = static_cast<int64_t>(gen() % (n - begin + 1));
+          std::vector<int64_t> part(count + 1, -7);
+          p.fill_with(isa, begin, count, part.data());
+          for (int64_t j = 0; j < count; ++j)
+            ASSERT_EQ(part[j], want[begin + j]) << "n = " << n << ", position " << begin + j;
+          ASSERT_EQ(part[count], -7) << "fill wrote past its count";
+        }
+      }
+      std::vector<int64_t> got(n, -1);
+      p.fill(0, n, got.data());
+      ASSERT_EQ(got, want);
+      int64_t out[2];
+      EXPECT_THROW(p.fill(n, 1, out), std::invalid_argument);
+      EXPECT_THROW(p.fill(-1, 1, out), std::invalid_argument);
+    }
+  }
+  EXPECT_TRUE(Permutation::supports(VectorIsa::kBaseline));
+}
+
 TEST(StreamTable, AgreesWithSampleTable) {
   std::vector<int64_t> lens = wan_mix(5000, 3);
   lens[17] = 200000;  // one over the cap

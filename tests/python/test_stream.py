@@ -309,10 +309,11 @@ def test_balance_report_streams_the_whole_epoch():
         merge_reports([])
 
 
-@pytest.mark.parametrize("skip", [False, True])
-def test_segments_planned_by_workers_equal_one_by_one(skip):
-    """``segments(workers=3)`` plans segments on threads while the next one is cut: the same
-    segments (bounds, steps, every array of every plan, skipped samples) as one by one."""
+@pytest.mark.parametrize("skip,workers", [(False, 2), (False, 3), (True, 3)])
+def test_segments_planned_by_workers_equal_one_by_one(skip, workers):
+    """``segments(workers=...)`` plans segments on threads while the next one is cut (one
+    thread fewer while cutting): the same segments (bounds, steps, every array of every plan,
+    skipped samples) as one by one."""
     rng = np.random.default_rng()
     lens = lengths(int(rng.integers(3000, 9000)), seed=int(rng.integers(1000)))
     kw = dict(micro_batches_per_step=int(rng.choice([1, 2])), seed=int(rng.integers(100)))
@@ -323,7 +324,7 @@ def test_segments_planned_by_workers_equal_one_by_one(skip):
         warnings.simplefilter("ignore")
         s = sampler(lens, **kw)
     one = list(s.segments())
-    many = list(s.segments(workers=3))
+    many = list(s.segments(workers=workers))
     assert len(one) == len(many) > 2
     for a, b in zip(one, many, strict=True):
         assert (a.index, a.begin, a.end, a.steps_before) == (

@@ -307,15 +307,36 @@ class StreamingBatchSampler:
     def _segments_on_threads(self, settings, epoch, workers) -> Iterator[Segment]:
         """``segments`` with a pool: this thread cuts segment after segment (``cut_segment``;
         where each ends depends on where it begins), the pool plans each as cut (``plan_cut``
-        with the segment's index as key, what ``plan_segment`` does)."""
+        with the segment's index as key, what ``plan_segment`` does). The cutting is the
+        epoch's one serial part, so the pool plans on ``workers - 1`` threads at a time while
+        this thread cuts, on all ``workers`` while it waits for a plan or once it has cut the
+        last segment."""
+        import threading
         from collections import deque
         from concurrent.futures import ThreadPoolExecutor
 
         o = settings.plan_options(epoch)
         n = len(self.seq_lens)
+        turn = threading.Condition()
+        running, limit = 0, workers - 1
 
         def plan(index, cut):
-            return self._plan(settings, _sampler.plan_cut(self._table, o, cut, index))
+            nonlocal running
+            with turn:
+                turn.wait_for(lambda: running < limit)
+                running += 1
+            try:
+                return self._plan(settings, _sampler.plan_cut(self._table, o, cut, index))
+            finally:
+                with turn:
+                    running -= 1
+                    turn.notify_all()
+
+        def planners(count):
+            nonlocal limit
+            with turn:
+                limit = count
+                turn.notify_all()
 
         with ThreadPoolExecutor(workers) as pool:
             pending = deque()
@@ -324,17 +345,23 @@ class StreamingBatchSampler:
             def ready():
                 nonlocal steps_before
                 i, b, e, future = pending.popleft()
-                seg = Segment(i, b, e, steps_before, future.result())
+                planners(workers)  # this thread waits: its core plans meanwhile
+                plan_ = future.result()
+                planners(workers - 1)
+                seg = Segment(i, b, e, steps_before, plan_)
                 steps_before += seg.plan.num_steps
                 return seg
 
-            while begin < n:
-                cut = _sampler.cut_segment(self._table, o, begin, settings.segment_samples)
-                end = cut.end
-                pending.append((index, begin, end, pool.submit(plan, index, cut)))
-                index, begin = index + 1, end
-                if len(pending) > workers:
-                    yield ready()
+            try:
+                while begin < n:
+                    cut = _sampler.cut_segment(self._table, o, begin, settings.segment_samples)
+                    end = cut.end
+                    pending.append((index, begin, end, pool.submit(plan, index, cut)))
+                    index, begin = index + 1, end
+                    if len(pending) > workers:
+                        yield ready()
+            finally:
+                planners(workers)
             while pending:
                 yield ready()
 
