@@ -570,6 +570,28 @@ SampleTable::SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* grou
               ": group ids must be dense, in [0, number of groups)");
 }
 
+SampleTable SampleTable::of_lengths(const int32_t* length_of, const int64_t* lengths,
+                                    const double* costs, const int32_t* group_ids, int64_t n,
+                                    int64_t num_groups, const CostModel& cost) {
+  SampleTable t;
+  t.cost_ = cost;
+  t.num_groups_ = num_groups;
+  t.samples_.reserve(n);
+  t.group_.assign(group_ids, group_ids + n);
+  t.group_max_len_.assign(num_groups, 0);
+  t.group_size_.assign(num_groups, 0);
+  t.group_uniform_len_.assign(num_groups, -1);  // -1: no sample seen yet
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = lengths[length_of[i]];
+    const int32_t g = group_ids[i];
+    t.group_max_len_[g] = std::max(t.group_max_len_[g], len);
+    ++t.group_size_[g];
+    if (t.group_uniform_len_[g] != len) t.group_uniform_len_[g] = t.group_size_[g] == 1 ? len : 0;
+    t.samples_.push_back({len, costs[length_of[i]]});
+  }
+  return t;
+}
+
 double SampleTable::stats_cost(const BatchStats& b) const {
   const double cost = cost_.batch_cost(b);
   if (!has_memory_) return cost;

@@ -89,6 +89,14 @@ class SampleTable {
   SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* group_ids, CostModel cost,
               const MemoryPolicy* memory = nullptr);
 
+  /// \brief A table of samples whose lengths were validated already (a streamed segment's,
+  /// stream.h), built in one pass without checks: sample i has the `length_of[i]`-th of the
+  /// distinct `lengths`, whose f(S) is `costs[length_of[i]]`, and group `group_ids[i]`, dense
+  /// in [0, num_groups) with every id used. No memory policy.
+  static SampleTable of_lengths(const int32_t* length_of, const int64_t* lengths,
+                                const double* costs, const int32_t* group_ids, int64_t n,
+                                int64_t num_groups, const CostModel& cost);
+
   int64_t size() const { return static_cast<int64_t>(samples_.size()); }
   int64_t num_groups() const { return num_groups_; }
   int64_t seq_len(int64_t i) const { return samples_[i].seq_len; }
@@ -141,6 +149,8 @@ class SampleTable {
                                         int64_t max_degree = 1) const;
 
  private:
+  SampleTable() = default;
+
   // Length and f(S) side by side: planning reads both for samples in random order,
   // so one cache line serves both.
   struct Sample {

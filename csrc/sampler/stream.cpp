@@ -401,7 +401,7 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
   const int64_t least = std::min(n - begin, min_samples);  // no overflow for any min_samples
   const int64_t expected = std::min(n - begin, least + least / 4) + prefix_count;
   seg.samples.reserve(expected);
-  seg.lengths.reserve(expected);
+  seg.length_of.reserve(expected);
   seg.groups.reserve(expected);
   auto take = [&](int64_t i, int64_t len, int64_t g) {
     const int64_t j = t.length_index(len);
@@ -412,7 +412,7 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
     }
     if (g < 0) g = j;  // without group ids the key is the length
     seg.samples.push_back(i);
-    seg.lengths.push_back(len);
+    seg.length_of.push_back(static_cast<int32_t>(j));
     seg.groups.push_back(static_cast<int32_t>(g));
     BatchStats& mb = open[g];
     BatchStats grown = mb;
@@ -464,10 +464,11 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
 
 namespace {
 
-// The plan of samples `keep` within the caps, with their lengths and groups as read (`skipped`:
-// those left out), as plan_epoch plans an epoch of them.
+// The plan of samples `keep` within the caps, with their lengths (as indices among the table's
+// distinct lengths) and groups as read (`skipped`: those left out), as plan_epoch plans an
+// epoch of them.
 EpochPlan plan_kept(const StreamTable& t, const PlanOptions& o, std::vector<int64_t>&& keep,
-                    const std::vector<int64_t>& lens, std::vector<int32_t>&& group,
+                    std::vector<int32_t>&& length_of, std::vector<int32_t>&& group,
                     std::vector<int64_t>&& skipped, uint64_t key) {
   EpochPlan plan;
   plan.skipped = std::move(skipped);
@@ -479,19 +480,21 @@ EpochPlan plan_kept(const StreamTable& t, const PlanOptions& o, std::vector<int6
   int64_t G = 0;
   for (int32_t& id : local_id)
     if (id == 0) id = static_cast<int32_t>(G++);
-  std::vector<int64_t> ids(c);
-  for (int64_t j = 0; j < c; ++j) ids[j] = local_id[group[j]];
-  std::vector<int32_t>().swap(group);
-  const SampleTable local(lens.data(), c, ids.data(), t.cost_model());
+  for (int32_t& g : group) g = local_id[g];
+  const SampleTable local =
+      SampleTable::of_lengths(length_of.data(), t.lengths_data(), t.length_costs_data(),
+                              group.data(), c, G, t.cost_model());
+  std::vector<int32_t>().swap(length_of);
   // Grouped in the given order (a stable counting sort): packing takes each group as given.
   std::vector<int64_t> group_begin(G + 1, 0);
-  for (int64_t g : ids) ++group_begin[g + 1];
+  for (int32_t g : group) ++group_begin[g + 1];
   for (int64_t g = 0; g < G; ++g) group_begin[g + 1] += group_begin[g];
   std::vector<int64_t> bucketed(c);
   {
     std::vector<int64_t> next(group_begin.begin(), group_begin.end() - 1);
-    for (int64_t j = 0; j < c; ++j) bucketed[next[ids[j]]++] = j;
+    for (int64_t j = 0; j < c; ++j) bucketed[next[group[j]]++] = j;
   }
+  std::vector<int32_t>().swap(group);
   Rng order_rng(o.seed + 0x9e3779b97f4a7c15ULL * (key + 1), 2 * static_cast<uint64_t>(o.epoch) + 1);
   plan_bucketed(local, o, bucketed, group_begin, order_rng, plan);
   for (int64_t& s : plan.samples) s = keep[s];
@@ -501,19 +504,19 @@ EpochPlan plan_kept(const StreamTable& t, const PlanOptions& o, std::vector<int6
 }  // namespace
 
 EpochPlan plan_segment(const StreamTable& t, const PlanOptions& o, Segment&& seg, uint64_t key) {
-  if (seg.lengths.size() != seg.samples.size() || seg.groups.size() != seg.samples.size())
+  if (seg.length_of.size() != seg.samples.size() || seg.groups.size() != seg.samples.size())
     invalid("plan_segment: the segment's lengths and groups do not match its samples");
-  return plan_kept(t, o, std::move(seg.samples), seg.lengths, std::move(seg.groups),
+  return plan_kept(t, o, std::move(seg.samples), std::move(seg.length_of), std::move(seg.groups),
                    std::move(seg.skipped), key);
 }
 
 EpochPlan plan_samples(const StreamTable& t, const PlanOptions& o, const int64_t* samples,
                        int64_t count, uint64_t key) {
   if (count < 0 || (count > 0 && samples == nullptr)) invalid("plan_samples: no samples given");
-  std::vector<int64_t> keep, lens, skipped;
-  std::vector<int32_t> group;
+  std::vector<int64_t> keep, skipped;
+  std::vector<int32_t> length_of, group;
   keep.reserve(count);
-  lens.reserve(count);
+  length_of.reserve(count);
   group.reserve(count);
   const std::vector<uint8_t> over = over_caps(t, o);
   for (int64_t j = 0; j < count; ++j) {
@@ -521,17 +524,18 @@ EpochPlan plan_samples(const StreamTable& t, const PlanOptions& o, const int64_t
     if (i < 0 || i >= t.size())
       invalid("sample index " + std::to_string(i) + " out of range (" + std::to_string(t.size()) +
               " samples)");
-    const int64_t len = t.seq_len(i);
-    if (over[t.length_index(len)]) {
+    const int64_t x = t.length_index(t.seq_len(i));
+    if (over[x]) {
       if (o.oversize != OversizePolicy::kSkip) refuse(t, o, i);
       skipped.push_back(i);
       continue;
     }
     keep.push_back(i);
-    lens.push_back(len);
+    length_of.push_back(static_cast<int32_t>(x));
     group.push_back(t.group(i));
   }
-  return plan_kept(t, o, std::move(keep), lens, std::move(group), std::move(skipped), key);
+  return plan_kept(t, o, std::move(keep), std::move(length_of), std::move(group),
+                   std::move(skipped), key);
 }
 
 }  // namespace adaptiveload

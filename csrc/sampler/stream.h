@@ -60,6 +60,8 @@ class StreamTable {
   int64_t num_lengths() const { return static_cast<int64_t>(lengths_.size()); }
   int64_t length(int64_t j) const { return lengths_[j]; }
   double length_cost(int64_t j) const { return length_cost_[j]; }
+  const int64_t* lengths_data() const { return lengths_.data(); }
+  const double* length_costs_data() const { return length_cost_.data(); }
 
   /// As SampleTable::default_max_cost (no memory policy), over the same data.
   double default_max_cost(int64_t max_tokens, int64_t max_batch_size = 0) const;
@@ -124,10 +126,11 @@ class Permutation {
 struct Segment {
   int64_t begin = 0;
   int64_t end = 0;
-  std::vector<int64_t> samples;  ///< its samples in permutation order, those over a cap left out
-  std::vector<int64_t> lengths;  ///< the length of each of `samples`, as read
-  std::vector<int32_t> groups;   ///< the group of each of `samples`, as read
-  std::vector<int64_t> skipped;  ///< its samples over a cap (OversizePolicy::kSkip)
+  std::vector<int64_t> samples;    ///< its samples in permutation order, those over a cap left out
+  std::vector<int32_t> length_of;  ///< the length of each of `samples`, as read: its index
+                                   ///< among the table's distinct lengths
+  std::vector<int32_t> groups;     ///< the group of each of `samples`, as read
+  std::vector<int64_t> skipped;    ///< its samples over a cap (OversizePolicy::kSkip)
 };
 
 /// \brief The segment that starts at position `begin`: at least `min_samples` positions
