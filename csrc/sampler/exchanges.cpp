@@ -3,9 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <memory_resource>
+#include <limits>
 #include <numeric>
-#include <set>
 #include <utility>
 
 namespace adaptiveload {
@@ -144,24 +143,62 @@ void improve_by_exchanges_scan(const double* costs, int64_t n_items, int64_t num
 
 namespace {
 
+// Per cost v, the least load of the bins holding an item of cost v, kept by item: a tree of
+// minima over the items of cost v in increasing order, whose leaf is the load of the item's bin
+// where the item is its bin's first of cost v (one leaf per holding bin) and +inf elsewhere.
+class MinTree {
+ public:
+  explicit MinTree(int64_t leaves) {
+    while (size_ < leaves) size_ *= 2;
+    node_.assign(2 * size_, std::numeric_limits<double>::infinity());
+  }
+  // Sets leaf k without updating the minima above (build() does them all at once).
+  void put(int64_t k, double value) { node_[size_ + k] = value; }
+  void build() {
+    for (int64_t k = size_ - 1; k >= 1; --k) node_[k] = std::min(node_[2 * k], node_[2 * k + 1]);
+  }
+  void set(int64_t k, double value) {
+    k += size_;
+    node_[k] = value;
+    for (k /= 2; k >= 1; k /= 2) {
+      const double m = std::min(node_[2 * k], node_[2 * k + 1]);
+      if (node_[k] == m) break;  // the minima above are unchanged
+      node_[k] = m;
+    }
+  }
+  double least() const { return node_[1]; }
+  // The first leaf whose value passes `ok`, a test true up to some bound and false above it
+  // (so a subtree holds such a leaf where its minimum passes); -1 where none does.
+  template <class Ok>
+  int64_t first(Ok ok) const {
+    if (!ok(node_[1])) return -1;
+    int64_t k = 1;
+    while (k < size_) k = ok(node_[2 * k]) ? 2 * k : 2 * k + 1;
+    return k - size_;
+  }
+
+ private:
+  int64_t size_ = 1;
+  std::vector<double> node_;  // node_[1] the root, leaves from size_
+};
+
 // improve_by_exchanges_indexed, given the distinct costs, increasing.
 void improve_indexed(const double* costs, int64_t n_items, int64_t num_bins, bool moves,
                      std::vector<int64_t>& bin_of, const std::vector<double>& value) {
   const int64_t V = static_cast<int64_t>(value.size());
-  std::vector<int64_t> value_of(n_items);
-  for (int64_t i = 0; i < n_items; ++i)
-    value_of[i] = std::lower_bound(value.begin(), value.end(), costs[i]) - value.begin();
+  std::vector<int64_t> value_of(n_items), leaf(n_items);
+  std::vector<std::vector<int64_t>> items_of(V);  // per cost, its items increasing
+  for (int64_t i = 0; i < n_items; ++i) {
+    const int64_t v = std::lower_bound(value.begin(), value.end(), costs[i]) - value.begin();
+    value_of[i] = v;
+    leaf[i] = static_cast<int64_t>(items_of[v].size());
+    items_of[v].push_back(i);
+  }
 
   Bins s(costs, n_items, num_bins, bin_of);
-  // Per cost v, the bins holding an item of it, by increasing load: (load, that bin's first
-  // item of cost v). Among bins of equal load the first item comes first, which is the swap
-  // the order prefers.
-  using Entry = std::pair<double, int64_t>;
-  // Nodes come from a pool of this call's own: a round's erases free what its inserts take.
-  std::pmr::unsynchronized_pool_resource pool;
-  std::vector<std::pmr::set<Entry>> holders;
-  holders.reserve(V);
-  for (int64_t v = 0; v < V; ++v) holders.emplace_back(&pool);
+  std::vector<MinTree> tree;
+  tree.reserve(V);
+  for (int64_t v = 0; v < V; ++v) tree.emplace_back(static_cast<int64_t>(items_of[v].size()));
   std::vector<int64_t> seen(V, -1);
   int64_t visit = 0;
   // f(v, i) for each cost v that bin x holds, i its first item of that cost (members come
@@ -175,25 +212,13 @@ void improve_indexed(const double* costs, int64_t n_items, int64_t num_bins, boo
       f(v, i);
     }
   };
+  for (int64_t x = 0; x < num_bins; ++x)
+    each_cost(x, [&](int64_t v, int64_t i) { tree[v].put(leaf[i], s.load[x]); });
+  for (MinTree& t : tree) t.build();
   auto index = [&](int64_t x, bool enter) {
-    each_cost(x, [&](int64_t v, int64_t i) {
-      if (enter) {
-        holders[v].insert({s.load[x], i});
-      } else {
-        holders[v].erase({s.load[x], i});
-      }
-    });
+    const double load = enter ? s.load[x] : std::numeric_limits<double>::infinity();
+    each_cost(x, [&](int64_t v, int64_t i) { tree[v].set(leaf[i], load); });
   };
-  {
-    // Built from sorted entries, each inserted at the end: linear, not a search per entry.
-    std::vector<std::vector<Entry>> initial(V);
-    for (int64_t x = 0; x < num_bins; ++x)
-      each_cost(x, [&](int64_t v, int64_t i) { initial[v].push_back({s.load[x], i}); });
-    for (int64_t v = 0; v < V; ++v) {
-      std::sort(initial[v].begin(), initial[v].end());
-      for (const Entry& e : initial[v]) holders[v].insert(holders[v].end(), e);
-    }
-  }
 
   for (int64_t rounds = 0; rounds < 4 * n_items; ++rounds) {
     const int64_t h = s.top();
@@ -201,16 +226,21 @@ void improve_indexed(const double* costs, int64_t n_items, int64_t num_bins, boo
     for (int64_t a : s.members[h]) {
       for (int64_t v = 0; v < value_of[a]; ++v) {
         const double d = costs[a] - value[v];  // the same double as costs[a] - costs[b]
-        for (const Entry& e : holders[v]) {
-          const int64_t x = bin_of[e.second];
-          if (x == h) continue;
-          const double after = std::max(s.load[h] - d, e.first + d);
-          if (after > best.after) break;  // and every heavier bin of cost v
-          // A tie wins only over a swap of this same a with a later item (items of h come in
-          // increasing order, and a's swaps before its moves).
-          if (after == best.after && (best.give != a || best.kind != 0)) break;
-          best.consider(after, a, 0, e.second, e.second, x);
-        }
+        auto after_with = [&](double load) { return std::max(s.load[h] - d, load + d); };
+        // The lightest bin holding cost v gives the least larger sum. Where that is h itself
+        // (or a bin as loaded), the sum is above load[h] and nothing is taken: bins other than
+        // h need no test.
+        const double after = after_with(tree[v].least());
+        if (after > best.after) continue;
+        // A tie wins only over a swap of this same a with a later item (items of h come in
+        // increasing order, and a's swaps before its moves).
+        if (after == best.after && (best.give != a || best.kind != 0)) continue;
+        // The bins whose sum ties with it are those of load up to some bound (the larger sum
+        // does not decrease with the load: rounded addition is monotone); the swap takes the
+        // least item among them, the first leaf that ties.
+        const int64_t b =
+            items_of[v][tree[v].first([&](double load) { return after_with(load) <= after; })];
+        best.consider(after, a, 0, b, b, bin_of[b]);
       }
       if (moves && s.count[h] >= 2) consider_moves(s, h, a, best);
     }

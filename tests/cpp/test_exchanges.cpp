@@ -69,6 +69,24 @@ TEST(Exchanges, IndexFindsTheScansExchanges) {
   EXPECT_GT(changed, 100);  // the cases exercise exchanges, not only starts already balanced
 }
 
+// The planner's regime: a step of 1,024 ranks, 4 micro-batches each, a handful of costs, so
+// that the bins tied for the best swap run to hundreds and the least item among them decides.
+TEST(Exchanges, IndexFindsTheScansExchangesAtAThousandRanks) {
+  std::mt19937_64 rng(20261205);
+  int64_t changed = 0;
+  for (int trial = 0; trial < 12; ++trial) {
+    const bool moves = trial % 2 == 1;
+    Case c = draw(rng, 1024, 4, 3 + trial % 5, moves, true);
+    const int64_t n = static_cast<int64_t>(c.costs.size());
+    std::vector<int64_t> scan = c.bins, indexed = c.bins;
+    improve_by_exchanges_scan(c.costs.data(), n, c.num_bins, moves, scan);
+    improve_by_exchanges_indexed(c.costs.data(), n, c.num_bins, moves, indexed);
+    ASSERT_EQ(scan, indexed) << "trial " << trial;
+    changed += scan != c.bins;
+  }
+  EXPECT_GE(changed, 6);  // most steps exchange
+}
+
 TEST(Exchanges, ManyDistinctCostsAreScannedAndAgree) {
   std::mt19937_64 rng(7);
   std::uniform_real_distribution<double> u(1.0, 100.0);
