@@ -22,12 +22,14 @@ struct Bins {
 
   Bins(const double* c, int64_t n_items, int64_t num_bins, const std::vector<int64_t>& bin_of)
       : costs(c), load(num_bins, 0.0), count(num_bins, 0), members(num_bins), by_load(num_bins) {
-    for (int64_t i = 0; i < n_items; ++i) {
-      load[bin_of[i]] += costs[i], ++count[bin_of[i]];
-      members[bin_of[i]].push_back(i);
-    }
-    std::iota(by_load.begin(), by_load.end(), 0);
-    std::sort(by_load.begin(), by_load.end(), [&](int64_t x, int64_t y) { return lighter(x, y); });
+    for (int64_t i = 0; i < n_items; ++i) load[bin_of[i]] += costs[i], ++count[bin_of[i]];
+    for (int64_t x = 0; x < num_bins; ++x) members[x].reserve(count[x]);
+    for (int64_t i = 0; i < n_items; ++i) members[bin_of[i]].push_back(i);
+    // Sorted as (load, bin) pairs side by side: the order lighter() defines.
+    std::vector<std::pair<double, int64_t>> order(num_bins);
+    for (int64_t x = 0; x < num_bins; ++x) order[x] = {load[x], x};
+    std::sort(order.begin(), order.end());
+    for (int64_t x = 0; x < num_bins; ++x) by_load[x] = order[x].second;
   }
 
   bool lighter(int64_t x, int64_t y) const {
@@ -65,7 +67,10 @@ void apply(Bins& s, int64_t h, const Best& e, std::vector<int64_t>& bin_of) {
     v.insert(std::lower_bound(v.begin(), v.end(), i), i);
   };
   const double d = s.costs[e.give] - (e.take >= 0 ? s.costs[e.take] : 0.0);
-  for (int64_t x : {h, e.to}) s.by_load.erase(std::find(s.by_load.begin(), s.by_load.end(), x));
+  auto by_lighter = [&](int64_t p, int64_t q) { return s.lighter(p, q); };
+  // by_load is in lighter() order of the loads before the exchange: each bin found by bisection.
+  for (int64_t x : {h, e.to})
+    s.by_load.erase(std::lower_bound(s.by_load.begin(), s.by_load.end(), x, by_lighter));
   bin_of[e.give] = e.to;
   drop(s.members[h], e.give);
   add(s.members[e.to], e.give);
@@ -80,9 +85,7 @@ void apply(Bins& s, int64_t h, const Best& e, std::vector<int64_t>& bin_of) {
   s.load[h] -= d;
   s.load[e.to] += d;
   for (int64_t x : {h, e.to})
-    s.by_load.insert(std::lower_bound(s.by_load.begin(), s.by_load.end(), x,
-                                      [&](int64_t p, int64_t q) { return s.lighter(p, q); }),
-                     x);
+    s.by_load.insert(std::lower_bound(s.by_load.begin(), s.by_load.end(), x, by_lighter), x);
 }
 
 // Moves of an item a of h: the larger sum max(load[h] - c, load[x] + c) does not decrease
