@@ -395,6 +395,21 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
   std::vector<double> cost(t.num_lengths());
   for (int64_t j = 0; j < t.num_lengths(); ++j) cost[j] = t.length_cost(j);
   std::vector<BatchStats> open(t.num_groups());
+  auto breaks = [&](const BatchStats& grown) {
+    return (o.max_batch_size > 0 && grown.count > o.max_batch_size) ||
+           grown.tokens > o.max_tokens || t.cost_model().batch_cost(grown) > o.max_cost;
+  };
+  // Per distinct length, without group ids: the open micro-batch's count, the first count at
+  // which one more sample breaks a cap (-1 until met), and the stats of the largest count
+  // found within the caps so far.
+  std::vector<int64_t> open_count, run;
+  std::vector<BatchStats> probe;
+  if (!t.has_group_ids()) {
+    open_count.assign(t.num_lengths(), 0);
+    run.assign(t.num_lengths(), -1);
+    probe.resize(t.num_lengths());
+    for (int64_t j = 0; j < t.num_lengths(); ++j) probe[j].add(t.length(j), cost[j]);
+  }
   int64_t count = 0;
   Segment seg;
   seg.begin = begin;
@@ -410,16 +425,37 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
       seg.skipped.push_back(i);
       return;
     }
-    if (g < 0) g = j;  // without group ids the key is the length
     seg.samples.push_back(i);
     seg.length_of.push_back(static_cast<int32_t>(j));
+    if (g < 0) {
+      // Without group ids the key is the length: the group's micro-batches hold one length, so
+      // whether a sample joins depends only on how many the open one holds (`run`, once known).
+      seg.groups.push_back(static_cast<int32_t>(j));
+      int64_t& held = open_count[j];
+      if (held == 0 || held == run[j]) {
+        ++count;
+        held = 1;
+        return;
+      }
+      if (run[j] < 0 && held == probe[j].count) {
+        BatchStats grown = probe[j];
+        grown.add(len, cost[j]);
+        if (breaks(grown)) {
+          run[j] = held;
+          ++count;
+          held = 1;
+          return;
+        }
+        probe[j] = grown;
+      }
+      ++held;
+      return;
+    }
     seg.groups.push_back(static_cast<int32_t>(g));
     BatchStats& mb = open[g];
     BatchStats grown = mb;
     grown.add(len, cost[j]);
-    const bool cut = mb.count == 0 || (o.max_batch_size > 0 && grown.count > o.max_batch_size) ||
-                     grown.tokens > o.max_tokens || t.cost_model().batch_cost(grown) > o.max_cost;
-    if (cut) {
+    if (mb.count == 0 || breaks(grown)) {
       ++count;
       mb = BatchStats{};
       mb.add(len, cost[j]);

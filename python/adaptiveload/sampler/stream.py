@@ -281,7 +281,7 @@ class StreamingBatchSampler:
         """Every segment of ``epoch`` (default the current) from its start, in order: the whole
         epoch, a segment at a time (reports, tests). ``workers`` > 1 plans up to that many
         segments at once on threads while the next one is cut (the planner releases the GIL;
-        the same segments, at most ``workers + 1`` held at a time)."""
+        the same segments, at most ``2 * workers + 1`` held at a time)."""
         epoch = self.epoch if epoch is None else epoch
         workers = int_arg("workers", workers, 1)
         if workers == 1:
@@ -310,7 +310,8 @@ class StreamingBatchSampler:
         with the segment's index as key, what ``plan_segment`` does). The cutting is the
         epoch's one serial part, so the pool plans on ``workers - 1`` threads at a time while
         this thread cuts, on all ``workers`` while it waits for a plan or once it has cut the
-        last segment."""
+        last segment; up to ``2 * workers`` cut segments wait for a planner, so that the
+        cutting runs ahead."""
         import threading
         from collections import deque
         from concurrent.futures import ThreadPoolExecutor
@@ -358,7 +359,7 @@ class StreamingBatchSampler:
                     end = cut.end
                     pending.append((index, begin, end, pool.submit(plan, index, cut)))
                     index, begin = index + 1, end
-                    if len(pending) > workers:
+                    if len(pending) > 2 * workers:
                         yield ready()
             finally:
                 planners(workers)
