@@ -232,8 +232,6 @@ inline __attribute__((always_inline)) void feistel_rounds(uint64_t* x, int64_t c
   }
 }
 
-using FeistelBlock = Permutation::FeistelFn;
-
 void feistel_baseline(uint64_t* x, int64_t count, const uint64_t* keys, int half_bits,
                       uint64_t mask) {
   feistel_rounds(x, count, keys, half_bits, mask);
@@ -252,7 +250,7 @@ __attribute__((target("avx512f,avx512dq"))) void feistel_avx512(uint64_t* x, int
 }
 #endif
 
-FeistelBlock feistel_for(VectorIsa isa) {
+Permutation::FeistelFn feistel_for(VectorIsa isa) {
   switch (isa) {
 #if defined(__GNUC__) && defined(__x86_64__)
     case VectorIsa::kAvx512:
@@ -271,7 +269,7 @@ VectorIsa best_isa() {
   return VectorIsa::kBaseline;
 }
 
-const FeistelBlock feistel_best = feistel_for(best_isa());
+const Permutation::FeistelFn feistel_best = feistel_for(best_isa());
 
 }  // namespace
 

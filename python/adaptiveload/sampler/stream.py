@@ -343,12 +343,14 @@ class StreamingBatchSampler:
             pending = deque()
             index, begin, steps_before = 0, 0, 0
 
-            def ready():
+            def ready(cutting=False):
                 nonlocal steps_before
                 i, b, e, future = pending.popleft()
-                planners(workers)  # this thread waits: its core plans meanwhile
+                if cutting:
+                    planners(workers)  # this thread waits: its core plans meanwhile
                 plan_ = future.result()
-                planners(workers - 1)
+                if cutting:
+                    planners(workers - 1)
                 seg = Segment(i, b, e, steps_before, plan_)
                 steps_before += seg.plan.num_steps
                 return seg
@@ -360,7 +362,7 @@ class StreamingBatchSampler:
                     pending.append((index, begin, end, pool.submit(plan, index, cut)))
                     index, begin = index + 1, end
                     if len(pending) > 2 * workers:
-                        yield ready()
+                        yield ready(cutting=True)
             finally:
                 planners(workers)
             while pending:
