@@ -249,30 +249,41 @@ bool by_decreasing_cost(const Item& a, const Item& b) {
   return a.first > b.first || (a.first == b.first && a.second < b.second);
 }
 
-// Sorts a window's items (given in increasing micro-batch) by decreasing cost, equal costs
-// in increasing micro-batch: by_decreasing_cost's order. Micro-batches of one group and one
-// count cost exactly the same, so a window of 262,144 often holds a dozen distinct costs: then
-// a stable counting sort by cost, in one pass; otherwise std::sort.
-void sort_by_decreasing_cost(std::vector<Item>& items, std::vector<Item>& scratch) {
+// Each micro-batch's place among the distinct costs of `mbs`, decreasing, where they are at most
+// 64 (micro-batches of one group and one count cost exactly the same, so a segment or an epoch
+// often holds a dozen); empty where they are more.
+std::vector<uint8_t> cost_ranks(const std::vector<MicroBatch>& mbs) {
   constexpr size_t kMaxDistinct = 64;
   std::vector<double> value;  // the distinct costs, decreasing
-  for (const Item& item : items) {
-    auto it = std::lower_bound(value.begin(), value.end(), item.first, std::greater<double>());
-    if (it != value.end() && *it == item.first) continue;
-    if (value.size() == kMaxDistinct) {
-      std::sort(items.begin(), items.end(), by_decreasing_cost);
-      return;
-    }
-    value.insert(it, item.first);
-  }
-  auto slot = [&](double c) {
-    return std::lower_bound(value.begin(), value.end(), c, std::greater<double>()) - value.begin();
+  std::vector<uint8_t> rank(mbs.size());
+  auto place = [&](double c) {
+    return std::lower_bound(value.begin(), value.end(), c, std::greater<double>());
   };
-  std::vector<int64_t> next(value.size() + 1, 0);
-  for (const Item& item : items) ++next[slot(item.first) + 1];
-  for (size_t v = 0; v < value.size(); ++v) next[v + 1] += next[v];
+  for (const MicroBatch& mb : mbs) {
+    auto it = place(mb.cost);
+    if (it != value.end() && *it == mb.cost) continue;
+    if (value.size() == kMaxDistinct) return {};
+    value.insert(it, mb.cost);
+  }
+  for (size_t i = 0; i < mbs.size(); ++i)
+    rank[i] = static_cast<uint8_t>(place(mbs[i].cost) - value.begin());
+  return rank;
+}
+
+// Sorts a window's items (given in increasing micro-batch) by decreasing cost, equal costs
+// in increasing micro-batch: by_decreasing_cost's order. With each micro-batch's cost rank
+// (cost_ranks), a stable counting sort in two passes; otherwise std::sort.
+void sort_by_decreasing_cost(std::vector<Item>& items, const std::vector<uint8_t>& rank,
+                             std::vector<Item>& scratch) {
+  if (rank.empty()) {
+    std::sort(items.begin(), items.end(), by_decreasing_cost);
+    return;
+  }
+  int64_t next[257] = {0};
+  for (const Item& item : items) ++next[rank[item.second] + 1];
+  for (int v = 0; v < 256; ++v) next[v + 1] += next[v];
   scratch.resize(items.size());
-  for (const Item& item : items) scratch[next[slot(item.first)]++] = item;
+  for (const Item& item : items) scratch[next[rank[item.second]]++] = item;
   items.swap(scratch);
 }
 
@@ -1019,6 +1030,7 @@ void plan_bucketed(const SampleTable& table, const PlanOptions& o, std::vector<i
   if (o.balance) {
     const int64_t L = o.lookahead_steps;
     std::vector<Item> items, mixed, scratch;  // (cost, micro-batch): sorted, and as mixed
+    const std::vector<uint8_t> cost_rank = cost_ranks(mbs);
     std::vector<int32_t> item_group(m);
     for (int64_t i = 0; i < m; ++i) item_group[i] = table.group(bucketed[mbs[i].begin]);
     std::vector<int64_t> chunk_order, ranks, mixed_ranks, fill(W);
@@ -1028,7 +1040,7 @@ void plan_bucketed(const SampleTable& table, const PlanOptions& o, std::vector<i
       for (int64_t j = 0; j < steps * per_step; ++j)
         items[j] = {mbs[t0 * per_step + j].cost, t0 * per_step + j};
       // Decreasing cost; equal costs keep their order.
-      sort_by_decreasing_cost(items, scratch);
+      sort_by_decreasing_cost(items, cost_rank, scratch);
       chunk_order.resize(steps);
       std::iota(chunk_order.begin(), chunk_order.end(), 0);
       if (o.shuffle) shuffle_in_place(chunk_order, order_rng);
