@@ -11,24 +11,38 @@ namespace adaptiveload {
 
 namespace {
 
-// The bins as the rounds change them: loads, counts, each bin's items (increasing) and the
-// bins by increasing load (ties by index).
+// The bins as the rounds change them: loads, counts, each bin's items (increasing), and either
+// the bins by increasing load, ties by index (`ordered`: the scan and moves walk them), or a
+// tree that keeps the heaviest bin at its root (swaps need only that one).
 struct Bins {
   const double* costs;
   std::vector<double> load;
   std::vector<int64_t> count;
   std::vector<std::vector<int64_t>> members;
+  bool ordered;
   std::vector<int64_t> by_load;
+  int64_t leaves = 1;
+  std::vector<int64_t> heaviest;  // heaviest[1]: the root; leaf x at leaves + x (-1: none)
 
-  Bins(const double* c, int64_t n_items, int64_t num_bins, const std::vector<int64_t>& bin_of)
-      : costs(c), load(num_bins, 0.0), count(num_bins, 0), members(num_bins), by_load(num_bins) {
+  Bins(const double* c, int64_t n_items, int64_t num_bins, const std::vector<int64_t>& bin_of,
+       bool keep_order)
+      : costs(c), load(num_bins, 0.0), count(num_bins, 0), members(num_bins), ordered(keep_order) {
     for (int64_t i = 0; i < n_items; ++i) load[bin_of[i]] += costs[i], ++count[bin_of[i]];
     for (int64_t x = 0; x < num_bins; ++x) members[x].reserve(count[x]);
     for (int64_t i = 0; i < n_items; ++i) members[bin_of[i]].push_back(i);
+    if (!ordered) {
+      while (leaves < num_bins) leaves *= 2;
+      heaviest.assign(2 * leaves, -1);
+      for (int64_t x = 0; x < num_bins; ++x) heaviest[leaves + x] = x;
+      for (int64_t k = leaves - 1; k >= 1; --k)
+        heaviest[k] = heavier(heaviest[2 * k], heaviest[2 * k + 1]);
+      return;
+    }
     // Sorted as (load, bin) pairs side by side: the order lighter() defines.
     std::vector<std::pair<double, int64_t>> order(num_bins);
     for (int64_t x = 0; x < num_bins; ++x) order[x] = {load[x], x};
     std::sort(order.begin(), order.end());
+    by_load.resize(num_bins);
     for (int64_t x = 0; x < num_bins; ++x) by_load[x] = order[x].second;
   }
 
@@ -36,12 +50,39 @@ struct Bins {
     return load[x] < load[y] || (load[x] == load[y] && x < y);
   }
 
+  // Of two bins (or -1, none), the more loaded, the first of equals.
+  int64_t heavier(int64_t x, int64_t y) const {
+    if (x < 0 || y < 0) return x < 0 ? y : x;
+    return load[y] > load[x] || (load[y] == load[x] && y < x) ? y : x;
+  }
+
   // The most loaded bin, the first of equals (by_load ends with them, in increasing order).
   int64_t top() const {
+    if (!ordered) return heaviest[1];
     const int64_t last = static_cast<int64_t>(by_load.size()) - 1;
     int64_t t = last;
     while (t > 0 && load[by_load[t - 1]] == load[by_load[last]]) --t;
     return by_load[t];
+  }
+
+  // Bins x and y change load by -d and +d.
+  void shift(int64_t x, int64_t y, double d) {
+    auto by_lighter = [&](int64_t p, int64_t q) { return lighter(p, q); };
+    if (!ordered) {
+      load[x] -= d;
+      load[y] += d;
+      for (int64_t z : {x, y})
+        for (int64_t k = (leaves + z) / 2; k >= 1; k /= 2)
+          heaviest[k] = heavier(heaviest[2 * k], heaviest[2 * k + 1]);
+      return;
+    }
+    // by_load is in lighter() order of the loads before: each bin found by bisection.
+    for (int64_t z : {x, y})
+      by_load.erase(std::lower_bound(by_load.begin(), by_load.end(), z, by_lighter));
+    load[x] -= d;
+    load[y] += d;
+    for (int64_t z : {x, y})
+      by_load.insert(std::lower_bound(by_load.begin(), by_load.end(), z, by_lighter), z);
   }
 };
 
@@ -67,10 +108,6 @@ void apply(Bins& s, int64_t h, const Best& e, std::vector<int64_t>& bin_of) {
     v.insert(std::lower_bound(v.begin(), v.end(), i), i);
   };
   const double d = s.costs[e.give] - (e.take >= 0 ? s.costs[e.take] : 0.0);
-  auto by_lighter = [&](int64_t p, int64_t q) { return s.lighter(p, q); };
-  // by_load is in lighter() order of the loads before the exchange: each bin found by bisection.
-  for (int64_t x : {h, e.to})
-    s.by_load.erase(std::lower_bound(s.by_load.begin(), s.by_load.end(), x, by_lighter));
   bin_of[e.give] = e.to;
   drop(s.members[h], e.give);
   add(s.members[e.to], e.give);
@@ -82,10 +119,7 @@ void apply(Bins& s, int64_t h, const Best& e, std::vector<int64_t>& bin_of) {
     --s.count[h];
     ++s.count[e.to];
   }
-  s.load[h] -= d;
-  s.load[e.to] += d;
-  for (int64_t x : {h, e.to})
-    s.by_load.insert(std::lower_bound(s.by_load.begin(), s.by_load.end(), x, by_lighter), x);
+  s.shift(h, e.to, d);
 }
 
 // Moves of an item a of h: the larger sum max(load[h] - c, load[x] + c) does not decrease
@@ -121,7 +155,7 @@ std::vector<double> distinct_costs(const double* costs, int64_t n_items) {
 
 void improve_by_exchanges_scan(const double* costs, int64_t n_items, int64_t num_bins, bool moves,
                                std::vector<int64_t>& bin_of) {
-  Bins s(costs, n_items, num_bins, bin_of);
+  Bins s(costs, n_items, num_bins, bin_of, true);
   for (int64_t rounds = 0; rounds < 4 * n_items; ++rounds) {
     const int64_t h = s.top();
     Best best{s.load[h]};
@@ -198,7 +232,7 @@ void improve_indexed(const double* costs, int64_t n_items, int64_t num_bins, boo
     items_of[v].push_back(i);
   }
 
-  Bins s(costs, n_items, num_bins, bin_of);
+  Bins s(costs, n_items, num_bins, bin_of, moves);
   std::vector<MinTree> tree;
   tree.reserve(V);
   for (int64_t v = 0; v < V; ++v) tree.emplace_back(static_cast<int64_t>(items_of[v].size()));
