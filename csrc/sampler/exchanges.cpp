@@ -67,7 +67,6 @@ struct Bins {
 
   // Bins x and y change load by -d and +d.
   void shift(int64_t x, int64_t y, double d) {
-    auto by_lighter = [&](int64_t p, int64_t q) { return lighter(p, q); };
     if (!ordered) {
       load[x] -= d;
       load[y] += d;
@@ -77,6 +76,7 @@ struct Bins {
       return;
     }
     // by_load is in lighter() order of the loads before: each bin found by bisection.
+    auto by_lighter = [&](int64_t p, int64_t q) { return lighter(p, q); };
     for (int64_t z : {x, y})
       by_load.erase(std::lower_bound(by_load.begin(), by_load.end(), z, by_lighter));
     load[x] -= d;

@@ -392,7 +392,8 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
   const std::vector<uint8_t> over = over_caps(t, o);
   std::vector<double> cost(t.num_lengths());
   for (int64_t j = 0; j < t.num_lengths(); ++j) cost[j] = t.length_cost(j);
-  std::vector<BatchStats> open(t.num_groups());
+  // Per group, with group ids: its open micro-batch.
+  std::vector<BatchStats> open(t.has_group_ids() ? t.num_groups() : 0);
   auto breaks = [&](const BatchStats& grown) {
     return (o.max_batch_size > 0 && grown.count > o.max_batch_size) ||
            grown.tokens > o.max_tokens || t.cost_model().batch_cost(grown) > o.max_cost;
@@ -566,7 +567,7 @@ EpochPlan plan_samples(const StreamTable& t, const PlanOptions& o, const int64_t
     }
     keep.push_back(i);
     length_of.push_back(static_cast<int32_t>(x));
-    group.push_back(t.group(i));
+    group.push_back(t.has_group_ids() ? t.group(i) : static_cast<int32_t>(x));  // x: by length
   }
   return plan_kept(t, o, std::move(keep), std::move(length_of), std::move(group),
                    std::move(skipped), key);
