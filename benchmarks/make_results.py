@@ -306,6 +306,22 @@ SECTIONS = [
             )
             + ["![frontier](results/h200/replay_sp.png)", ""]
             + copied(
+                "h200/split_share.csv",
+                "One member's share of a split micro-batch, against the whole",
+                "benchmarks/bench_split_share.py: one member's share (parallel.ONE_DEVICE) of "
+                "micro-batches of Wan 2.1-14B split d ways, with cross-attention on the token "
+                "shard (every member projects the whole text, 512 tokens per sample, for every "
+                "head) and on head shards (each member projects the text for its own heads; "
+                "its queries and output cross the group), all-to-alls not timed.",
+                "1.00 is a share of exactly 1/d of the whole. Head shards pay where many short "
+                "samples share a micro-batch (96 images: 1.56 -> 1.35 at d = 8) and cost "
+                "0.5-1% from 32,760 tokens up, and at d = 2 stay within 1% either way, so "
+                "parallel.wan uses them up to 16 tokens per text token over 4 ranks or more "
+                "(HEAD_SHARDS_UP_TO_TOKENS_PER_TEXT_TOKEN, HEAD_SHARDS_FROM_DEGREE). What stays above 1.00 "
+                "for packed images is per-sample work outside the block (the text embedding, "
+                "1/40 of it in the whole 40-block model) and smaller kernels.",
+            )
+            + copied(
                 "h200/replay_sp_demo.csv",
                 "The same on the CLI's demo mix",
                 "benchmarks/replay_sp.py --data demo --worlds 8: the mix of `adaptiveload plan "

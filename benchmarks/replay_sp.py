@@ -7,7 +7,8 @@ parallelism (``sequence_parallel=D``, uneven counts, default mix_tolerance). Eve
 listing (S, B, d) is timed on the GPU as exactly one member's share
 (``adaptiveload.parallel.ONE_DEVICE``: its layers on its tokens, attention over all tokens for
 H/d heads; Wan 2.1-1.3B, ``--layers`` blocks, bf16, diffusers' adaLN, activation checkpointing), the
-all-to-alls are added as modeled (``ulysses_comm_per_token`` at the H200 planning bandwidth),
+all-to-alls are added as modeled (``ulysses_comm_per_token`` at the H200 planning bandwidth;
+half as many again where Wan's cross-attention runs on head shards),
 and each step is replayed rank by rank in plan order, a shared micro-batch starting when its
 last member is free. Reported per arm: epoch time, speed over shuffled batch size 1 and over
 today's plan, measured and predicted imbalance, composition against a shuffle (tokens, by
@@ -35,6 +36,8 @@ from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
 from adaptiveload.calibrate import calibrate_plan
 from adaptiveload.composition import step_composition, steps_without
 from adaptiveload.cost import ulysses_comm_per_token
+from adaptiveload.parallel.wan import cross_attention_on_head_shards
+from adaptiveload.wan import TEXT_LEN
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -239,7 +242,10 @@ def main(argv=None) -> int:
         kinds_of = listings(plan, lens)
         share = np.array([timings(b_, shape_of[s_], d_)[0] for s_, b_, d_ in kinds_of])
         d = np.array([kind[2] for kind in kinds_of], np.float64)
-        share += comm * plan.tokens * (d - 1) / d  # each member sends (d - 1)/d of its tokens
+        # Each member sends (d - 1)/d of its tokens, in 4 exchanges per block, 6 where Wan's
+        # cross-attention runs on head shards (parallel.wan; the planner counts 4).
+        heads = np.array([cross_attention_on_head_shards(k[0], TEXT_LEN, k[2]) for k in kinds_of])
+        share += comm * np.where(heads, 1.5, 1.0) * plan.tokens * (d - 1) / d
         spans, busy = replay(plan, share)
         rc = plan.rank_costs()
         comp = step_composition(plan, meta.group_keys(), lens)

@@ -4,7 +4,8 @@
 #
 #   bash scripts/gpu_check.sh [build] [test] [bench] [host] [tune] [profile] [e2e] [replay]
 #                             [uneven] [calibrate] [memory] [train_memory] [diffsynth_step]
-#                             [hostprof] [mix] [convergence] [families] [rms] [sp] [keep]
+#                             [hostprof] [mix] [convergence] [families] [rms] [sp] [share]
+#                             [keep]
 #                                                             (default: build test bench host)
 #
 # Results go to $OUT (or ./out): logs, and the benchmarks' CSVs (copy them to
@@ -152,6 +153,12 @@ PY
         --uneven --worlds 8 --ks 4 --max-batch-size 1 --out "$OUT/uneven_b1"
       run_step uneven ours timeout "${UNEVEN_TIMEOUT:-240}" $PY benchmarks/replay_wan.py \
         --uneven --worlds 8 --ks 4 --out "$OUT/uneven"
+      ;;
+    share)
+      # Issue 35: one member's share of a split micro-batch against the whole, cross-attention
+      # on the token shard and on head shards (benchmarks/bench_split_share.py).
+      run_step share ours timeout "${SHARE_TIMEOUT:-300}" $PY benchmarks/bench_split_share.py \
+        --out "$OUT/share"
       ;;
     sp)
       # Issue 35: sequence parallelism per micro-batch, replayed (benchmarks/replay_sp.py):

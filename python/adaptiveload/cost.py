@@ -265,21 +265,27 @@ def ulysses_comm_per_token(
     bytes_per_s: float = H200_ALL_TO_ALL_BYTES_PER_S,
     element_bytes: int = 2,
     unit_s: float = 1e-3,
+    all_to_alls: int = 4,
 ) -> float:
     """``sequence_parallel_comm`` for Ulysses attention: the cost (in ``unit_s`` seconds, the
     cost model's unit; milliseconds by default) of sending one token through a split
-    micro-batch's all-to-alls, forward and backward: per attention layer, q, k and v go out
-    and the output comes back (4 all-to-alls of ``hidden`` values per token), twice.
+    micro-batch's all-to-alls, forward and backward. ``all_to_alls``: the exchanges of
+    ``hidden`` values per token per block, forward: 4 for self-attention (q, k and v go out,
+    the output comes back). Wan's cross-attention adds 2 (q out, output back) where it runs on
+    head shards, for samples short beside their text
+    (``parallel.wan.cross_attention_on_head_shards``); the planner's one figure leaves those
+    out: they add about 1.3% to such a share (96 images of 1,560 tokens over 8 H200s, at the
+    default bandwidth), and long clips, whose exchanges weigh most, do not make them.
 
     The planner charges a rank's share ``comm * T * (d - 1) / d**2`` for a micro-batch of T
     tokens over d ranks: each rank holds T / d tokens and sends (d - 1) / d of them.
     """
-    for name, v in (("hidden", hidden), ("num_layers", num_layers)):
+    for name, v in (("hidden", hidden), ("num_layers", num_layers), ("all_to_alls", all_to_alls)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
     if not bytes_per_s > 0 or not unit_s > 0:
         raise ValueError("bytes_per_s and unit_s must be > 0")
-    return 8.0 * hidden * element_bytes * num_layers / bytes_per_s / unit_s
+    return 2.0 * all_to_alls * hidden * element_bytes * num_layers / bytes_per_s / unit_s
 
 
 def sequence_parallel_comm_of(cost_model: CostModel) -> float | None:

@@ -396,3 +396,18 @@ def test_default_mix_tolerance_per_setup():
     assert make(lens).options.mix_tolerance == MIX_TOLERANCE
     assert make(lens, max_batch_size=1, sequence_parallel=1).options.mix_tolerance == MIX_TOLERANCE
     assert make(lens, max_batch_size=1, mix_tolerance=0.0).options.mix_tolerance == 0.0
+
+
+def test_ulysses_comm_counts_the_exchanges_per_block():
+    """Self-attention sends q, k and v and gets the output back: 4 exchanges of ``hidden``
+    values per token per block, forward and backward, at the given bandwidth; Wan's
+    cross-attention on head shards adds 2 (``all_to_alls=6``)."""
+    from adaptiveload.cost import ulysses_comm_per_token
+
+    hidden, layers, rate = 5120, 40, 350e9
+    want = 2 * 4 * hidden * 2 * layers / rate * 1e3  # ms per token
+    assert ulysses_comm_per_token(hidden, layers, bytes_per_s=rate) == pytest.approx(want)
+    six = ulysses_comm_per_token(hidden, layers, bytes_per_s=rate, all_to_alls=6)
+    assert six == pytest.approx(want * 6 / 4)
+    with pytest.raises(ValueError, match="all_to_alls must be an int >= 1"):
+        ulysses_comm_per_token(hidden, layers, all_to_alls=0)

@@ -22,6 +22,10 @@ from processes import full_grads, run_on_ranks
 WAN_SHAPES = {"even": (3, 8, 8), "odd": (3, 6, 10)}  # (f, h, w), patches of (1, 2, 2)
 LTX_SHAPES = {"even": (3, 4, 4), "odd": (3, 3, 5)}  # patches of (1, 1, 1)
 TEXT = 7
+# "-t2": Wan's samples with 2 text tokens, so few that cross-attention keeps the token shard
+# (parallel.wan.cross_attention_on_head_shards: 45 or 48 tokens > 16 x 2); with TEXT it runs
+# on head shards at d = 4 (on the token shard at d = 2).
+SHORT_TEXT = 2
 
 
 def _wan(seed=0):
@@ -68,6 +72,7 @@ def _diffsynth(seed=0):
 
 def _inputs(family, shape_name, seed):
     """One sample's inputs and the target of its loss, drawn from ``seed``."""
+    shape_name, short, _ = shape_name.partition("-t2")
     g = torch.Generator().manual_seed(seed)
     t = torch.rand(1, generator=g) * 1000
     if family == "ltx-video":
@@ -83,7 +88,8 @@ def _inputs(family, shape_name, seed):
         return inputs, torch.full_like(inputs["hidden_states"], 0.5)
     f, h, w = WAN_SHAPES[shape_name]
     x = torch.randn(1, 4, f, h, w, generator=g)
-    text = torch.randn(1, TEXT, 32, generator=g)
+    wan = family in ("wan", "diffsynth")
+    text = torch.randn(1, SHORT_TEXT if short and wan else TEXT, 32, generator=g)
     if family == "wan":
         inputs = {"hidden_states": x, "timestep": t, "encoder_hidden_states": text}
     elif family == "hunyuan-video":
@@ -223,17 +229,21 @@ def _seed() -> int:
 @pytest.mark.distributed
 def test_split_sample_equals_whole(tmp_path):
     """Without a wrapper (gradients summed by hand), on 4 ranks: a sample of 48 tokens over
-    ranks 0-1 beside one of 45 over ranks 2-3, then each over all 4: every loss and the summed
+    ranks 0-1 beside one of 45 over ranks 2-3, then each over all 4, with cross-attention on
+    head shards, then on the token shard (a text of 2 tokens): every loss and the summed
     gradient equal one process's."""
-    schedule = [("even", 2, 0), ("odd", 2, 2), ("even", 4, 0), ("odd", 4, 0)]
+    schedule = [("even", 2, 0), ("odd", 2, 2), ("even", 4, 0), ("odd", 4, 0), ("odd-t2", 2, 0),
+                ("even-t2", 2, 2), ("odd-t2", 4, 0)]  # fmt: skip
     seed = _seed()
     results = run_on_ranks(_split_rank, 4, tmp_path, "split", "wan", schedule, seed, None)
     _check(results, "wan", schedule, seed)
 
 
 # A step of 4 ranks in 4 slots: every rank in a micro-batch over all 4 (48 tokens, then 45),
-# then ranks 0-1 and 2-3 in pairs (48 and 45), then each rank its own.
+# then ranks 0-1 and 2-3 in pairs (48 and 45), then each rank its own, then Wan's 45 tokens
+# over all 4 with cross-attention on the token shard (a text of 2 tokens).
 MIXED = [
+    ("odd-t2", 4, 0),
     ("even", 4, 0),
     ("odd", 4, 0),
     ("even", 2, 0),
@@ -283,6 +293,44 @@ def test_one_device_share_runs_a_members_shapes(family):
     with pytest.raises(ValueError, match="does not divide the model's 4 attention heads"):
         with split_sequence(dit, ONE_DEVICE, 8, 0):
             pass
+
+
+@pytest.mark.parametrize("family", ["wan", "diffsynth"])
+def test_wan_members_project_the_text_for_their_own_heads_only(family):
+    """Wan's cross-attention on head shards: a member's share projects the text's keys and
+    values for its own heads (the rows of the weights of those heads get gradient, no other
+    row does), where the whole micro-batch reaches every row; samples long beside their text
+    and groups of 2 keep the token shard."""
+    dit = _model(family)
+    model = _trained(family, dit)
+    inputs, _ = _inputs(family, "odd", 5)
+
+    def projections():
+        if family == "wan":
+            return [(b.attn2.to_k, b.attn2.to_v) for b in dit.blocks]
+        return [(b.cross_attn.k, b.cross_attn.v) for b in dit.blocks]
+
+    _output(family, model, inputs).square().mean().backward()
+    for linear in (x for pair in projections() for x in pair):
+        assert (linear.weight.grad.abs().sum(1) > 0).all()
+    for d, member in ((4, 1), (4, 2)):
+        model.zero_grad(set_to_none=True)
+        with split_sequence(dit, ONE_DEVICE, d, member):
+            _output(family, model, inputs).square().mean().backward()
+        for linear in (x for pair in projections() for x in pair):
+            rows = linear.weight.shape[0] // d
+            reached = linear.weight.grad.abs().sum(1) > 0
+            want = torch.zeros_like(reached)
+            want[member * rows : (member + 1) * rows] = True
+            assert torch.equal(reached, want), (d, member)
+    # Samples long beside their text (45 tokens, 2 text tokens), or a group of 2: the token
+    # shard, every row.
+    for name, d in (("odd-t2", 4), ("odd", 2)):
+        model.zero_grad(set_to_none=True)
+        with split_sequence(dit, ONE_DEVICE, d, 1):
+            _output(family, model, _inputs(family, name, 5)[0]).square().mean().backward()
+        for linear in (x for pair in projections() for x in pair):
+            assert (linear.weight.grad.abs().sum(1) > 0).all(), name
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

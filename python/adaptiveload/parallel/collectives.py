@@ -1,7 +1,8 @@
 """The exchanges of Ulysses attention, with autograd, over any process group and lengths not
 divisible by the degree: token shards to head shards and back (all-to-all, its own adjoint),
-the members' token shards joined (the output of a split micro-batch), and the members' head
-shards joined (the replicated text of joint attention; adjoint: a reduce-scatter). With
+the members' token shards joined (the output of a split micro-batch), the members' head
+shards joined (the replicated text of joint attention; adjoint: a reduce-scatter), and a sum
+over the members (a norm across heads of head shards; adjoint: the same sum). With
 ``ONE_DEVICE`` each is a local copy of the same shape, so that one member's compute is timed
 alone."""
 
@@ -76,6 +77,32 @@ class _GatherHeads(torch.autograd.Function):
         return got.sum(0), None, None
 
 
+class _SumOver(torch.autograd.Function):
+    """The sum of the members' ``x`` on every member. Each member uses the sum its own way, so
+    the gradient of a member's ``x`` is the sum of the members' gradients of the sum."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def sum_over(x: torch.Tensor, group, degree: int) -> torch.Tensor:
+    """The sum over the group's members of each member's ``x`` (``ONE_DEVICE``: ``degree``
+    times this member's)."""
+    if group is ONE_DEVICE:
+        return x * degree
+    return _SumOver.apply(x, group)
+
+
 def seq_to_heads(x: torch.Tensor, group, sizes: list[int], member: int) -> torch.Tensor:
     """``(B, s_member, H, D)`` token shards to ``(B, S, H / d, D)`` head shards."""
     b, s, h, dh = x.shape
@@ -142,3 +169,17 @@ def ulysses_attention(q, k, v, group, sizes: list[int], member: int, text=None, 
     if text is None:
         return shard
     return shard, gather_heads(out[:, full:], group, degree)
+
+
+def cross_attention(q, pairs, group, sizes: list[int], member: int):
+    """Attention of a member's query shard ``q`` (``(B, s_member, H, D)``) over keys and values
+    that every member projects for its own ``H / d`` heads only (``pairs``: ``[(k, v)]``, each
+    ``(B, T, H / d, D)``, their outputs added, as Wan adds the text's and the image's): the
+    queries go to head shards of all the sample's tokens and the output comes back, two
+    exchanges in place of projecting the keys and values of a whole text on every member."""
+    q = seq_to_heads(q, group, sizes, member).transpose(1, 2)
+    out = None
+    for k, v in pairs:
+        o = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2))
+        out = o if out is None else out + o
+    return heads_to_seq(out.transpose(1, 2), group, sizes, member)

@@ -2,7 +2,10 @@
 ``WanModel.forward`` or by the pipeline's ``model_fn_wan_video``): before each ``DiTBlock``,
 the member's tokens and rotary table; in each self-attention, the attention of q, k and v
 (normed and rotated on the shard by DiffSynth's own code) becomes Ulysses attention; after the
-``head``, the gather. Cross-attention to the text runs on the shard as it is. DiffSynth's own
+``head``, the gather. Cross-attention to the text runs as in diffusers' Wan
+(``parallel.wan``): on head shards where the samples are short beside the text, each member
+projecting the text's keys and values for its own heads, else (and for image-to-video) on the
+token shard. DiffSynth's own
 sequence parallelism (``use_unified_sequence_parallel``, xDiT's fixed group) stays off."""
 
 from __future__ import annotations
@@ -34,6 +37,16 @@ def _attention(module: nn.Module, split: TokenSplit, q, k, v):
     return split.attend(q, k, v).flatten(2, 3).type_as(q)
 
 
+def _cross_attention(module: nn.Module, split: TokenSplit, x, y):
+    """DiffSynth's ``CrossAttention.forward``, or, while a split is in force, on head shards."""
+    if split.current is None or module.has_image_input or not split.heads_for_text(y.shape[1]):
+        return type(module).forward(module, x, y)
+    q = module.norm_q(module.q(x)).unflatten(2, (module.num_heads, -1))
+    k = split.norm_own_heads(module.norm_k, split.own_heads(module.k, y, module.num_heads))
+    v = split.own_heads(module.v, y, module.num_heads)
+    return module.o(split.cross_attend(q, [(k, v)]).flatten(2, 3).type_as(q))
+
+
 class _Split(TokenSplit):
     def before_block(self, module, args):
         if self.current is None:
@@ -51,6 +64,8 @@ def install(model: nn.Module) -> TokenSplit:
         attn = block.self_attn.attn
         # An instance attribute, as the fused-op patch binds forwards: survives deepcopy.
         attn.forward = functools.partial(_attention, attn, split)
+        cross = block.cross_attn
+        cross.forward = functools.partial(_cross_attention, cross, split)
         block.register_forward_pre_hook(split.before_block)
     model.head.register_forward_hook(split.after_output)
     return split

@@ -9,9 +9,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from adaptiveload.parallel.collectives import gather_tokens, ulysses_attention
+from adaptiveload.parallel.collectives import (
+    cross_attention,
+    gather_tokens,
+    sum_over,
+    ulysses_attention,
+)
 from adaptiveload.parallel.groups import share_sizes, token_share
 
 #: model class name -> (module of its split, the module its class must come from). The class
@@ -63,6 +69,42 @@ class TokenSplit:
         """Ulysses attention of this member's ``(B, s, H, D)`` shards (``collectives``)."""
         group, _, member = self.current
         return ulysses_attention(q, k, v, group, self.sizes, member, text=text, mask=mask)
+
+    def own_heads(self, linear: nn.Linear, x: torch.Tensor, heads: int) -> torch.Tensor:
+        """``linear(x)`` for this member's ``heads / d`` heads only, ``(B, T, heads / d, D)``:
+        the rows of the weight (and bias) of those heads. For an ``x`` every member holds
+        whole (the text), so that each projects 1/d of it."""
+        _, degree, member = self.current
+        rows = linear.weight.shape[0] // degree
+        cut = slice(member * rows, (member + 1) * rows)
+        bias = None if linear.bias is None else linear.bias[cut]
+        return F.linear(x, linear.weight[cut], bias).unflatten(-1, (heads // degree, -1))
+
+    def norm_own_heads(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """An RMS norm across all heads (``norm``: its ``eps`` and ``weight`` over ``H * D``, as
+        Wan's ``rms_norm_across_heads``) applied to this member's head shard ``x``
+        (``(B, T, H / d, D)``): the squares are summed over the members."""
+        group, degree, member = self.current
+        xf = x.float()
+        squares = sum_over(xf.square().sum((-2, -1), keepdim=True), group, degree)
+        eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+        y = (xf * torch.rsqrt(squares / (x.shape[-2] * x.shape[-1] * degree) + eps)).type_as(x)
+        if getattr(norm, "weight", None) is None:
+            return y
+        return y * norm.weight.view(degree, *x.shape[-2:])[member]
+
+    def heads_for_text(self, text_len: int) -> bool:
+        """Whether this split runs Wan's cross-attention over ``text_len`` text tokens on head
+        shards (``parallel.wan.cross_attention_on_head_shards``)."""
+        from adaptiveload.parallel.wan import cross_attention_on_head_shards
+
+        return cross_attention_on_head_shards(self.full, text_len, self.current[1])
+
+    def cross_attend(self, q: torch.Tensor, pairs) -> torch.Tensor:
+        """Attention of this member's query shard ``q`` (``(B, s, H, D)``) over keys and values
+        of this member's heads (``pairs``: ``[(k, v)]``, ``collectives.cross_attention``)."""
+        group, _, member = self.current
+        return cross_attention(q, pairs, group, self.sizes, member)
 
     def gather(self, out: torch.Tensor) -> torch.Tensor:
         """The whole micro-batch's output from the members' shards (tokens along dim 1)."""

@@ -1,7 +1,8 @@
 """The split of Wan (diffusers' ``WanTransformer3DModel``): before each block, the member's
 tokens and rotary table; Ulysses self-attention in place of Wan's processor (q/k norms and the
-rotary embedding on the shard); after ``proj_out``, the gather. Cross-attention to the text
-runs on the shard as it is."""
+rotary embedding on the shard); cross-attention to the text on head shards where the samples
+are short beside the text (each member projects the text's keys and values for its own heads),
+else on the shard; after ``proj_out``, the gather."""
 
 from __future__ import annotations
 
@@ -47,6 +48,63 @@ class _Processor:
         return attn.to_out[1](attn.to_out[0](out))
 
 
+#: Cross-attention runs on head shards over groups of at least HEAD_SHARDS_FROM_DEGREE ranks
+#: where a sample holds at most HEAD_SHARDS_UP_TO_TOKENS_PER_TEXT_TOKEN tokens per text token
+#: (8,192 for Wan's 512), else on the token shard. On head shards each member projects the
+#: text for its own heads only, but its queries and output cross the group (2 all-to-alls more)
+#: and attention runs over all the sample's tokens: timed on the H200 (Wan 2.1-14B,
+#: benchmarks/bench_split_share.py; RESULTS.md), at d = 8 13% faster for 96 samples of 1,560
+#: tokens and 6% for 42 of 3,600, 0.5-1% slower from 32,760 tokens up; at d = 2 within 1%
+#: either way. Before the all-to-alls.
+HEAD_SHARDS_UP_TO_TOKENS_PER_TEXT_TOKEN = 16
+HEAD_SHARDS_FROM_DEGREE = 4
+
+
+def cross_attention_on_head_shards(seq_len: int, text_len: int, degree: int) -> bool:
+    """Whether a micro-batch of samples of ``seq_len`` tokens and ``text_len`` text tokens,
+    split ``degree`` ways, runs its cross-attention on head shards (the table above); the
+    replay prices its all-to-alls by the same rule."""
+    return (
+        degree >= HEAD_SHARDS_FROM_DEGREE
+        and seq_len <= HEAD_SHARDS_UP_TO_TOKENS_PER_TEXT_TOKEN * text_len
+    )
+
+
+class _CrossProcessor:
+    """Wan's own cross-attention processor, on the member's token shard, or, while a split is
+    in force and the samples are short beside the text (``cross_attention_on_head_shards``),
+    cross-attention on head shards: the member's queries go to its heads of all the sample's
+    tokens, and it projects the text's keys and values for those heads only. On the token shard
+    every member projects the whole text for every head, B x 512 text tokens x 2 x hidden^2 per
+    block whatever d is, which weighs most where many short samples share a micro-batch.
+    Image-to-video (the image's keys and values, and its context length fixed at 512 text
+    tokens by diffusers), fused projections and a mask keep the token shard."""
+
+    def __init__(self, split: TokenSplit, plain):
+        self.split, self.plain = split, plain
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 rotary_emb=None, **kwargs):  # fmt: skip
+        plain = (
+            self.split.current is None
+            or attention_mask is not None
+            or attn.add_k_proj is not None
+            or getattr(attn, "fused_projections", False)
+            or not isinstance(attn.norm_k, (nn.RMSNorm, nn.Identity))
+            or not self.split.heads_for_text(encoder_hidden_states.shape[1])
+        )
+        if plain:
+            return self.plain(attn, hidden_states, encoder_hidden_states, attention_mask,
+                              rotary_emb, **kwargs)  # fmt: skip
+        q = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (attn.heads, -1))
+        k = self.split.own_heads(attn.to_k, encoder_hidden_states, attn.heads)
+        if isinstance(attn.norm_k, nn.RMSNorm):
+            k = self.split.norm_own_heads(attn.norm_k, k)
+        v = self.split.own_heads(attn.to_v, encoder_hidden_states, attn.heads)
+        out = self.split.cross_attend(q, [(k, v)]).flatten(2, 3).type_as(q)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
 class _Split(TokenSplit):
     def before_block(self, module, args):
         if self.current is None:
@@ -64,6 +122,7 @@ def install(model: nn.Module) -> TokenSplit:
     split = _Split()
     for block in model.blocks:
         block.attn1.processor = _Processor(split, block.attn1.processor)
+        block.attn2.processor = _CrossProcessor(split, block.attn2.processor)
         block.register_forward_pre_hook(split.before_block)
     model.proj_out.register_forward_hook(split.after_output)
     return split
