@@ -136,8 +136,9 @@ def replay(plan, times):
     return spans, busy
 
 
-def arms_of(meta, max_tokens, w, k, b, degree, comm):
-    """Each arm's sampler, made from a cost model: ``{name: make(model)}``."""
+def arms_of(meta, max_tokens, w, k, b, degree, comm, tolerances=()):
+    """Each arm's sampler, made from a cost model: ``{name: make(model)}``; ``tolerances``
+    adds sequence-parallel arms at those mix_tolerance values (points of the frontier)."""
     common = dict(group_keys=meta.group_keys(), num_replicas=w, rank=0,
                   micro_batches_per_step=k, max_batch_size=b, on_oversize="skip")  # fmt: skip
     sp = dict(uneven_counts=True, sequence_parallel=degree, sequence_parallel_comm=comm)
@@ -152,6 +153,10 @@ def arms_of(meta, max_tokens, w, k, b, degree, comm):
     )
     arms[f"sp {degree}"] = lambda m: AdaptiveBatchSampler(lens, max_tokens, cost_model=m,
                                                           **sp, **common)  # fmt: skip
+    for tol in tolerances:
+        arms[f"sp {degree} tol {tol:g}"] = lambda m, tol=tol: AdaptiveBatchSampler(
+            lens, max_tokens, cost_model=m, mix_tolerance=tol, **sp, **common
+        )
     arms[f"sp {degree} mixed"] = lambda m: AdaptiveBatchSampler(
         lens, max_tokens, cost_model=m, mix_tolerance=1.0, **sp, **common
     )
@@ -171,6 +176,9 @@ def main(argv=None) -> int:
     ap.add_argument("--epoch", type=int, default=1, help="the epoch scored (calibrated on 0)")
     ap.add_argument("--max-rounds", type=int, default=4, help="of each arm's calibration")
     ap.add_argument("--builtin", action="store_true", help="plan with the built-in profile")
+    ap.add_argument("--sp-tolerances", type=lambda v: [float(x) for x in v.split(",")],
+                    default=[], help="more sequence-parallel arms at these mix_tolerance "
+                    "values, comma-separated")  # fmt: skip
     ap.add_argument("--render", metavar="DIR", help="only render a run's DIR/sp.csv and "
                     "DIR/setup.json (the figure, and RESULTS.md with --write)")  # fmt: skip
     ap.add_argument("--fake", action="store_true", help="a synthetic GPU (dry run, any machine)")
@@ -216,7 +224,9 @@ def main(argv=None) -> int:
     for w in args.worlds:
         for b in (1, None):
             for k in (1, 4):
-                for arm, make in arms_of(meta, max_tokens, w, k, b, args.degree, comm).items():
+                for arm, make in arms_of(
+                    meta, max_tokens, w, k, b, args.degree, comm, args.sp_tolerances
+                ).items():
                     model = prior
                     if arm != "shuffled b1" and not args.builtin:
                         cal = calibrate_plan(make, prior, meta.shapes, timings, epochs=(0,),
@@ -355,7 +365,8 @@ def write(rows, setup):
             f"{r['vs_today']:.3f}x", f"{r['imbalance']:.1%}", f"{r['predicted_imbalance']:.1%}",
             f"{r['tv_tokens_ratio']:.2f}x", f"{r['no_image']:.0%}", f"{r['shuffle_no_image']:.0%}",
             f"{r['split_share']:.0%}"] for r in rows]  # fmt: skip
-    gpu = "fake" if setup.get("device") == "fake" else "h200"
+    device = setup.get("device", "")
+    gpu = "fake" if device == "fake" else "h100" if "H100" in device else "h200"
     meta = {
         "date": str(date.today()),
         "machine": setup.get("device", ""),
