@@ -369,7 +369,7 @@ def write(rows, setup):
     gpu = "fake" if device == "fake" else "h100" if "H100" in device else "h200"
     meta = {
         "date": str(date.today()),
-        "machine": setup.get("device", ""),
+        "machine": device,
         "command": f"python benchmarks/replay_sp.py --config {setup['config']} --degree "
         f"{setup['degree']} --layers {setup['layers']} --data {setup['data']} --write",
         "setup": f"{setup['data']} mix, {setup['samples']} samples, max_tokens "
