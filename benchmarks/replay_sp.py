@@ -17,7 +17,8 @@ shape) and steps without an image against a shuffle's.
     python benchmarks/replay_sp.py --out out/sp                  # CUDA + diffusers
     python benchmarks/replay_sp.py --fake --out /tmp/sp          # any machine (synthetic GPU)
 
-Writes sp.json, sp.csv and sp.png under --out; --write also stores the CSV as
+Writes sp.json, sp.csv and sp.png under --out, and timings.jsonl as each kind is timed (pass it
+back as --timings to go on after a time limit); --write also stores the CSV as
 benchmarks/results/<gpu>/replay_sp.csv and rewrites RESULTS.md.
 """
 
@@ -179,6 +180,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sp-tolerances", type=lambda v: [float(x) for x in v.split(",")],
                     default=[], help="more sequence-parallel arms at these mix_tolerance "
                     "values, comma-separated")  # fmt: skip
+    ap.add_argument("--timings", metavar="FILE", help="kinds already timed on this GPU (an "
+                    "earlier run's timings.jsonl): a run cut off by a time limit goes on")  # fmt: skip
     ap.add_argument("--render", metavar="DIR", help="only render a run's DIR/sp.csv and "
                     "DIR/setup.json (the figure, and RESULTS.md with --write)")  # fmt: skip
     ap.add_argument("--fake", action="store_true", help="a synthetic GPU (dry run, any machine)")
@@ -218,7 +221,14 @@ def main(argv=None) -> int:
     # Each arm plans with a cost model calibrated on its own plans of epoch 0 (plan-aware, the
     # split micro-batches measured as shares) and is scored on epoch --epoch; the built-in
     # profile is the prior. Every kind is timed once, calibration and scoring alike.
-    timings = Timings(timer)
+    log = os.path.join(args.out, "timings.jsonl")
+    if args.timings and os.path.abspath(args.timings) != os.path.abspath(log):
+        import shutil
+
+        shutil.copyfile(args.timings, log)  # the new log holds the old kinds and the new
+    timings = Timings(timer, log=(log, setup["device"]))
+    if os.path.exists(log):
+        print(f"{timings.load(log, setup['device'])} kinds timed before", flush=True)
     t0 = time.perf_counter()
     samplers, calibrated = {}, {}
     for w in args.worlds:

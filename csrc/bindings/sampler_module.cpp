@@ -410,6 +410,7 @@ void bind_sequence_parallel(py::module_& m) {
         out["rank_items"] = to_numpy(std::move(order));
         out["makespan"] = st.makespan;
         out["busy"] = st.busy;
+        out["reference"] = st.reference;
         return out;
       },
       py::arg("costs"), py::arg("fixed"), py::arg("floor"), py::arg("tokens"),

@@ -440,19 +440,21 @@ SpItem sp_item(const SampleTable& table, const PlanOptions& o, const std::vector
 }
 
 // assign_window with sequence parallelism: each step's degrees, groups and rank lists (`out`),
-// and the steps' mean predicted imbalance, the share of rank time spent waiting.
+// and the steps' mean predicted loss, the share of rank time spent waiting or on what splitting
+// adds (SpStep::lost): a window whose steps mix only by splitting everything balances well and
+// still runs slower, so the tolerance bounds both.
 double assign_window_sp(const std::vector<Item>& arranged, int64_t steps, int64_t W,
                         int64_t per_step, const std::vector<SpItem>& info,
                         const SequenceParallel& sp, std::vector<SpStep>& out) {
   out.resize(steps);
   std::vector<SpItem> step_items(per_step);
-  double imbalance = 0.0;
+  double lost = 0.0;
   for (int64_t c = 0; c < steps; ++c) {
     for (int64_t j = 0; j < per_step; ++j) step_items[j] = info[arranged[c * per_step + j].second];
     out[c] = assign_with_degrees(step_items, W, sp);
-    imbalance += out[c].imbalance(W);
+    lost += out[c].lost(W);
   }
-  return steps > 0 ? imbalance / static_cast<double>(steps) : 0.0;
+  return steps > 0 ? lost / static_cast<double>(steps) : 0.0;
 }
 
 // Flattens a plan with sequence parallelism: the steps' listings in order, each with its

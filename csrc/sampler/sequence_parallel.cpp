@@ -297,7 +297,7 @@ SpStep assign_with_degrees(const std::vector<SpItem>& items, int64_t W,
   const int64_t top = sp.max_degree;
   std::vector<int64_t> degree(n);
   double lo = 0.0;  // no step finishes sooner than its longest share at D, or its mean load
-  double total = 0.0;
+  double total = 0.0, reference = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     if (items[i].min_degree > top)
       invalid("a micro-batch needs " + std::to_string(items[i].min_degree) +
@@ -306,6 +306,7 @@ SpStep assign_with_degrees(const std::vector<SpItem>& items, int64_t W,
     degree[i] = std::max<int64_t>(items[i].min_degree, 1);
     lo = std::max(lo, share_cost(items[i], top, sp));
     total += share_cost(items[i], degree[i], sp);
+    reference += static_cast<double>(degree[i]) * share_cost(items[i], degree[i], sp);
   }
   lo = std::max(lo, total / static_cast<double>(W));
   std::vector<double> finish, trial_finish;
@@ -352,6 +353,7 @@ SpStep assign_with_degrees(const std::vector<SpItem>& items, int64_t W,
     consider();
   }
   refine(items, W, sp, best_degree, best, finish);
+  best.reference = reference;
   return best;
 }
 

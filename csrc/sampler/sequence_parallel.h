@@ -73,9 +73,18 @@ struct SpStep {
   std::vector<std::vector<int64_t>> rank_items;  ///< per rank, items in run order
   double makespan = 0.0;  ///< when the last rank finishes (waits for groups included)
   double busy = 0.0;      ///< sum over ranks of their shares' costs
+  /// The rank time of the step's work split no more than it must: over the items, min_degree
+  /// times the share there (the whole cost where it fits one rank).
+  double reference = 0.0;
   /// 1 - busy / (W * makespan): the share of the step's rank time spent waiting.
   double imbalance(int64_t W) const {
     return makespan > 0.0 ? 1.0 - busy / (static_cast<double>(W) * makespan) : 0.0;
+  }
+  /// 1 - reference / (W * makespan): the share of the step's rank time lost, to waiting and to
+  /// what splitting adds (a share of d ranks costs more than 1/d of the whole: the per-sample
+  /// work, the launch floor, the all-to-alls). What mix_tolerance bounds.
+  double lost(int64_t W) const {
+    return makespan > 0.0 ? 1.0 - reference / (static_cast<double>(W) * makespan) : 0.0;
   }
 };
 

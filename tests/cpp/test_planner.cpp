@@ -220,6 +220,43 @@ TEST(SequenceParallel, SplitsTwoClipsTogetherWhereOneAloneDoesNotPay) {
   EXPECT_LE(s.imbalance(8), 0.02) << "makespan " << s.makespan;
 }
 
+TEST(SequenceParallel, LostCountsWaitingAndWhatSplittingAdds) {
+  // Two ranks: a clip of 100 and an image of 10, each share of the clip paying a fixed 10. Kept
+  // whole, the step waits 45% of its rank time and splitting adds nothing (lost == imbalance).
+  // Split over both, each share costs 10 + 45 = 55: the ranks finish together at 65 and 55 with
+  // the image, waiting little, yet 10 of the 130 rank-ms are the split's: lost counts them, as
+  // 1 - (100 + 10) / (2 x makespan).
+  std::vector<SpItem> items(2);
+  items[0].cost = 100.0;
+  items[0].fixed = 10.0;
+  items[0].tokens = 1000;
+  items[1].cost = 10.0;
+  items[1].fixed = 10.0;
+  items[1].tokens = 100;
+  SequenceParallel sp;
+  sp.comm_per_token = 0.0;
+  sp.comm_fraction = 0.0;
+  sp.max_degree = 1;
+  const SpStep whole = assign_with_degrees(items, 2, sp);
+  EXPECT_DOUBLE_EQ(whole.makespan, 100.0);
+  EXPECT_DOUBLE_EQ(whole.reference, 110.0);
+  EXPECT_DOUBLE_EQ(whole.lost(2), whole.imbalance(2));
+  EXPECT_DOUBLE_EQ(whole.lost(2), 1.0 - 110.0 / 200.0);
+  sp.max_degree = 2;
+  const SpStep split = assign_with_degrees(items, 2, sp);
+  ASSERT_DOUBLE_EQ(split.makespan, 65.0);
+  EXPECT_DOUBLE_EQ(split.busy, 120.0);
+  EXPECT_DOUBLE_EQ(split.reference, 110.0);
+  EXPECT_DOUBLE_EQ(split.imbalance(2), 1.0 - 120.0 / 130.0);
+  EXPECT_DOUBLE_EQ(split.lost(2), 1.0 - 110.0 / 130.0);
+  EXPECT_GT(split.lost(2), split.imbalance(2));
+  // A micro-batch that must be split (min_degree 2) is priced at its shares over 2 ranks.
+  items[0].min_degree = 2;
+  const SpStep must = assign_with_degrees(items, 2, sp);
+  EXPECT_DOUBLE_EQ(must.reference, 2 * 55.0 + 10.0);
+  EXPECT_DOUBLE_EQ(must.lost(2), must.imbalance(2));
+}
+
 TEST(PlanEpochTest, PackingUsesMeasuredCosts) {
   // 12 samples of 10 tokens; the fit says 4 of them cost 4, but 4 were measured at 100 and
   // 3 at 3: under a cap of 50, micro-batches hold 3 samples, not 4 (as the fit would allow).
