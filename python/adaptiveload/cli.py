@@ -199,6 +199,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         source = args.metadata
     cost = _cost_model(args.cost_model)
     max_tokens = args.max_tokens if args.max_tokens is not None else int(2 * meta.seq_lens.max())
+    if args.stream and args.sequence_parallel > 1:
+        print(
+            "adaptiveload plan: --stream plans without sequence parallelism "
+            "(StreamingBatchSampler has no sequence_parallel); drop one of the two",
+            file=sys.stderr,
+        )
+        return 2
     if args.stream:
         return _plan_streamed(args, meta, source, cost, max_tokens)
     compared = compare_samplers(
@@ -214,6 +221,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         lookahead_steps=args.lookahead_steps,
         max_batch_size=args.max_batch_size,
         mix_tolerance=args.mix_tolerance,
+        sequence_parallel=args.sequence_parallel,
     )
     ours = compared["AdaptiveLoad"].sampler
     equal = compared["equal-token buckets"].sampler
@@ -251,9 +259,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"to fill the last step; {rep.over_token_cap + rep.over_cost_cap} micro-batches over a cap"
         f"{strata_note}"
     )
+    if args.sequence_parallel > 1:
+        print(_degrees_line(reports["AdaptiveLoad"][0], args.sequence_parallel))
     print(_steps_line(rep.composition, no_image.get("AdaptiveLoad"), ours.mix_tolerance))
     _write_outputs(args, meta, rows, reports, no_image)
     return 0
+
+
+def _degrees_line(plan, D: int) -> str:
+    """How AdaptiveLoad's plan splits its micro-batches (each counted once, not per member)."""
+    lead = plan.members == 0
+    degrees = plan.degrees[lead]
+    split = {d: int(np.sum(degrees == d)) for d in (2, 4, 8, 16, 32, 64) if d <= D}
+    counts = ", ".join(f"{n} over {d} ranks" for d, n in split.items() if n)
+    return (
+        f"sequence parallelism (up to {D} ranks per micro-batch): {np.mean(degrees > 1):.0%} of "
+        f"{len(degrees)} micro-batches split" + (f" ({counts})" if counts else "")
+    )
 
 
 def _plan_streamed(args, meta: Metadata, source: str, cost, max_tokens: int) -> int:
@@ -265,7 +287,8 @@ def _plan_streamed(args, meta: Metadata, source: str, cost, max_tokens: int) -> 
         meta.seq_lens, max_tokens, max_cost=args.max_cost, cost_model=cost,
         group_ids=meta.group_keys(), num_replicas=args.num_replicas, rank=0,
         micro_batches_per_step=args.micro_batches_per_step, seed=args.seed,
-        lookahead_steps=args.lookahead_steps, mix_tolerance=args.mix_tolerance,
+        lookahead_steps=args.lookahead_steps,
+        mix_tolerance=MIX_TOLERANCE if args.mix_tolerance is None else args.mix_tolerance,
         max_batch_size=args.max_batch_size, segment_samples=args.segment_samples,
     )  # fmt: skip
     from adaptiveload.sampler.stream import default_workers
@@ -389,9 +412,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mix-tolerance",
         type=_fraction,
-        default=MIX_TOLERANCE,
+        default=None,
         help="predicted imbalance AdaptiveLoad's steps may take on to mix the data's groups "
-        "(0: steps of similar cost, the best balance)",
+        f"(0: steps of similar cost, the best balance; default {MIX_TOLERANCE:g}, or the "
+        "setup's in MIX_TOLERANCE_BY_SETUP)",
+    )
+    p.add_argument(
+        "--sequence-parallel",
+        type=_positive_int,
+        default=1,
+        help="AdaptiveLoad may split a micro-batch over up to this many ranks "
+        "(sequence_parallel=D, uneven_counts=True; a power of two dividing --num-replicas)",
     )
     p.add_argument(
         "--max-batch-size",

@@ -12,7 +12,7 @@ import numpy as np
 
 from adaptiveload.composition import Composition, step_composition
 from adaptiveload.cost import CostModel
-from adaptiveload.sampler import MIX_TOLERANCE, AdaptiveBatchSampler, EqualTokenBatchSampler, Plan
+from adaptiveload.sampler import AdaptiveBatchSampler, EqualTokenBatchSampler, Plan
 
 # The samplers compare_samplers builds, in its order: name -> short label for tables.
 COMPARED_SAMPLERS = {
@@ -206,13 +206,16 @@ def compare_samplers(
     max_cost: float | None = None,
     lookahead_steps: int = 64,
     max_batch_size: int | None = None,
-    mix_tolerance: float = MIX_TOLERANCE,
+    mix_tolerance: float | None = None,
+    sequence_parallel: int = 1,
 ) -> dict[str, Compared]:
     """Plan one epoch (rank 0's view; plans are the same on every rank) with three samplers
     at the same ``max_tokens``, all costed with ``cost_model``:
 
     - "AdaptiveLoad": ``AdaptiveBatchSampler`` with ``cost_model``, ``max_cost``,
-      ``lookahead_steps`` and ``mix_tolerance``;
+      ``lookahead_steps`` and ``mix_tolerance`` (None: the setup's default), and with
+      ``sequence_parallel`` > 1 micro-batches split over up to that many ranks
+      (``uneven_counts=True``, as sequence parallelism needs);
     - "equal-token buckets": ``EqualTokenBatchSampler`` (``floor(max_tokens / S)`` samples
       per micro-batch, ranks draw independently);
     - "paper rule (S^1.5, no balancing)": ``AdaptiveBatchSampler`` with
@@ -243,6 +246,11 @@ def compare_samplers(
         cost_model=cost_model,
         lookahead_steps=lookahead_steps,
         mix_tolerance=mix_tolerance,
+        **(
+            dict(sequence_parallel=sequence_parallel, uneven_counts=True)
+            if sequence_parallel > 1
+            else {}
+        ),
         **common,
     )
     equal = EqualTokenBatchSampler(seq_lens, max_tokens, cost_model=cost_model, **common)

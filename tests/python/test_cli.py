@@ -354,6 +354,28 @@ def test_mix_tolerance_reaches_the_adaptive_sampler(tmp_path, capsys):
     assert e.value.code == 2 and "--mix-tolerance" in capsys.readouterr().err
 
 
+def test_plan_with_sequence_parallelism_mixes_the_steps_whole_samples_cannot(tmp_path, capsys):
+    """``plan --sequence-parallel 8``: the demo at K = 4, segregated without splitting (the
+    built-in 14B profile), mixes with it at about the same predicted epoch time; the report
+    says how many micro-batches are split over how many ranks, each counted once."""
+    demo = ("--demo-samples", "20000", "--micro-batches-per-step", "4")
+    whole = plan_json(tmp_path, *demo)["AdaptiveLoad"]
+    capsys.readouterr()
+    split = plan_json(tmp_path, *demo, "--sequence-parallel", "8")
+    out = capsys.readouterr().out
+    ours = split["AdaptiveLoad"]
+    assert whole["steps_without_image"] > 0.3 and whole["composition"]["tokens_ratio"] > 1.5
+    assert ours["steps_without_image"] == 0.0 and ours["composition"]["tokens_ratio"] < 1.1
+    assert ours["epoch_time"] <= whole["epoch_time"] * 1.03
+    line = next(x for x in out.splitlines() if x.startswith("sequence parallelism"))
+    assert "up to 8 ranks per micro-batch" in line and " over 4 ranks" in line
+    assert "(--mix-tolerance 0.02)" in out  # the setup's default reached the sampler
+    for bad, says in ((["--sequence-parallel", "3"], "power of two"),
+                      (["--sequence-parallel", "2", "--stream"], "--stream")):  # fmt: skip
+        assert main(["plan", "--demo", "--demo-samples", "300", "--figure", "none", *bad]) == 2
+        assert says in capsys.readouterr().err
+
+
 def steps_line(out):
     return next(line for line in out.splitlines() if line.startswith("Steps: "))
 
