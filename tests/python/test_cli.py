@@ -369,7 +369,7 @@ def test_plan_with_sequence_parallelism_mixes_the_steps_whole_samples_cannot(tmp
     assert ours["epoch_time"] <= whole["epoch_time"] * 1.03
     line = next(x for x in out.splitlines() if x.startswith("sequence parallelism"))
     assert "up to 8 ranks per micro-batch" in line and " over 4 ranks" in line
-    assert "(--mix-tolerance 0.02)" in out  # the setup's default reached the sampler
+    assert "(--mix-tolerance 0.05)" in out  # the setup's default reached the sampler
     for bad, says in ((["--sequence-parallel", "3"], "power of two"),
                       (["--sequence-parallel", "2", "--stream"], "--stream")):  # fmt: skip
         assert main(["plan", "--demo", "--demo-samples", "300", "--figure", "none", *bad]) == 2

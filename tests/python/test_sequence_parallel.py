@@ -388,17 +388,20 @@ def test_default_mix_tolerance_per_setup():
 
     lens = random_mix(400, np.random.default_rng())
     single = MIX_TOLERANCE_BY_SETUP[(True, True, True)]
-    assert single > MIX_TOLERANCE
+    split = MIX_TOLERANCE_BY_SETUP[(True, False, True)]
+    assert single > split > MIX_TOLERANCE
     # Batch size 1, K = 1, split clips: the setup's own default (a step of W single samples
     # cannot be both representative and within MIX_TOLERANCE).
     assert make(lens, max_batch_size=1).options.mix_tolerance == single
-    # Any other setup: MIX_TOLERANCE; a value given is kept.
-    assert (
-        make(lens, max_batch_size=1, micro_batches_per_step=4).options.mix_tolerance
-        == MIX_TOLERANCE
-    )
-    assert make(lens).options.mix_tolerance == MIX_TOLERANCE
+    # Other setups with sequence parallelism: what splitting adds counts, a higher bound.
+    for kw in (dict(max_batch_size=1, micro_batches_per_step=4), {},
+               dict(micro_batches_per_step=4)):  # fmt: skip
+        assert make(lens, **kw).options.mix_tolerance == split
+    # Without sequence parallelism: MIX_TOLERANCE; a value given is kept.
     assert make(lens, max_batch_size=1, sequence_parallel=1).options.mix_tolerance == MIX_TOLERANCE
+    assert make(lens, sequence_parallel=1, micro_batches_per_step=4).options.mix_tolerance == (
+        MIX_TOLERANCE
+    )
     assert make(lens, max_batch_size=1, mix_tolerance=0.0).options.mix_tolerance == 0.0
 
 

@@ -12,11 +12,21 @@ from adaptiveload.sampler.base import PlannedBatchSampler
 # data's groups (docs/sampler.md, "Representative steps").
 MIX_TOLERANCE = 0.02
 # The default mix_tolerance of setups whose steps cannot be both representative and within
-# MIX_TOLERANCE, by (sequence parallelism, one sample per micro-batch, K = 1). A step of W single
-# samples mixes images and clips only where split clips even it out, which leaves about 7% on
-# the held-out mix; the 0.02 default then segregated steps instead (39% of steps without an
-# image where a shuffle has 2%): benchmarks/RESULTS.md, "Sequence parallelism per micro-batch".
-MIX_TOLERANCE_BY_SETUP = {(True, True, True): 0.08}
+# MIX_TOLERANCE, by (sequence parallelism, one sample per micro-batch, K = 1). With sequence
+# parallelism the tolerance bounds the rank time lost to waiting AND to what splitting adds (a
+# share costs more than 1/d of the whole: per-sample work, launch floor, all-to-alls), and
+# steps that mix by splitting pay 2-4% of it: at 0.02 such steps stayed segregated (batch size 1,
+# K = 4: 1.68x a shuffle's composition distance; packed K = 1: 1.44x), at 0.05 they mix (0.40x,
+# 0.57x) for 0.6-1.6% of predicted epoch time (held-out mix, built-in 14B profile, 8 ranks). A
+# step of W single samples mixes images and clips only where split clips even it out, which
+# leaves about 7% on the held-out mix: 0.08 there (benchmarks/RESULTS.md, "Sequence
+# parallelism per micro-batch"; docs/sampler.md, "When it pays").
+MIX_TOLERANCE_BY_SETUP = {
+    (True, True, True): 0.08,
+    (True, True, False): 0.05,
+    (True, False, True): 0.05,
+    (True, False, False): 0.05,
+}
 
 
 def default_mix_tolerance(sequence_parallel, max_batch_size, micro_batches_per_step) -> float:
@@ -77,9 +87,12 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
             steps of similar cost. 0 gives the best balance, with steps that often hold one
             or two shapes; 1 mixes every window whatever the balance.
             ``plan().window_strata`` and ``step_composition`` report where each plan landed.
-            Default (None): ``MIX_TOLERANCE`` (0.02), except where ``MIX_TOLERANCE_BY_SETUP``
-            names the setup (0.08 with sequence parallelism at one sample per micro-batch and
-            K = 1): docs/sampler.md, "Representative steps".
+            With sequence parallelism it bounds the rank time lost to waiting and to what
+            splitting adds (each micro-batch priced against its shares at the fewest ranks
+            it needs). Default (None): ``MIX_TOLERANCE`` (0.02), except where
+            ``MIX_TOLERANCE_BY_SETUP`` names the setup (with sequence parallelism 0.05, and
+            0.08 at one sample per micro-batch and K = 1): docs/sampler.md, "Representative
+            steps".
         balance: False gives the paper's form: dual caps, no cross-rank balancing.
         max_batch_size: at most this many samples per micro-batch (None: no limit beyond the
             caps). ``max_batch_size=1`` is the batch-size-1 pipeline (DiffSynth-Studio's
