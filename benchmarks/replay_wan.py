@@ -119,19 +119,16 @@ class Timings:
     As ``calibrate_plan``'s ``measure``, it returns (ms, 0)."""
 
     def __init__(self, timer, log=None):
-        self.timer, self.ms, self.seconds = timer, {}, 0.0
-        self.log = log
+        self.timer, self.ms, self.seconds, self.log = timer, {}, 0.0, log
 
     def load(self, path, device):
         """Kinds timed by an earlier run on the same ``device`` (a ``log`` of it, JSON lines):
         a run cut off by a time limit goes on where it stopped. Refuses another device's."""
         with open(path) as f:
             rows = [json.loads(line) for line in f if line.strip()]
-        other = {r["device"] for r in rows} - {device}
-        if other:
+        if other := {r["device"] for r in rows} - {device}:
             raise ValueError(f"{path}: timed on {sorted(other)}, not on this {device!r}")
-        for r in rows:
-            self.ms[tuple(r["kind"])] = r["ms"]
+        self.ms.update((tuple(r["kind"]), r["ms"]) for r in rows)
         return len(rows)
 
     def __call__(self, batch, shape, degree=1):
@@ -142,9 +139,9 @@ class Timings:
             self.ms[key] = self.timer(batch, tuple(int(v) for v in shape), **split)[0]
             self.seconds += time.perf_counter() - t0
             if self.log is not None:  # (path, device): one line per kind, as it is timed
+                line = {"device": self.log[1], "kind": key, "ms": self.ms[key]}
                 with open(self.log[0], "a") as f:
-                    f.write(json.dumps({"device": self.log[1], "kind": key, "ms": self.ms[key]}))
-                    f.write("\n")
+                    print(json.dumps(line), file=f)
         return self.ms[key], 0
 
 
