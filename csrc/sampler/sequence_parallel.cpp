@@ -305,8 +305,9 @@ SpStep assign_with_degrees(const std::vector<SpItem>& items, int64_t W,
               std::to_string(top));
     degree[i] = std::max<int64_t>(items[i].min_degree, 1);
     lo = std::max(lo, share_cost(items[i], top, sp));
-    total += share_cost(items[i], degree[i], sp);
-    reference += static_cast<double>(degree[i]) * share_cost(items[i], degree[i], sp);
+    const double share = share_cost(items[i], degree[i], sp);
+    total += share;
+    reference += static_cast<double>(degree[i]) * share;
   }
   lo = std::max(lo, total / static_cast<double>(W));
   std::vector<double> finish, trial_finish;

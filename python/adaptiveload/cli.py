@@ -268,10 +268,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _degrees_line(plan, D: int) -> str:
     """How AdaptiveLoad's plan splits its micro-batches (each counted once, not per member)."""
-    lead = plan.members == 0
-    degrees = plan.degrees[lead]
-    split = {d: int(np.sum(degrees == d)) for d in (2, 4, 8, 16, 32, 64) if d <= D}
-    counts = ", ".join(f"{n} over {d} ranks" for d, n in split.items() if n)
+    degrees = plan.degrees[plan.members == 0]
+    split, n = np.unique(degrees[degrees > 1], return_counts=True)
+    counts = ", ".join(f"{c} over {d} ranks" for d, c in zip(split, n, strict=True))
     return (
         f"sequence parallelism (up to {D} ranks per micro-batch): {np.mean(degrees > 1):.0%} of "
         f"{len(degrees)} micro-batches split" + (f" ({counts})" if counts else "")
