@@ -183,10 +183,18 @@ def calibrate_wan(
                           source="calibrate_wan")  # fmt: skip
 
 
-def kinds_of_plan(plan, seq_lens, shapes) -> dict[tuple[int, ...], tuple[int, ...]]:
+def kinds_of_plan(
+    plan, seq_lens, shapes, *, references: bool = False
+) -> dict[tuple[int, ...], tuple[int, ...]]:
     """The micro-batch kinds ``(S, B) -> shape`` of ``plan``, by increasing ``(S, B)``
     (micro-batches of mixed lengths have no kind and are left out); a micro-batch split over
-    ``d > 1`` ranks (sequence parallelism) is the share ``(S, B, d)``."""
+    ``d > 1`` ranks (sequence parallelism) is the share ``(S, B, d)``.
+
+    ``references``: with each share, also the same micro-batch split no more than it must (at
+    the fewest ranks whose shares fit ``plan.max_tokens``: ``(S, B)`` where it fits one). The
+    planner weighs what splitting adds against it (``mix_tolerance``), so a calibration that
+    measured only the shares would price it by the fitted form, and mix where splitting costs
+    more than the tolerance allows."""
     kinds: dict[tuple[int, ...], tuple[int, ...]] = {}
     sizes = np.diff(plan.offsets)
     degrees = plan.degrees
@@ -194,19 +202,30 @@ def kinds_of_plan(plan, seq_lens, shapes) -> dict[tuple[int, ...], tuple[int, ..
         batch = plan.samples[plan.offsets[m] : plan.offsets[m + 1]]
         s = int(seq_lens[batch[0]])
         if np.all(seq_lens[batch] == s):
+            b = int(sizes[m])
             d = 1 if degrees is None else int(degrees[m])
-            kind = (s, int(sizes[m])) + ((d,) if d > 1 else ())
-            kinds.setdefault(kind, tuple(int(v) for v in shapes[batch[0]]))
+            shape = tuple(int(v) for v in shapes[batch[0]])
+            kinds.setdefault((s, b) + ((d,) if d > 1 else ()), shape)
+            if references and d > 1:
+                least = 1  # member 0 holds ceil(S / d) tokens of each sample (share_tokens)
+                while least < d and b * -(-s // least) > plan.max_tokens:
+                    least *= 2
+                kinds.setdefault((s, b) + ((least,) if least > 1 else ()), shape)
     return dict(sorted(kinds.items()))
 
 
-def plan_kinds(sampler, shapes, epochs=(0,)) -> dict[tuple[int, ...], tuple[int, ...]]:
+def plan_kinds(
+    sampler, shapes, epochs=(0,), *, references: bool = False
+) -> dict[tuple[int, ...], tuple[int, ...]]:
     """The micro-batch kinds ``(S, B) -> shape`` that ``sampler``'s plans of ``epochs`` use
-    (``kinds_of_plan`` of each)."""
+    (``kinds_of_plan`` of each, with ``references``)."""
     kinds: dict[tuple[int, ...], tuple[int, ...]] = {}
     for epoch in epochs:
         sampler.set_epoch(epoch)
-        for kind, shape in kinds_of_plan(sampler.plan(), sampler.seq_lens, shapes).items():
+        plan = sampler.plan()
+        for kind, shape in kinds_of_plan(
+            plan, sampler.seq_lens, shapes, references=references
+        ).items():
             kinds.setdefault(kind, shape)
     return dict(sorted(kinds.items()))
 
@@ -295,7 +314,8 @@ def calibrate_plan(
 
     Round after round: ``make_sampler(model)`` (the user's sampler settings with this cost
     model) plans ``epochs``, the kinds ``(S, B)`` the plans use are collected
-    (``plan_kinds``, ``shapes[i]`` the pixel shape of sample ``i``),
+    (``plan_kinds``, ``shapes[i]`` the pixel shape of sample ``i``; with each share, the
+    micro-batch it splits, which the planner weighs the share against),
     ``measure(B, shape) -> (ms, peak_bytes)`` measures the ones not yet measured
     (``measure(B, shape, degree=d)`` one rank's share of a micro-batch split ``d`` ways, where
     the sampler plans with sequence parallelism), and the
@@ -318,7 +338,7 @@ def calibrate_plan(
     try:
         for r in range(max_rounds):
             model = _model_of(points, prior)
-            kinds = plan_kinds(make_sampler(model), shapes, epochs)
+            kinds = plan_kinds(make_sampler(model), shapes, epochs, references=True)
             done = {p.kind for p in points}
             new = [k for k in kinds if k not in done]
             rounds.append({"round": r, "kinds_used": len(kinds), "kinds_new": len(new)})

@@ -195,6 +195,85 @@ def test_plan_aware_calibration_measures_the_shares_of_split_micro_batches(tmp_p
     assert calls == [] and resumed.cost_model.measured_shares == shares
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_plan_aware_calibration_measures_what_a_share_is_weighed_against(seed):
+    """The planner mixes a window with sequence parallelism only where its steps lose at most
+    mix_tolerance of their rank time to waiting and to what splitting adds, weighed against
+    each micro-batch split no more than it must. A plan that splits every micro-batch never runs
+    them whole, so calibration measures those too. Priced by the prior instead (the built-in
+    profile, 1.1-1.7x this GPU's whole micro-batches), splitting looked free: every micro-batch
+    was split and the plan lost 3.4% at a tolerance of 3%."""
+    from adaptiveload.demo import demo_metadata
+
+    meta = demo_metadata(20_000, seed=seed)
+    lens = meta.seq_lens
+    max_tokens = int(2 * lens.max())
+    tolerance, comm = 0.03, 2.34e-4  # ms per token sent (Wan 2.1-14B, 1 block, 350 GB/s)
+
+    def make_sampler(model):
+        return AdaptiveBatchSampler(
+            lens, max_tokens, cost_model=model, group_keys=meta.group_keys(), num_replicas=8,
+            rank=0, micro_batches_per_step=1, uneven_counts=True, sequence_parallel=8,
+            sequence_parallel_comm=comm, mix_tolerance=tolerance,
+        )  # fmt: skip
+
+    def share_ms(batch, seq_len, degree):  # a floor, a launch every share pays, all-to-alls
+        work = batch * (0.5 + 1.6e-3 * seq_len + 1.4e-7 * seq_len**2)
+        return max(9.0, 1.5 + work / degree) + comm * batch * seq_len * (degree - 1) / degree**2
+
+    def measure(batch, shape, degree=1):
+        return share_ms(batch, wan_seq_len(*shape), degree), 0
+
+    prior = CostModel.wan21_h200("14B", layers=1)
+    cal = calibrate_plan(make_sampler, prior, meta.shapes, measure, progress=False)
+    sampler = make_sampler(cal.cost_model)
+    sampler.set_epoch(0)
+    plan = sampler.plan()
+    sizes, degrees = np.diff(plan.offsets), plan.degrees
+    assert degrees is not None and (degrees > 1).any()
+    first = lens[plan.samples[plan.offsets[:-1]]]
+    measured = set(cal.cost_model.measured)
+    for s, b, d in zip(first, sizes, degrees, strict=True):
+        if d > 1 and b * s <= max_tokens:
+            assert (int(s), int(b)) in measured, f"({s}, {b}) split {d} ways, never measured whole"
+    # What the plan loses, timed as the GPU would run it: each rank's listings in order, a
+    # split micro-batch starting when its last member is free; against each micro-batch whole.
+    share = np.array([share_ms(b, s, d) for s, b, d in zip(first, sizes, degrees, strict=True)])
+    whole = np.array([share_ms(b, s, 1) for s, b in zip(first, sizes, strict=True)])
+    rank_time = 8 * sum(step_makespan(plan, t, share) for t in range(plan.num_steps))
+    lost = 1 - (whole / degrees).sum() / rank_time
+    assert lost <= tolerance, f"the plan loses {lost:.1%} at mix_tolerance {tolerance}"
+
+
+def step_makespan(plan, t, times):
+    """When the last rank of step ``t`` finishes, each running its listings in plan order and a
+    split micro-batch starting when its last member is free."""
+    W = plan.num_replicas
+    lists = [
+        [plan.micro_batch_id(t, r, k) for k in range(plan.micro_batches_in_step(t, r))]
+        for r in range(W)
+    ]
+    clock, at = [0.0] * W, [0] * W
+    while any(at[r] < len(lists[r]) for r in range(W)):
+        moved = False
+        for r in range(W):
+            if at[r] >= len(lists[r]):
+                continue
+            m = lists[r][at[r]]
+            d, first = int(plan.degrees[m]), r - int(plan.members[m])
+            members = range(first, first + d)
+            if r != first or any(at[q] >= len(lists[q]) or plan.members[lists[q][at[q]]] != q - first
+                                 for q in members):  # fmt: skip
+                continue
+            start = max(clock[q] for q in members)
+            for q in members:
+                clock[q] = start + times[m]
+                at[q] += 1
+            moved = True
+        assert moved, f"step {t}: the ranks' lists deadlock"
+    return max(clock)
+
+
 def test_plan_aware_calibration_resumes_an_interrupted_run(tmp_path):
     meta, make_sampler, measure, calls = plan_setup(seed=4)
     prior = CostModel.wan21_h200("1.3B", layers=3)
