@@ -114,6 +114,7 @@ void bind_cost_model(py::module_& m) {
                   py::arg("cs") = 0.0)
       .def("sample_cost", &CostModel::sample_cost, py::arg("seq_len"))
       .def("with_floor", &CostModel::with_floor, py::arg("h0"), py::arg("hs"))
+      .def("with_split_kept", &CostModel::with_split_kept, py::arg("k0"), py::arg("k1"))
       .def(
           "with_measured",
           [](const CostModel& c,
@@ -167,6 +168,8 @@ void bind_cost_model(py::module_& m) {
       .def_readonly("cs", &CostModel::cs)
       .def_readonly("h0", &CostModel::h0)
       .def_readonly("hs", &CostModel::hs)
+      .def_readonly("k0", &CostModel::k0)
+      .def_readonly("k1", &CostModel::k1)
       .def("__repr__", &CostModel::describe);
 }
 

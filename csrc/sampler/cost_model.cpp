@@ -41,6 +41,14 @@ CostModel CostModel::with_floor(double floor0, double floor_per_sample) const {
   return m;
 }
 
+CostModel CostModel::with_split_kept(double kept0, double kept_per_token) const {
+  CostModel m = *this;
+  m.k0 = kept0;
+  m.k1 = kept_per_token;
+  m.validate();
+  return m;
+}
+
 CostModel CostModel::with_measured(const std::vector<MeasuredKind>& kinds) const {
   CostModel m = *this;
   m.measured_.clear();
@@ -109,6 +117,8 @@ double CostModel::batch_cost(const BatchStats& b) const {
 void CostModel::validate() const {
   if (!std::isfinite(h0) || h0 < 0.0) fail("h0 must be finite and >= 0, got " + std::to_string(h0));
   if (!std::isfinite(hs) || hs < 0.0) fail("hs must be finite and >= 0, got " + std::to_string(hs));
+  if (!std::isfinite(k0) || k0 < 0.0) fail("k0 must be finite and >= 0, got " + std::to_string(k0));
+  if (!std::isfinite(k1) || k1 < 0.0) fail("k1 must be finite and >= 0, got " + std::to_string(k1));
   if (kind == Kind::kPower) {
     if (!std::isfinite(p) || p < 1.0 || p > 3.0)
       fail("p must be in [1, 3], got " + std::to_string(p));
@@ -131,6 +141,7 @@ std::string CostModel::describe() const {
     if (cs != 0.0) os << ", per_sample=" << cs;
   }
   if (h0 != 0.0 || hs != 0.0) os << ", floor=" << h0 << "+" << hs << "*B";
+  if (k0 != 0.0 || k1 != 0.0) os << ", split_kept=" << k0 << "+" << k1 << "*S";
   if (num_measured() > 0) os << ", measured kinds=" << num_measured();
   os << ")";
   return os.str();

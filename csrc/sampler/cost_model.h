@@ -73,12 +73,21 @@ struct CostModel {
   double cs = 0.0;    ///< cost per sample (polynomial form), >= 0: work that does not grow with S
   double h0 = 0.0;    ///< floor per micro-batch, >= 0
   double hs = 0.0;    ///< floor per sample, >= 0
+  /// Split kept, k0 + k1 * S per sample, >= 0: the part of a sample's fitted cost that a share
+  /// over d ranks (sequence parallelism) still pays in full rather than 1/d of (the text's
+  /// projections, the timestep, shards too short to run the GPU at full speed). 0 unless set.
+  double k0 = 0.0;
+  double k1 = 0.0;
 
   static CostModel power(double p, double coef = 1.0);
   static CostModel polynomial(double c0, double c1, double c2, double cs = 0.0);
 
   /// A copy with the floor h0 + hs * B.
   CostModel with_floor(double floor0, double floor_per_sample) const;
+  /// A copy whose shares keep k0 + k1 * S of each sample whole (see k0, k1).
+  CostModel with_split_kept(double kept0, double kept_per_token) const;
+  /// k0 + k1 * S: what a share keeps whole of one sample of S tokens.
+  double split_kept(int64_t seq_len) const { return k0 + k1 * static_cast<double>(seq_len); }
   /// A copy whose measured kinds are `kinds` (replacing any it had). Throws on a bad entry
   /// or a kind given twice.
   CostModel with_measured(const std::vector<MeasuredKind>& kinds) const;

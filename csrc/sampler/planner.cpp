@@ -390,7 +390,7 @@ struct Listing {
 };
 
 // A micro-batch as degrees see it: its cost, the parts splitting leaves (the cost model's fixed
-// term and host floor), its tokens, the shares the cost model measured for its kind (where all
+// term and its samples' split_kept, and the host floor), its tokens, the shares the cost model measured for its kind (where all
 // its samples have one length), and the fewest ranks whose shares fit max_tokens (twice the
 // largest degree where none does).
 SpItem sp_item(const SampleTable& table, const PlanOptions& o, const std::vector<int64_t>& bucketed,
@@ -398,7 +398,9 @@ SpItem sp_item(const SampleTable& table, const PlanOptions& o, const std::vector
   const CostModel& cm = table.cost_model();
   SpItem it;
   it.cost = mb.cost;
-  it.fixed = std::min(cm.batch_overhead(), mb.cost);
+  double kept = cm.batch_overhead();  // what shares pay in full: c0, and per sample split_kept
+  for (int64_t j = mb.begin; j < mb.end; ++j) kept += cm.split_kept(table.seq_len(bucketed[j]));
+  it.fixed = std::min(kept, mb.cost);
   it.floor = cm.h0 + cm.hs * static_cast<double>(mb.count());
   it.tokens = mb.tokens;
   const int64_t top = o.sequence_parallel.max_degree;
@@ -420,7 +422,7 @@ SpItem sp_item(const SampleTable& table, const PlanOptions& o, const std::vector
     for (int64_t j = mb.begin; j < mb.end; ++j)
       whole.add(table.seq_len(bucketed[j]), table.sample_cost(bucketed[j]));
     it.compute = cm.batch_cost(whole);
-    it.fixed = std::min(cm.batch_overhead(), it.compute);
+    it.fixed = std::min(kept, it.compute);
   }
   it.min_degree = 2 * top;
   for (int64_t d = 1; d <= top; d *= 2) {

@@ -16,8 +16,8 @@
 //   comm(d)  = comm_fraction * (c - fixed) / d + comm_per_token * T * (d - 1) / d^2   (d >= 2)
 //
 // measured(d): the cost model's measured share of this kind (B samples of S tokens, split d
-// ways, timed on one GPU as exactly one member's share); fixed: the cost model's
-// per-micro-batch term, which splitting does not shrink; floor: its host floor (launch time),
+// ways, timed on one GPU as exactly one member's share); fixed: what splitting does not shrink,
+// the cost model's per-micro-batch term and its samples' split_kept; floor: its host floor (launch time),
 // which every share pays in full; f(d): 1, or with a memory policy the time factor of the
 // blocks a member checkpoints to hold its share (c is then the cost fully checkpointed);
 // T: the micro-batch's tokens. Ulysses moves, per attention layer,

@@ -399,9 +399,12 @@ def _measure_kinds(new, kinds: dict, measure, points: list, out, bar) -> float:
 
 def _model_of(points: list[Point], prior: CostModel) -> CostModel:
     """The fitted form on the whole micro-batches of ``points`` (``prior``'s until there are
-    8) with every point as a measured kind (a share as a measured share)."""
+    8, and ``prior``'s split_kept: whole micro-batches do not show it) with every point as a
+    measured kind (a share as a measured share)."""
     whole = [p for p in points if p.degree == 1]
     fitted = fit_cost_model(whole) if len(whole) >= 8 else prior.fitted()
+    if fitted.split_kept == (0.0, 0.0):
+        fitted = fitted.with_split_kept(*prior.split_kept)
     model = fitted.with_measured({p.kind: p.ms for p in points})
     model.meta = dict(fitted.meta)
     return model

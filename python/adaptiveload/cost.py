@@ -78,7 +78,7 @@ class CostModel:
         c = cfg["block_ms"]
         model = cls.polynomial(
             n * c["c0"], n * c["c1"], n * c["c2"], per_sample=n * c.get("cs", 0.0), unit="ms"
-        )
+        ).with_split_kept(n * c.get("k0", 0.0), n * c.get("k1", 0.0))
         model.meta = {"source": f"wan21_h200:{size}", "layers": n, "hidden": cfg["dim"]}
         return model
 
@@ -115,6 +115,8 @@ class CostModel:
                 raise ValueError(f"{source}: 'kind' must be 'power' or 'polynomial', got {kind!r}")
             if "floor" in d:
                 model = model.with_floor(d["floor"]["h0"], d["floor"]["hs"])
+            if "split_kept" in d:
+                model = model.with_split_kept(d["split_kept"]["k0"], d["split_kept"]["k1"])
             if d.get("measured"):
                 model = model.with_measured(
                     [
@@ -151,6 +153,8 @@ class CostModel:
             }
         if c.h0 or c.hs:
             d["floor"] = {"h0": c.h0, "hs": c.hs}
+        if c.k0 or c.k1:
+            d["split_kept"] = {"k0": c.k0, "k1": c.k1}
         if c.num_measured:
             d["measured"] = [
                 {"seq_len": s, "batch": b, "cost": cost, **({"degree": g} if g > 1 else {})}
@@ -179,6 +183,20 @@ class CostModel:
         return CostModel(
             self._core.with_floor(float(h0), float(hs)), unit=self.unit, meta=self.meta
         )
+
+    def with_split_kept(self, k0: float, k1: float = 0.0) -> CostModel:
+        """A copy whose shares (sequence parallelism) keep ``k0 + k1 * S`` of each sample of
+        ``S`` tokens whole: the part of its cost a share over ``d`` ranks still pays in full
+        rather than ``1/d`` of (the text's projections, the timestep, shards too short to run
+        the GPU at full speed). Measured shares need none of it; the form does."""
+        return CostModel(
+            self._core.with_split_kept(float(k0), float(k1)), unit=self.unit, meta=self.meta
+        )
+
+    @property
+    def split_kept(self) -> tuple[float, float]:
+        """``(k0, k1)`` of ``with_split_kept``; ``(0, 0)`` unless set."""
+        return self._core.k0, self._core.k1
 
     def with_measured(self, kinds) -> CostModel:
         """A copy whose measured kinds are ``kinds`` (replacing the measured kinds this one

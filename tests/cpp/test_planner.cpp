@@ -106,6 +106,19 @@ TEST(CostModel, FloorBoundsSmallMicroBatchesFromBelow) {
   EXPECT_THROW(m.with_floor(0.0, NAN), std::invalid_argument);
 }
 
+TEST(CostModel, SplitKeptIsPerSampleAndLeavesWholeCostsAlone) {
+  const CostModel base = CostModel::polynomial(2.0, 0.01, 1e-6);
+  const CostModel kept = base.with_split_kept(0.5, 1e-4);
+  EXPECT_DOUBLE_EQ(kept.split_kept(1000), 0.6);
+  EXPECT_DOUBLE_EQ(base.split_kept(1000), 0.0);
+  BatchStats b;
+  for (int64_t s : {1000, 3000}) b.add(s, kept.sample_cost(s));
+  EXPECT_DOUBLE_EQ(kept.batch_cost(b), base.batch_cost(b));  // whole micro-batches: unchanged
+  EXPECT_NE(kept.describe().find("split_kept"), std::string::npos);
+  EXPECT_THROW(base.with_split_kept(-0.1, 0.0), std::invalid_argument);
+  EXPECT_THROW(base.with_split_kept(0.0, std::nan("")), std::invalid_argument);
+}
+
 TEST(CostModel, RejectsBadMeasuredKindsNamingThem) {
   const CostModel m = CostModel::power(1.5);
   auto message = [&](std::vector<MeasuredKind> kinds) {
