@@ -181,6 +181,9 @@ def main(argv=None) -> int:
     ap.add_argument("--data", choices=["held-out", "demo"], default="held-out",
                     help="the held-out mix, or the `plan --demo` mix")  # fmt: skip
     ap.add_argument("--worlds", type=parse_ints, default=[8, 64])
+    ap.add_argument("--batches", default="1,packed",
+                    help="batch sizes replayed, comma-separated: 1 and/or packed")  # fmt: skip
+    ap.add_argument("--ks", type=parse_ints, default=[1, 4], help="micro-batches per step")
     ap.add_argument("--epoch", type=int, default=1, help="the epoch scored (calibrated on 0)")
     ap.add_argument("--max-rounds", type=int, default=4, help="of each arm's calibration")
     ap.add_argument("--builtin", action="store_true", help="plan with the built-in profile")
@@ -239,8 +242,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     samplers, calibrated = {}, {}
     for w in args.worlds:
-        for b in (1, None):
-            for k in (1, 4):
+        for b in [1 if v == "1" else None for v in args.batches.split(",")]:
+            for k in args.ks:
                 for arm, make in arms_of(
                     meta, max_tokens, w, k, b, args.degree, comm, args.sp_tolerances
                 ).items():
