@@ -390,9 +390,9 @@ struct Listing {
 };
 
 // A micro-batch as degrees see it: its cost, the parts splitting leaves (the cost model's fixed
-// term and its samples' split_kept, and the host floor), its tokens, the shares the cost model measured for its kind (where all
-// its samples have one length), and the fewest ranks whose shares fit max_tokens (twice the
-// largest degree where none does).
+// term and its samples' split_kept, and the host floor), its tokens, the shares the cost model
+// measured for its kind (where all its samples have one length), and the fewest ranks whose
+// shares fit max_tokens (twice the largest degree where none does).
 SpItem sp_item(const SampleTable& table, const PlanOptions& o, const std::vector<int64_t>& bucketed,
                const MicroBatch& mb) {
   const CostModel& cm = table.cost_model();

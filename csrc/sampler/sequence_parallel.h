@@ -16,10 +16,11 @@
 //   comm(d)  = comm_fraction * (c - fixed) / d + comm_per_token * T * (d - 1) / d^2   (d >= 2)
 //
 // measured(d): the cost model's measured share of this kind (B samples of S tokens, split d
-// ways, timed on one GPU as exactly one member's share); fixed: what splitting does not shrink,
-// the cost model's per-micro-batch term and its samples' split_kept; floor: its host floor (launch time),
-// which every share pays in full; f(d): 1, or with a memory policy the time factor of the
-// blocks a member checkpoints to hold its share (c is then the cost fully checkpointed);
+// ways, timed on one GPU as exactly one member's share); fixed: what splitting does not
+// shrink, the cost model's per-micro-batch term and its samples' split_kept; floor: its host
+// floor (launch time), which every share pays in full; f(d): 1, or with a memory policy the
+// time factor of the blocks a member checkpoints to hold its share (c is then the cost fully
+// checkpointed);
 // T: the micro-batch's tokens. Ulysses moves, per attention layer,
 // four all-to-alls of each rank's T / d tokens, of which (d - 1) / d leave the rank: comm_per_token
 // is what one token costs to send through all of them, forward and backward (see
