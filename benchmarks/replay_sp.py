@@ -95,55 +95,6 @@ def listings(plan, lens):
     return list(zip(first.tolist(), sizes.tolist(), degrees.tolist(), strict=True))
 
 
-def replay(plan, times):
-    """Step times when each rank runs its listings in plan order and a shared micro-batch
-    starts when its last member is free; returns (makespans, busy rank time per step)."""
-    W = plan.num_replicas
-    spans, busy = np.zeros(plan.num_steps), np.zeros(plan.num_steps)
-    for t in range(plan.num_steps):
-        lists = [
-            [plan.micro_batch_id(t, r, k) for k in range(plan.micro_batches_in_step(t, r))]
-            for r in range(W)
-        ]
-        clock, at = [0.0] * W, [0] * W
-        while any(at[r] < len(lists[r]) for r in range(W)):
-            moved = False
-            for r in range(W):
-                if at[r] >= len(lists[r]):
-                    continue
-                m = lists[r][at[r]]
-                d = 1 if plan.degrees is None else int(plan.degrees[m])
-                if d == 1:
-                    clock[r] += times[m]
-                    busy[t] += times[m]
-                    at[r] += 1
-                    moved = True
-                    continue
-                first = r - int(plan.members[m])
-                members = range(first, first + d)
-                ids = [lists[q][at[q]] if at[q] < len(lists[q]) else -1 for q in members]
-                mine = plan.samples[plan.offsets[m] : plan.offsets[m + 1]]
-                same = all(
-                    i >= 0
-                    and plan.members[i] == q - first
-                    and np.array_equal(plan.samples[plan.offsets[i] : plan.offsets[i + 1]], mine)
-                    for i, q in zip(ids, members, strict=True)
-                )
-                if not same or r != first:
-                    continue
-                start = max(clock[q] for q in members)
-                share = max(times[i] for i in ids)
-                for q, i in zip(members, ids, strict=True):
-                    clock[q] = start + share
-                    busy[t] += times[i]
-                    at[q] += 1
-                moved = True
-            if not moved:
-                raise RuntimeError(f"step {t}: the ranks' lists deadlock (a group out of order)")
-        spans[t] = max(clock)
-    return spans, busy
-
-
 def arms_of(meta, max_tokens, w, k, b, degree, comm, tolerances=()):
     """Each arm's sampler, made from a cost model: ``{name: make(model)}``; ``tolerances``
     adds sequence-parallel arms at those mix_tolerance values (points of the frontier)."""
@@ -276,7 +227,7 @@ def main(argv=None) -> int:
         # cross-attention runs on head shards (parallel.wan; the planner counts 4).
         heads = np.array([cross_attention_on_head_shards(k[0], TEXT_LEN, k[2]) for k in kinds_of])
         share += comm * np.where(heads, 1.5, 1.0) * plan.tokens * (d - 1) / d
-        spans, busy = replay(plan, share)
+        spans, busy = plan.replay(share)
         rc = plan.rank_costs()
         comp = step_composition(plan, meta.group_keys(), lens)
         modality = step_composition(plan, image, lens)

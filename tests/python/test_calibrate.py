@@ -240,38 +240,9 @@ def test_plan_aware_calibration_measures_what_a_share_is_weighed_against(seed):
     # split micro-batch starting when its last member is free; against each micro-batch whole.
     share = np.array([share_ms(b, s, d) for s, b, d in zip(first, sizes, degrees, strict=True)])
     whole = np.array([share_ms(b, s, 1) for s, b in zip(first, sizes, strict=True)])
-    rank_time = 8 * sum(step_makespan(plan, t, share) for t in range(plan.num_steps))
+    rank_time = 8 * plan.replay(share)[0].sum()
     lost = 1 - (whole / degrees).sum() / rank_time
     assert lost <= tolerance, f"the plan loses {lost:.1%} at mix_tolerance {tolerance}"
-
-
-def step_makespan(plan, t, times):
-    """When the last rank of step ``t`` finishes, each running its listings in plan order and a
-    split micro-batch starting when its last member is free."""
-    W = plan.num_replicas
-    lists = [
-        [plan.micro_batch_id(t, r, k) for k in range(plan.micro_batches_in_step(t, r))]
-        for r in range(W)
-    ]
-    clock, at = [0.0] * W, [0] * W
-    while any(at[r] < len(lists[r]) for r in range(W)):
-        moved = False
-        for r in range(W):
-            if at[r] >= len(lists[r]):
-                continue
-            m = lists[r][at[r]]
-            d, first = int(plan.degrees[m]), r - int(plan.members[m])
-            members = range(first, first + d)
-            if r != first or any(at[q] >= len(lists[q]) or plan.members[lists[q][at[q]]] != q - first
-                                 for q in members):  # fmt: skip
-                continue
-            start = max(clock[q] for q in members)
-            for q in members:
-                clock[q] = start + times[m]
-                at[q] += 1
-            moved = True
-        assert moved, f"step {t}: the ranks' lists deadlock"
-    return max(clock)
 
 
 def test_plan_aware_calibration_resumes_an_interrupted_run(tmp_path):

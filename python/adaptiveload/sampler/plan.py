@@ -148,6 +148,59 @@ class Plan:
         """Predicted cost of each rank in each step, shape (num_steps, W)."""
         return self.rank_sums(self.costs)
 
+    def replay(self, times) -> tuple[np.ndarray, np.ndarray]:
+        """Step times when each rank runs its listings in plan order, ``times[m]`` each, and a
+        split micro-batch starts when its last member is free (its members' listings in one
+        group, none of them before); returns (makespans, busy rank time per step)."""
+        W = self.num_replicas
+        spans, busy = np.zeros(self.num_steps), np.zeros(self.num_steps)
+        for t in range(self.num_steps):
+            lists = [
+                [self.micro_batch_id(t, r, k) for k in range(self.micro_batches_in_step(t, r))]
+                for r in range(W)
+            ]
+            clock, at = [0.0] * W, [0] * W
+            while any(at[r] < len(lists[r]) for r in range(W)):
+                moved = False
+                for r in range(W):
+                    if at[r] >= len(lists[r]):
+                        continue
+                    m = lists[r][at[r]]
+                    d = 1 if self.degrees is None else int(self.degrees[m])
+                    if d == 1:
+                        clock[r] += times[m]
+                        busy[t] += times[m]
+                        at[r] += 1
+                        moved = True
+                        continue
+                    first = r - int(self.members[m])
+                    members = range(first, first + d)
+                    ids = [lists[q][at[q]] if at[q] < len(lists[q]) else -1 for q in members]
+                    mine = self.samples[self.offsets[m] : self.offsets[m + 1]]
+                    same = all(
+                        i >= 0
+                        and self.members[i] == q - first
+                        and np.array_equal(
+                            self.samples[self.offsets[i] : self.offsets[i + 1]], mine
+                        )
+                        for i, q in zip(ids, members, strict=True)
+                    )
+                    if not same or r != first:
+                        continue
+                    start = max(clock[q] for q in members)
+                    share = max(times[i] for i in ids)
+                    for q, i in zip(members, ids, strict=True):
+                        clock[q] = start + share
+                        busy[t] += times[i]
+                        at[q] += 1
+                    moved = True
+                if not moved:
+                    raise RuntimeError(
+                        f"step {t}: the ranks' lists deadlock (a group out of order)"
+                    )
+            spans[t] = max(clock)
+        return spans, busy
+
     def step_tokens(self) -> np.ndarray:
         """Tokens of each step over all ranks, shape (num_steps,): the normalizer of a loss
         summed over tokens, the same on every rank."""

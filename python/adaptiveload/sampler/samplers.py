@@ -16,9 +16,10 @@ MIX_TOLERANCE = 0.02
 # parallelism the tolerance bounds the rank time lost to waiting AND to what splitting adds (a
 # share costs more than 1/d of the whole: per-sample work, launch floor, all-to-alls), and
 # steps that mix by splitting pay 2-4% of it: at 0.02 such steps stayed segregated (batch size 1,
-# K = 4: 1.68x a shuffle's composition distance; packed K = 1: 1.44x), at 0.05 they mix (0.40x,
-# 0.57x) at 1.006x and 0.984x today's predicted epoch time (held-out mix, built-in 14B profile,
-# 8 ranks; not yet replayed on a GPU). A
+# K = 4: 1.68x a shuffle's composition distance; packed K = 1: 1.44x), at 0.05 they mix (held-
+# out mix, 8 ranks; batch size 1, K = 4: 0.40x at 1.005x today's epoch, predicted on the
+# H200-shaped synthetic GPU; packed K = 1: 1.60x, down from 2.04x, at 0.968x, replayed on an
+# H100, where no tolerance tried gave both a shuffle's mix and 0.97x). A
 # step of W single samples mixes images and clips only where split clips even it out, which
 # leaves about 7% on the held-out mix: 0.08 there (benchmarks/RESULTS.md, "Sequence
 # parallelism per micro-batch"; docs/sampler.md, "When it pays").
