@@ -148,10 +148,11 @@ def main(argv=None) -> int:
     ap.add_argument("--fake", action="store_true", help="a synthetic GPU (dry run, any machine)")
     ap.add_argument("--out", default="out/sp")
     ap.add_argument("--write", action="store_true", help="store the CSV under benchmarks/results")
+    ap.add_argument("--command", help="with --render --write: the run's command, as recorded")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.render:
-        return render(args.render, args.out, args.write)
+        return render(args.render, args.out, args.write, args.command)
     if args.data == "demo":  # the `plan --demo` mix (joint-pretrain, seed 0)
         from adaptiveload.demo import demo_metadata
 
@@ -273,7 +274,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def render(run: str, out: str, write_too: bool) -> int:
+def render(run: str, out: str, write_too: bool, command: str | None = None) -> int:
     """The figure (and with ``write_too`` the results) of a run's rows and setup."""
     import csv
 
@@ -290,7 +291,7 @@ def render(run: str, out: str, write_too: bool) -> int:
             rows.append(row)
     figure(rows, os.path.join(out, "sp.png"))
     if write_too:
-        write(rows, setup)
+        write(rows, setup, command)
     return 0
 
 
@@ -324,7 +325,7 @@ def figure(rows, path):
     fig.savefig(path, dpi=120)
 
 
-def write(rows, setup):
+def write(rows, setup, command=None):
     from make_results import write_results
 
     head = ["ranks", "K", "micro-batches", "arm", "epoch (s)", "vs shuffled batch size 1",
@@ -341,7 +342,8 @@ def write(rows, setup):
     meta = {
         "date": str(date.today()),
         "machine": device,
-        "command": f"python benchmarks/replay_sp.py --config {setup['config']} --degree "
+        "command": command
+        or f"python benchmarks/replay_sp.py --config {setup['config']} --degree "
         f"{setup['degree']} --layers {setup['layers']} --data {setup['data']} --write",
         "setup": f"{setup['data']} mix, {setup['samples']} samples, max_tokens "
         f"{setup['max_tokens']}, {setup['config']}, {setup['layers']} block(s), "
@@ -351,6 +353,7 @@ def write(rows, setup):
         "ms per token",
     }
     name = "replay_sp" + ("_demo" if setup["data"] == "demo" else "")
+    name += "_builtin" if setup.get("cost_model") == "built-in" else ""
     print("wrote", write_results(f"{gpu}/{name}.csv", head, out, meta))
 
 

@@ -22,9 +22,10 @@ MIX_TOLERANCE = 0.02
 # H100, where no tolerance tried gave both a shuffle's mix and 0.97x). A
 # step of W single samples mixes images and clips only where split clips even it out, which
 # leaves about 7% on the held-out mix: at 0.08 a quarter of an H100's replayed steps held no
-# image (a shuffle's: 2%), at 0.10 1%, at 0.972x today's epoch and 3.7x shuffled batch size 1
-# (benchmarks/RESULTS.md, "Sequence parallelism per micro-batch"; docs/sampler.md, "When it
-# pays").
+# image (a shuffle's: 2%); at 0.10 none, at 0.98x a shuffle's composition distance, 5.6%
+# imbalance, 0.982x today's epoch and 3.76x shuffled batch size 1 (H100 replay; benchmarks/
+# RESULTS.md, "Sequence parallelism chosen per micro-batch, today's defaults, on an H100";
+# docs/sampler.md, "When it pays").
 MIX_TOLERANCE_BY_SETUP = {
     (True, True, True): 0.10,
     (True, True, False): 0.05,
