@@ -19,7 +19,8 @@ MIX_TOLERANCE = 0.02
 # K = 4: 1.68x a shuffle's composition distance; packed K = 1: 1.44x), at 0.05 they mix (held-
 # out mix, 8 ranks; batch size 1, K = 4: 0.40x at 1.005x today's epoch, predicted on the
 # H200-shaped synthetic GPU; packed K = 1: 1.60x, down from 2.04x, at 0.968x, replayed on an
-# H100, where no tolerance tried gave both a shuffle's mix and 0.97x). A
+# H100, where no tolerance tried gave both a shuffle's mix and 0.97x; a second H100 run gave
+# 0.78x at 0.972x: packed K = 1 sits at that edge). A
 # step of W single samples mixes images and clips only where split clips even it out, which
 # leaves about 7% on the held-out mix: at 0.08 a quarter of an H100's replayed steps held no
 # image (a shuffle's: 2%); at 0.10 none, at 0.98x a shuffle's composition distance, 5.6%
