@@ -4,7 +4,7 @@ Simulates epochs of image+video mixes and times every micro-batch with the MEASU
 forward+backward times of a Wan-2.1-14B-shaped block on an H200 (the table in
 benchmarks/data/wan_block_cost_h200.json, interpolated; x 40 layers), not with the cost
 model the planner used. Compared at the same max_tokens (twice the longest sample), by
-adaptiveload.report.compare_samplers:
+adaptiveload.compare.compare_samplers:
 
 - AdaptiveLoad: AdaptiveBatchSampler with its defaults (cost model: the built-in fit);
 - equal-token: EqualTokenBatchSampler (same-shape buckets, floor(max_tokens / S) samples,
@@ -30,8 +30,9 @@ from datetime import date
 import numpy as np
 
 from adaptiveload import CostModel, Plan, balance_report
+from adaptiveload.compare import COMPARED_SAMPLERS, compare_samplers
 from adaptiveload.demo import MIXES, demo_metadata
-from adaptiveload.report import COMPARED_SAMPLERS, compare_samplers, rescore
+from adaptiveload.report import rescore
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The project's block measurements (copied from shared/data/wan_block_cost_h200.json; its

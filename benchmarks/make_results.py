@@ -286,7 +286,7 @@ SECTIONS = [
                 "and a simulated 64, every arm calibrated on its own plans of epoch 0 and "
                 "scored on epoch 1), with the defaults of today: mix_tolerance bounds the time "
                 "lost to waiting and to splitting, 0.05 with sequence parallelism and 0.10 at "
-                "batch size 1 and K = 1 (sampler.samplers.MIX_TOLERANCE_BY_SETUP), calibration "
+                "batch size 1 and K = 1 (sampler.defaults.MIX_TOLERANCE_BY_SETUP), calibration "
                 "measures what a share is weighed against, cost models price what a share "
                 "keeps whole, Wan's cross-attention runs on head shards where that pays.",
                 "Every 8-rank row of issue 35's table within its bar in this run. Packed K = 1 "
@@ -312,7 +312,7 @@ SECTIONS = [
                 "simulated 64, batch size 1 and packed, K = 1 and 4: shuffled batch size 1, "
                 "today's default plan, today's with uneven counts, and sequence_parallel=8 "
                 "(Wan 2.1-14B's 40 heads allow 1, 2, 4, 8) at the default mix_tolerance (0.02; "
-                "0.08 at batch size 1 and K = 1, sampler.samplers.MIX_TOLERANCE_BY_SETUP) and "
+                "0.08 at batch size 1 and K = 1, sampler.defaults.MIX_TOLERANCE_BY_SETUP) and "
                 "fully mixed (mix_tolerance=1). Each arm plans with a cost model calibrated on its own "
                 "plans of epoch 0 (calibrate_plan: whole micro-batches and, split, one rank's "
                 "share (S, B, d)) and is scored on epoch 1. Every listing timed on the H200 as "

@@ -17,8 +17,8 @@ import os
 from datetime import date
 
 from adaptiveload import CostModel
+from adaptiveload.compare import COMPARED_SAMPLERS, compare_samplers
 from adaptiveload.demo import demo_metadata
-from adaptiveload.report import COMPARED_SAMPLERS, compare_samplers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL = os.path.join(HERE, "data", "wan1.3b_4layers_h200_calibrated.json")

@@ -16,12 +16,13 @@ import sys
 import numpy as np
 
 from adaptiveload.cli_calibrate import cmd_calibrate, model_of_args
+from adaptiveload.compare import compare_samplers
 from adaptiveload.composition import steps_without
 from adaptiveload.cost import CostModel
 from adaptiveload.demo import MIXES, demo_metadata, demo_shapes
 from adaptiveload.figure import draw_plans, figure_groups
 from adaptiveload.metadata import Metadata, read_metadata
-from adaptiveload.report import balance_report, compare_samplers, merge_reports
+from adaptiveload.report import balance_report, merge_reports
 from adaptiveload.sampler import MIX_TOLERANCE
 from adaptiveload.wan import CONFIGS, TEXT_LEN, ShapeError
 
@@ -301,8 +302,8 @@ def _plan_streamed(args, meta: Metadata, source: str, cost, max_tokens: int) -> 
     comp = rep.composition
     print(f"data: {source}; {len(meta.seq_lens)} samples; cost model {cost!r}")
     print(
-        f"streamed: {segments} segments of at least {s.settings.segment_samples} samples; "
-        f"max_tokens = {max_tokens}, max_cost = {s.settings.max_cost:.6g}; "
+        f"streamed: {segments} segments of at least {s.segment_samples} samples; "
+        f"max_tokens = {max_tokens}, max_cost = {s.max_cost:.6g}; "
         f"{args.num_replicas} ranks x {args.micro_batches_per_step} micro-batch(es) per step"
     )
     print(

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from adaptiveload.sampler.checks import as_group_ids
+from adaptiveload.keys import as_group_ids
 
 # A group that holds more than this share of the epoch's samples or tokens is one a step
 # should not miss (images in a joint image-video mix).

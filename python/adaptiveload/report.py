@@ -1,25 +1,16 @@
-"""How well a plan balances the ranks, from its predicted costs, how representative its steps
-are of the data, and the comparison of AdaptiveLoad with the baselines that the CLI and the
-benchmarks report."""
+"""How well a plan balances the ranks, from its predicted costs, and how representative its
+steps are of the data (``compare.py`` compares AdaptiveLoad with the baselines). A plan is any
+``adaptiveload.sampler.Plan``; this module imports no sampler, so that the samplers can report
+with it."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
 
 import numpy as np
 
 from adaptiveload.composition import Composition, step_composition
-from adaptiveload.cost import CostModel
-from adaptiveload.sampler import AdaptiveBatchSampler, EqualTokenBatchSampler, Plan
-
-# The samplers compare_samplers builds, in its order: name -> short label for tables.
-COMPARED_SAMPLERS = {
-    "AdaptiveLoad": "AdaptiveLoad",
-    "equal-token buckets": "equal-token",
-    "paper rule (S^1.5, no balancing)": "paper rule",
-}
 
 
 @dataclass
@@ -79,7 +70,7 @@ class BalanceReport:
         return text if self.composition is None else f"{text}; {self.composition}"
 
 
-def balance_report(plan: Plan, labels=None, seq_lens=None) -> BalanceReport:
+def balance_report(plan, labels=None, seq_lens=None) -> BalanceReport:
     """Summarize ``plan`` (see ``BalanceReport`` for the definitions).
 
     With ``labels`` (one group label per dataset index: the sampler's ``group_keys``, shapes,
@@ -177,93 +168,8 @@ def merge_reports(reports: list[BalanceReport]) -> BalanceReport:
     )
 
 
-def rescore(plan: Plan, seq_lens, cost_model, max_cost: float | None = None) -> Plan:
+def rescore(plan, seq_lens, cost_model, max_cost: float | None = None):
     """The same plan with each micro-batch's cost predicted by another ``cost_model``
     (to compare plans made with different models under one yardstick)."""
     costs = cost_model.batch_costs(np.asarray(seq_lens)[plan.samples], plan.offsets)
     return dataclasses.replace(plan, costs=costs, max_cost=max_cost)
-
-
-class Compared(NamedTuple):
-    """One sampler of ``compare_samplers``, its plan and the plan's balance report (with the
-    plan's composition)."""
-
-    sampler: AdaptiveBatchSampler | EqualTokenBatchSampler
-    plan: Plan
-    report: BalanceReport
-
-
-def compare_samplers(
-    seq_lens,
-    max_tokens: int,
-    *,
-    cost_model: CostModel,
-    group_keys=None,
-    num_replicas: int,
-    micro_batches_per_step: int = 1,
-    seed: int = 0,
-    epoch: int = 0,
-    max_cost: float | None = None,
-    lookahead_steps: int = 64,
-    max_batch_size: int | None = None,
-    mix_tolerance: float | None = None,
-    sequence_parallel: int = 1,
-) -> dict[str, Compared]:
-    """Plan one epoch (rank 0's view; plans are the same on every rank) with three samplers
-    at the same ``max_tokens``, all costed with ``cost_model``:
-
-    - "AdaptiveLoad": ``AdaptiveBatchSampler`` with ``cost_model``, ``max_cost``,
-      ``lookahead_steps`` and ``mix_tolerance`` (None: the setup's default), and with
-      ``sequence_parallel`` > 1 micro-batches split over up to that many ranks
-      (``uneven_counts=True``, as sequence parallelism needs);
-    - "equal-token buckets": ``EqualTokenBatchSampler`` (``floor(max_tokens / S)`` samples
-      per micro-batch, ranks draw independently);
-    - "paper rule (S^1.5, no balancing)": ``AdaptiveBatchSampler`` with
-      ``CostModel.power(1.5)``, its default cap and ``balance=False``, the plan then
-      rescored with ``cost_model`` (its report has no cost cap).
-
-    ``max_batch_size`` caps the samples per micro-batch of all three (1: the batch-size-1
-    pipelines, whose default the equal-token sampler then is: shuffled samples, one each).
-
-    Each report holds its plan's composition, with ``group_keys`` as the groups (the sequence
-    lengths without keys).
-
-    Returns ``{name: Compared(sampler, plan, report)}`` in that order (``COMPARED_SAMPLERS``
-    gives each name a short label).
-    """
-    common = dict(
-        group_keys=group_keys,
-        num_replicas=num_replicas,
-        rank=0,
-        micro_batches_per_step=micro_batches_per_step,
-        seed=seed,
-        max_batch_size=max_batch_size,
-    )
-    ours = AdaptiveBatchSampler(
-        seq_lens,
-        max_tokens,
-        max_cost=max_cost,
-        cost_model=cost_model,
-        lookahead_steps=lookahead_steps,
-        mix_tolerance=mix_tolerance,
-        **(
-            dict(sequence_parallel=sequence_parallel, uneven_counts=True)
-            if sequence_parallel > 1
-            else {}
-        ),
-        **common,
-    )
-    equal = EqualTokenBatchSampler(seq_lens, max_tokens, cost_model=cost_model, **common)
-    paper = AdaptiveBatchSampler(
-        seq_lens, max_tokens, cost_model=CostModel.power(1.5), balance=False, **common
-    )
-    # The samplers' own keys: dense ids, or None when the sequence length is the key.
-    labels = ours.group_keys if ours.group_keys is not None else ours.seq_lens
-    out = {}
-    for name, sampler in zip(COMPARED_SAMPLERS, (ours, equal, paper), strict=True):
-        sampler.set_epoch(epoch)
-        plan = sampler.plan()
-        if sampler is paper:
-            plan = rescore(plan, sampler.seq_lens, cost_model)
-        out[name] = Compared(sampler, plan, balance_report(plan, labels, sampler.seq_lens))
-    return out

@@ -268,7 +268,8 @@ def test_bucket_table_values_match_the_plan(tmp_path):
 
 def test_compare_samplers_is_the_three_samplers_built_by_hand():
     from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
-    from adaptiveload.report import COMPARED_SAMPLERS, balance_report, compare_samplers, rescore
+    from adaptiveload.compare import COMPARED_SAMPLERS, compare_samplers
+    from adaptiveload.report import balance_report, rescore
 
     meta = demo_metadata(2000, "wan-mix", seed=2)
     cost = CostModel.wan21_h200("1.3B")

@@ -9,74 +9,96 @@ import pytest
 
 from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
 from adaptiveload.sampler.cursor import DONE, READY, RUNNING, Cursor
+from adaptiveload.sampler.iteration import rank_stream
 from adaptiveload.sampler.readers import PLAIN, Reader
+from adaptiveload.sampler.sources import WholeEpoch
 from plans import random_mix
 
 AHEAD = Reader("a loader that reads ahead", True)
 
 
-def make_cursor(**settings):
-    """A cursor over a real sampler's plans, counting the plans it makes."""
-    s = AdaptiveBatchSampler(random_mix(400, seed=3), 151200, num_replicas=2, rank=1,
-                             micro_batches_per_step=2, **settings)  # fmt: skip
-    made = []
+class CountingSource(WholeEpoch):
+    """A real sampler's plan source that counts the plans it makes."""
 
-    def make_plan(epoch, excluded):
-        made.append((epoch, excluded))
+    def __init__(self, sampler):
+        super().__init__(self.make, "digest", len(sampler.seq_lens))
+        self.sampler, self.made = sampler, []
+
+    def make(self, epoch, excluded):
+        self.made.append((epoch, excluded))
+        s = self.sampler
         return s.plan() if (epoch, excluded) == (s.epoch, None) else None
 
-    return Cursor("Test", s.options, make_plan), s, made
+
+def make_cursor(**settings):
+    """A cursor over a real sampler's plans, counting the plans it makes."""
+    s = AdaptiveBatchSampler(
+        random_mix(400, seed=3),
+        151200,
+        num_replicas=2,
+        rank=1,
+        micro_batches_per_step=2,
+        **settings,
+    )
+    source = CountingSource(s)
+    return Cursor("Test", s.options, source), s, source.made
 
 
 def test_the_cursor_makes_its_plan_once_per_epoch_and_again_after_a_new_epoch():
     c, s, made = make_cursor()
-    assert (c.epoch, c.start, c.stage, c.position, c.trained) == (0, 0, READY, 0, None)
+    assert (c.epoch, c.start, c.stage, c.position, c.trained) == (0, (0, 0), READY, (0, 0), None)
     assert c.plan() is c.plan() is s.plan() and made == [(0, None)]
-    assert c.left() == s.plan().num_rank_micro_batches(1) and c.place() == (0, 0)
+    assert c.source.left(c) == s.plan().num_rank_micro_batches(1)
     c.again()
     c.plan()
     assert made == [(0, None)] * 2
     c.new_epoch(4)
-    assert (c.epoch, c.start, c.stage, c.position, c.cached_plan) == (4, 0, READY, 0, None)
+    assert (c.epoch, c.start, c.stage, c.position, c.cached_plan) == (
+        4,
+        (0, 0),
+        READY,
+        (0, 0),
+        None,
+    )
 
 
 def test_a_pass_goes_ready_running_done_through_its_transitions():
-    c, _, _ = make_cursor()
-    end = c.left()
-    c.start = 3
+    c, s, _ = make_cursor()
+    c.start = (1, 1)
     c.begin(AHEAD)
-    assert (c.stage, c.position, c.reader, c.trained) == (RUNNING, 3, AHEAD, None)
-    c.handed(end)
-    c.handed(end)
-    assert (c.stage, c.position) == (RUNNING, 5)
-    c.received(1)
-    assert c.trained == 4
-    while c.stage != DONE:
-        c.handed(end)
-    assert c.position == end
+    assert (c.stage, c.position, c.reader, c.trained, c.count) == (RUNNING, (1, 1), AHEAD, None, 0)
+    stream = rank_stream(c)
+    batches = [next(stream), next(stream)]
+    assert (c.stage, c.position, c.count) == (RUNNING, (2, 1), 2)
+    assert batches[0] == s.plan().micro_batch(1, 1, 1).tolist()
+    c.received((2, 0))
+    assert c.trained == (2, 0)
+    rest = list(stream)
+    assert c.stage == DONE and c.position == (s.plan().num_steps, 0)
+    assert len(batches) + len(rest) == c.source.left(c)
     c.begin(PLAIN)  # a new pass forgets what the last one's loop received
-    assert (c.stage, c.position, c.trained, c.reader) == (RUNNING, 3, None, PLAIN)
+    assert (c.stage, c.position, c.trained, c.reader) == (RUNNING, (1, 1), None, PLAIN)
     c.finish()
     assert c.stage == DONE
 
 
 def test_known_position_follows_the_stage_the_reader_and_the_loop():
     c, _, _ = make_cursor()
-    c.start = 2
-    assert c.known_position() == 2  # no pass begun
+    c.start = (1, 0)
+    assert c.known_position() == (1, 0)  # no pass begun
     c.begin(PLAIN)
-    c.handed()
+    c.handed((1, 1))
     with pytest.raises(ValueError, match="1 micro-batches this sampler has handed out"):
         c.known_position()  # drawn by a reader the sampler cannot see, not declared
-    c.received(1)
-    assert c.known_position() == 3
+    c.received((1, 1))
+    assert c.known_position() == (1, 1)
     declared, _, _ = make_cursor(drawn_is_trained=True)
     declared.begin(PLAIN)
-    declared.handed()
-    declared.handed()
-    assert declared.known_position() == 2
+    declared.handed((0, 1))
+    declared.handed((1, 0))
+    assert declared.known_position() == (1, 0)
     declared.begin(AHEAD)
-    declared.handed()
+    declared.handed((0, 1))
     with pytest.raises(ValueError, match="reads ahead of training"):
         declared.known_position()  # declared, but this reader reads ahead
 

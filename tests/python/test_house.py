@@ -138,3 +138,77 @@ def test_model_families_import_no_integration():
         if bad:
             found[str(p.relative_to(ROOT))] = bad
     assert not found, found
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(LIBRARY.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the library modules it imports, anywhere in the file (top level, functions,
+    ``TYPE_CHECKING`` blocks): ``from P.x import y`` reaches ``P.x`` and ``P.x.y`` where that
+    is a module, and a package ``P`` (its ``__init__``) from outside it. The top package is
+    left out: every module is in it."""
+    files = {module_name(p): p for p in library_files()}
+    packages = {module_name(p) for p in library_files() if p.name == "__init__.py"}
+    graph = {}
+    for name, path in files.items():
+        reached = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for target in targets:
+                parts = target.split(".")
+                for i in range(2, len(parts) + 1):
+                    module = ".".join(parts[:i])
+                    inside = name == module or name.startswith(module + ".")
+                    if module in files and not (module in packages and inside):
+                        reached.add(module)
+        reached.discard(name)
+        graph[name] = reached
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_in_the_library():
+    assert circles(import_graph()) == []
+
+
+def test_the_circle_check_can_fail():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []

@@ -409,7 +409,7 @@ def test_default_compute_cap_ignores_samples_over_the_token_cap(streaming):
                                     rank=rank, on_oversize="skip")  # fmt: skip
 
     def cap(s):
-        return s.settings.max_cost if streaming else s.plan().max_cost
+        return s.max_cost if streaming else s.plan().max_cost
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -384,7 +384,7 @@ def test_refinement_keeps_measured_shares_and_never_learns_a_share_as_a_whole():
 
 
 def test_default_mix_tolerance_per_setup():
-    from adaptiveload.sampler.samplers import MIX_TOLERANCE, MIX_TOLERANCE_BY_SETUP
+    from adaptiveload.sampler.defaults import MIX_TOLERANCE, MIX_TOLERANCE_BY_SETUP
 
     lens = random_mix(400, np.random.default_rng())
     single = MIX_TOLERANCE_BY_SETUP[(True, True, True)]

@@ -52,7 +52,7 @@ def test_every_sample_once_within_the_caps(uneven, k):
             idx = p.samples[p.offsets[m] : p.offsets[m + 1]]
             assert lens[idx].sum() <= 151_200
             assert len(set(lens[idx])) == 1  # the key is the length
-            assert p.costs[m] <= s.settings.max_cost * (1 + 1e-12)
+            assert p.costs[m] <= s.max_cost * (1 + 1e-12)
             if not p.padding[m]:
                 np.add.at(seen, idx, 1)
     assert (seen == 1).all(), np.flatnonzero(seen != 1)[:10]
@@ -149,7 +149,7 @@ def _take_steps(s: StreamingBatchSampler, steps: int) -> list[list[int]]:
     out = []
     for batch in s:
         out.append(batch)
-        if s._done >= steps:
+        if s._cursor.position >= (steps, 0):
             break
     return out
 
@@ -201,7 +201,7 @@ def test_resume_on_another_world_size_loses_and_repeats_nothing():
     s.load_state_dict(states[0])
     head = _take_steps(s, states[0]["steps_done"] + 2)
     inner = s.state_dict()
-    assert "prelude" in inner
+    assert "prelude" in inner["segment"]
     t = sampler(lens, rank=1, num_replicas=2)
     t.load_state_dict(inner)
     assert head + list(t) == streams[1]
@@ -345,12 +345,13 @@ def test_a_cut_segment_is_planned_once():
     """``cut_segment`` / ``plan_cut`` (the threads' path) plan what ``plan_segment`` plans, and
     a cut planned twice is refused, not planned empty."""
     from adaptiveload import _sampler
+    from adaptiveload.sampler.segments import plan_options
 
     lens = lengths(5000, seed=3)
     s = sampler(lens)
-    o = s.settings.plan_options(0)
-    cut = _sampler.cut_segment(s._table, o, 0, s.settings.segment_samples)
-    end, whole = _sampler.plan_segment(s._table, o, 0, s.settings.segment_samples, 0)
+    o = plan_options(s._fingerprint(), 0)
+    cut = _sampler.cut_segment(s._table, o, 0, s.segment_samples)
+    end, whole = _sampler.plan_segment(s._table, o, 0, s.segment_samples, 0)
     assert (cut.begin, cut.end) == (0, end)
     planned = _sampler.plan_cut(s._table, o, cut, 0)
     for name in ("samples", "offsets", "costs", "tokens", "skipped"):
@@ -395,7 +396,7 @@ def test_state_at_an_epochs_start_is_that_epochs():
     list(s)  # epoch 0, whole
     s.set_epoch(1)
     state = s.state_dict()  # before the loader draws a batch of epoch 1
-    assert (state["epoch"], state["segment"], state["steps_done"]) == (1, 0, 0)
+    assert (state["epoch"], state["segment"]["index"], state["steps_done"]) == (1, 0, 0)
     t = sampler(lens)
     t.load_state_dict(state)
     u = sampler(lens)
@@ -450,7 +451,8 @@ def test_what_a_resume_replans_is_not_fitted_mid_epoch(drop_last):
                 np.add.at(trained, batch, 1)
         plans = sampler(lens, num_replicas=w, drop_last=drop_last)
         plans.load_state_dict(state)  # the resumed epoch's segments, planned again
-        segs = list(plans._segments_from(plans.settings, 0, plans._start, plans._prelude))
+        cursor = plans._cursor
+        segs = list(cursor.source.from_start(0, cursor.token))
         assert segs[0].prelude is not None and len(segs) > 2
         for seg in segs[:-1]:  # only the epoch's last segment is fitted to steps
             p = seg.plan

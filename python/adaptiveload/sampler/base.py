@@ -1,37 +1,23 @@
-"""``PlannedBatchSampler``: what both samplers share. It composes the mechanisms of this
-package: checked ``Options`` (checks.py), the one source of its settings; the C++ sample table
-and planner; its place in the epoch, a ``Cursor`` (cursor.py), with the per-epoch rank check
-(ranks.py), iteration (iteration.py), who draws it (readers.py) and resume (resume.py); and
-online refinement, a ``Refinement`` (refine.py). Each part gets what it needs as arguments."""
+"""``BatchSampler``: the pass machinery every AdaptiveLoad batch sampler shares, whatever its
+plan source. It composes the mechanisms of this package: checked ``Options`` (checks.py), the one
+source of its settings; its place in the epoch, a ``Cursor`` (cursor.py) over its plan source
+(sources.py), with the per-epoch rank check (ranks.py); iteration (iteration.py) and who draws
+it (readers.py); resume (resume.py) and the ``set_epoch`` guard. What differs between samplers is
+where a plan comes from: ``PlannedBatchSampler`` (planned.py) plans the whole epoch at once,
+``StreamingBatchSampler`` (stream.py) plans segments as the loop reaches them."""
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 from collections.abc import Iterator
 
-import numpy as np
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from adaptiveload import _sampler
-from adaptiveload.cost import SEQUENCE_PARALLEL_COMM_FRACTION as SP_COMM_FRACTION
-from adaptiveload.cost import CostModel, sequence_parallel_comm_of
-from adaptiveload.memory import GIB, CheckpointPolicy, held_lengths
-from adaptiveload.sampler import resume
-from adaptiveload.sampler.checks import (
-    as_group_ids,
-    as_seq_lens,
-    bool_arg,
-    check_options,
-    int_arg,
-    positive_number,
-    to_numpy,
-)
+from adaptiveload.sampler.checks import int_arg
 from adaptiveload.sampler.cursor import DONE, Cursor
-from adaptiveload.sampler.iteration import all_ranks_stream, micro_batches, rank_stream
-from adaptiveload.sampler.plan import MicroBatch, Plan
-from adaptiveload.sampler.ranks import distributed_defaults
+from adaptiveload.sampler.iteration import all_ranks_stream, micro_batches, rank_steps, rank_stream
+from adaptiveload.sampler.plan import MicroBatch
 from adaptiveload.sampler.readers import (
     accelerate_processes,
     check_shard,
@@ -39,7 +25,6 @@ from adaptiveload.sampler.readers import (
     check_unsharded,
     reader_of,
 )
-from adaptiveload.sampler.refine import MAX_KIND_BATCH, MAX_KIND_LEN, Refinement
 
 
 class Setting:
@@ -59,9 +44,11 @@ class Setting:
         )
 
 
-class PlannedBatchSampler(Sampler[list[int]]):
-    """Common machinery: validation, per-epoch planning, iteration and resumption. The two
-    samplers differ in their planner settings and their compute cap (``_compute_max_cost``)."""
+class BatchSampler(Sampler[list[int]]):
+    """The machinery of a pass: iteration, ``micro_batches``, ``steps``, ``set_epoch``, the rank
+    check and resume. A subclass sets ``options`` and calls ``_start_cursor(source)``; it gives
+    ``_fingerprint()`` (everything that shapes its plans) and may hook ``_before_pass`` and
+    ``_on_new_epoch``."""
 
     max_tokens = Setting()
     num_replicas = Setting()
@@ -75,345 +62,69 @@ class PlannedBatchSampler(Sampler[list[int]]):
     on_oversize = Setting()
     verify_ranks = Setting()
     max_batch_size = Setting()
-    memory_model = Setting()
-    memory_budget_gib = Setting()
     uneven_counts = Setting()
     mix_tolerance = Setting()
     drawn_is_trained = Setting()
-    sequence_parallel = Setting()
-    sequence_parallel_comm = Setting()
+    segment_samples = Setting()
 
-    def __init__(
-        self, seq_lens, max_tokens, *, group_keys, process_group, drawn_is_trained, **settings
-    ):
-        self.seq_lens = as_seq_lens(seq_lens)
-        settings["drawn_is_trained"] = bool_arg("drawn_is_trained", drawn_is_trained)
+    #: whether accelerate's ``BatchSamplerShard`` may deal this sampler's stream (every rank's
+    #: micro-batches interleaved, which needs the whole epoch's plan)
+    deals_all_ranks = True
+
+    def _start_cursor(self, source) -> None:
         # None: an Accelerator of several processes deals this sampler's batches through its
         # BatchSamplerShard; False: each rank draws its own (prepare_data_loader sets it).
         self.accelerate_sharding: bool | None = None
-        settings["num_replicas"], settings["rank"] = distributed_defaults(
-            settings["num_replicas"], settings["rank"], process_group
-        )
-        self.options = check_options(max_tokens, **settings)
-        name = type(self).__name__
-        self.cost_model = self.options.cost_model  # the current epoch's: base + learned kinds
-        self._refinement = Refinement(self.options.cost_model, self.options.max_cost, name)
-        # None: the sequence length is the key (the C++ table numbers lengths in sorted order,
-        # as these ids are numbered).
-        self._group_ids = None if group_keys is None else as_group_ids(group_keys, self.seq_lens)
-        h = hashlib.blake2b(digest_size=16)
-        h.update(self.seq_lens.tobytes())
-        h.update(b"by length" if self._group_ids is None else self._group_ids.tobytes())
-        self._data_digest = h.hexdigest()
-        self._build_table()
-        self._refuse_oversize()
-        self._cursor = Cursor(name, self.options, self._make_plan)
-        self._warned_skips = False
+        self._cursor = Cursor(type(self).__name__, self.options, source)
         self._warned_repeat = -1
 
-    @property
-    def group_keys(self) -> np.ndarray | None:
-        """The group of each sample as dense int64 ids in sorted key order (None: grouped by
-        sequence length)."""
-        return self._group_ids
+    def _fingerprint(self) -> dict:
+        raise NotImplementedError
+
+    def _before_pass(self) -> None:
+        """Checks before a pass starts (the plan, the data)."""
+
+    def _on_new_epoch(self) -> None:
+        """After ``set_epoch`` moved to another epoch."""
 
     @property
     def epoch(self) -> int:
         """The current epoch (``set_epoch``, or a resumed state's)."""
         return self._cursor.epoch
 
-    # -- construction helpers, also used after unpickling ---------------------------------
-    def _build_table(self) -> None:
-        """The C++ sample table of ``self.cost_model``, and the compute cap it gives."""
-        memory = () if self.memory_model is None else (
-            self.memory_model.native, self.memory_budget_gib * GIB
-        )  # fmt: skip
-        self._table = _sampler.SampleTable(
-            self.seq_lens, self._group_ids, self.cost_model.native, *memory
-        )
-        self._max_cost = self._compute_max_cost()
-
-    def _compute_max_cost(self) -> float:
-        raise NotImplementedError
-
-    def _refuse_oversize(self) -> None:
-        if self.on_oversize != "error":
-            return
-        over = self._table.oversize_samples(self.max_tokens, self._max_cost, self.sequence_parallel)
-        if len(over) == 0:
-            return
-        i = int(over[0])
-        cost = float(self._table.batch_cost(np.array([i], np.int64)))
-        cap = f"max_tokens = {self.max_tokens}"
-        if self.sequence_parallel > 1:
-            cap += f" on each of sequence_parallel = {self.sequence_parallel} ranks"
-        # What one rank holds of it: all of it, or split, its largest share.
-        held = held_lengths([self.seq_lens[i]], self.sequence_parallel)
-        if (
-            self.memory_model is not None
-            and self.memory_model.checkpointed_blocks(held, self.memory_budget_gib * GIB) < 0
-        ):
-            peak = self.memory_model.peak_bytes(held, self.memory_model.num_blocks)
-            margin = self.memory_model.margin
-            share = f"a share of {int(held[0])} tokens on each of {self.sequence_parallel} ranks: "
-            cap = (
-                f"the memory budget of {self.memory_budget_gib:g} GiB ("
-                f"{share if self.sequence_parallel > 1 else ''}predicted peak with every "
-                f"block checkpointed {peak / GIB:.2f} GiB, {peak * (1 + margin) / GIB:.2f} GiB "
-                f"with the margin of {margin:g})"
-            )
-        elif self.seq_lens[i] <= self.max_tokens:
-            cap = f"max_cost = {self._max_cost:.6g} (its predicted cost {cost:.6g})"
-        raise ValueError(
-            f"{type(self).__name__}: {len(over)} sample(s) exceed a cap on their own, the first "
-            f"at index {i} with {int(self.seq_lens[i])} tokens, over {cap}: raise the cap, or "
-            f"leave such samples out with on_oversize='skip'"
-        )
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        del state["_table"]  # made again from the cost model
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._build_table()
-
-    # -- planning -----------------------------------------------------------------------
-    def _fingerprint(self) -> dict:
-        """Everything that shapes a plan, except the epoch and the position in it."""
-        return resume.fingerprint(
-            type(self).__name__,
-            self.options,
-            len(self.seq_lens),
-            self._data_digest,
-            self.cost_model,
-            self._max_cost,
-        )
-
-    def _make_plan(self, epoch: int, excluded: np.ndarray | None) -> Plan:
-        """Epoch ``epoch``'s plan without the samples ``excluded`` (a warning, once, for
-        samples skipped as oversize)."""
-        s, p = self.options, _sampler.PlanOptions()
-        p.max_tokens, p.max_batch_size = s.max_tokens, s.max_batch_size or 0
-        p.max_cost, p.num_replicas = float(self._max_cost), s.num_replicas
-        p.micro_batches_per_step, p.shuffle = s.micro_batches_per_step, s.shuffle
-        p.seed, p.epoch, p.drop_last, p.balance = s.seed, epoch, s.drop_last, s.balance
-        p.lookahead_steps, p.uneven_counts = s.lookahead_steps, s.uneven_counts
-        p.mix_tolerance, p.skip_oversize = s.mix_tolerance, s.on_oversize == "skip"
-        if s.sequence_parallel > 1:
-            p.sequence_parallel = s.sequence_parallel
-            comm = s.sequence_parallel_comm
-            if comm is None:
-                comm = sequence_parallel_comm_of(self.options.cost_model)
-            p.sequence_parallel_comm_per_token = 0.0 if comm is None else comm
-            p.sequence_parallel_comm_fraction = 0.0 if comm is not None else SP_COMM_FRACTION
-        raw = _sampler.plan_epoch(
-            self._table, p, None if excluded is None else excluded.view(np.uint8)
-        )
-        raw = {k: (int(v) if isinstance(v, int) else v) for k, v in raw.items()}
-        plan = Plan(max_tokens=s.max_tokens, max_cost=self._reported_max_cost(), **raw)
-        if len(plan.skipped) and not self._warned_skips:
-            self._warned_skips = True
-            warnings.warn(
-                f"{type(self).__name__}: skipped {len(plan.skipped)} sample(s) that alone "
-                f"exceed a cap (first: index {int(plan.skipped[0])}, "
-                f"{int(self.seq_lens[plan.skipped[0]])} tokens)",
-                stacklevel=4,  # the caller of the sampler's method, through Cursor.plan
-            )
-        return plan
-
-    def plan(self) -> Plan:
-        """The whole current epoch for all ranks (cached until ``set_epoch`` or a resume)."""
-        return self._cursor.plan()
-
-    def _reported_max_cost(self) -> float | None:
-        return self._max_cost
-
-    def _verify_ranks(self) -> None:
-        """All ranks must plan the same epoch: compare fingerprints (one all-gather per epoch)."""
-        if not self.verify_ranks:
-            return
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-            return
-        self._cursor.check_ranks(self._fingerprint())
-
-    # -- memory policy ------------------------------------------------------------------
-    def _indices(self, indices, what: str) -> np.ndarray:
-        """``indices`` as int64 dataset indices: non-empty, 1-D, integers in range."""
-        idx = to_numpy(indices, "indices")
-        if idx.ndim != 1 or idx.size == 0 or idx.dtype.kind not in "iu":
-            raise ValueError(f"{what}: indices must be a non-empty 1-D sequence of integer "
-                             f"dataset indices, got {indices!r}")  # fmt: skip
-        n = len(self.seq_lens)
-        if idx.min() < 0 or idx.max() >= n:
-            raise ValueError(f"{what}: indices must be in [0, {n}), got {indices!r}")
-        return idx.astype(np.int64)
-
-    def checkpointed_blocks(self, indices, degree: int = 1) -> int:
-        """Blocks to run with activation checkpointing for this micro-batch (the plan's
-        choice; needs a memory model), or with ``degree`` > 1 for one rank's share of it
-        (``mb.degree``). Depends only on the samples' count and tokens, so
-        ``memory_policy().blocks_for(seq_lens, degree)`` gives the same where only lengths are
-        known. Samples that do not fit the budget even with every block checkpointed (no plan
-        holds them together) raise ``ValueError``."""
-        if self.memory_model is None:
-            raise ValueError("checkpointed_blocks needs a sampler made with memory_model")
-        idx = self._indices(indices, "checkpointed_blocks")
-        d = self.sequence_parallel
-        if degree not in {2**k for k in range(d.bit_length())}:
-            raise ValueError(
-                f"checkpointed_blocks: degree must be a power of two <= sequence_parallel = {d} "
-                f"(the plan's mb.degree), got {degree!r}"
-            )
-        held = held_lengths(self.seq_lens[idx], degree)
-        if degree == 1:
-            blocks = int(self._table.checkpointed_blocks(idx))
-        else:
-            blocks = self.memory_model.checkpointed_blocks(held, self.memory_budget_gib * GIB)
-        if blocks < 0:
-            peak = self.memory_model.peak_bytes(held, self.memory_model.num_blocks)
-            share = f", a share of {degree}" if degree > 1 else ""
-            hint = (
-                "; split, pass the plan's degree (mb.degree)"
-                if degree < d
-                else ": no plan holds such a micro-batch"
-            )
-            raise ValueError(
-                f"checkpointed_blocks: these {idx.size} sample(s) ({int(held.sum())} tokens"
-                f"{share}) do not fit the memory budget of {self.memory_budget_gib:g} GiB even "
-                f"with every block checkpointed (predicted peak {peak / GIB:.3g} GiB, "
-                f"{peak * (1 + self.memory_model.margin) / GIB:.3g} GiB with the margin){hint}"
-            )
-        return blocks
-
-    def memory_policy(self, log=None, reserved_gib: float = 0.0) -> CheckpointPolicy:
-        """A ``CheckpointPolicy`` for the training loop: the plan's choice per micro-batch, the
-        fallback to full checkpointing after an out-of-memory error, peaks against the budget
-        (plus ``reserved_gib``, memory the model's calibration does not hold, such as the
-        optimizer state the budget was reduced by)."""
-        if self.memory_model is None:
-            raise ValueError("memory_policy needs a sampler made with memory_model")
-        return CheckpointPolicy(
-            self.memory_model, self.memory_budget_gib, reserved_gib=reserved_gib, log=log
-        )
-
-    # -- online refinement (refine.py) --------------------------------------------------
-    @property
-    def base_cost_model(self) -> CostModel:
-        """The cost model this sampler was made with (``options.cost_model``); ``cost_model``
-        is it with the learned kinds of the current epoch."""
-        return self.options.cost_model
-
-    def record_time(self, indices, ms: float, degree: int | None = None) -> bool:
-        """Record the measured forward+backward time of one micro-batch this rank trained.
-
-        Args:
-            indices: the micro-batch as the sampler yielded it (list, array or tensor of
-                dataset indices).
-            ms: its time in milliseconds, a finite number > 0.
-            degree: with ``sequence_parallel`` > 1, the degree it ran at
-                (``MicroBatch.degree``), required there: a share of a split micro-batch is
-                not learned (False), so that it never stands for the whole one; the shares
-                are priced by the cost model's measured shares (``calibrate
-                --sequence-parallel``).
-
-        Returns True when recorded: its kind is ``(seq_len, batch)`` when all its samples
-        have ``seq_len`` tokens; a micro-batch of mixed lengths has no kind and is not
-        recorded (False). No communication: ``update_cost_model`` folds the records.
-        """
-        if not positive_number(ms):
-            raise ValueError(
-                f"record_time: ms must be a finite number > 0 (milliseconds), got {ms!r}"
-            )
-        top = self.options.sequence_parallel
-        if (degree is None and top > 1) or (
-            degree is not None and (degree not in [2**k for k in range(11)] or degree > top)
-        ):
-            raise ValueError(
-                f"record_time: degree must be the degree the micro-batch ran at "
-                f"(MicroBatch.degree: a power of two <= sequence_parallel = {top}), got {degree!r}"
-            )
-        if top > 1 and degree > 1:
-            return False
-        idx = self._indices(indices, "record_time")
-        lens = self.seq_lens[idx]
-        seq_len = int(lens[0])
-        if (lens != seq_len).any() or seq_len > MAX_KIND_LEN or idx.size > MAX_KIND_BATCH:
-            return False
-        if self.memory_model is not None:
-            # The cost model describes fully checkpointed micro-batches; this one ran with the
-            # policy's blocks, so it is recorded as what it would have taken with all of them.
-            n = int(self._table.checkpointed_blocks(idx))
-            if n >= 0:
-                ms = float(ms) / self.memory_model.time_factor(n)
-        self._refinement.record((seq_len, idx.size), ms)
-        return True
-
-    def update_cost_model(self, process_group=None) -> dict:
-        """Fold the times recorded since the last update into the cost model of the next
-        epoch.
-
-        A collective when ``torch.distributed`` is initialized with more than one process:
-        every rank must call it, at the same point (e.g. at each epoch's end), or the others
-        wait for it (until the process group's timeout). The ranks' records are all-gathered
-        (one ``all_gather_object`` on ``process_group``, default the whole job, which every
-        rank that plans with this sampler's settings must be in) and folded in rank order,
-        so every rank learns the same times. Per ``(seq_len, batch)`` kind the most recent
-        32 times are kept; the kind's cost is their median (the lower middle one of an even
-        count, so that of two records a cold first run does not count).
-
-        The new model is the base cost model whose measured kinds are updated by the learned
-        ones. It takes effect at the next ``set_epoch`` to another epoch: the current
-        epoch's plan never changes. A learned single-sample kind above a given ``max_cost``
-        is held back (with a warning), so that refinement never changes which samples an
-        epoch holds.
-
-        Returns ``{"records": records folded (all ranks), "kinds": kinds learned, "new_kinds":
-        kinds learned for the first time, "measured_over_fitted": median over the learned
-        kinds of learned / fitted cost (None without kinds)}``.
-        """
-        initialized = dist.is_available() and dist.is_initialized()
-        if process_group is not None and not initialized:
-            raise ValueError(
-                "update_cost_model: process_group given but torch.distributed is not initialized"
-            )
-        distributed = initialized and dist.get_world_size(process_group) > 1
-        return self._refinement.update(process_group, distributed)
-
-    def _use_active_model(self) -> None:
-        """Plan with the refinement's cost model of the current epoch."""
-        model = self._refinement.active_model()
-        if model.to_dict() != self.cost_model.to_dict():
-            self.cost_model = model
-            self._build_table()
-
-    # -- iteration (cursor.py, iteration.py, readers.py) -----------------------------------
     @property
     def start_step(self) -> int:
-        """The optimizer step of the current plan at which iteration starts (non-zero after a
-        resume that replays the interrupted plan)."""
-        return self._cursor.place()[0]
+        """The optimizer step of the current epoch at which iteration starts (non-zero after a
+        resume)."""
+        return self._cursor.start[0]
 
-    def micro_batches_in_step(self, step: int) -> int:
-        """Micro-batches this rank draws in ``step`` of the current plan: K, or with
-        ``uneven_counts`` any count >= 1. Every rank knows its own from the plan, without
-        communication; the loop synchronizes gradients at the last of them."""
-        plan = self.plan()
-        step = int_arg("step", step, 0)
-        if step >= plan.num_steps:
-            raise ValueError(f"step must be in [0, {plan.num_steps}) for this plan, got {step}")
-        return plan.micro_batches_in_step(step, self.rank)
+    @property
+    def start_micro_batch(self) -> int:
+        """The micro-batch of this rank's stream at which iteration starts."""
+        step, done = self._cursor.start
+        if self.deals_all_ranks:
+            return int(self.plan().rank_step_starts(self.rank)[step]) + done
+        if self.uneven_counts:
+            raise TypeError(
+                f"{type(self).__name__}(uneven_counts=True) has no start_micro_batch: its "
+                "streamed positions go by steps (start_step)"
+            )
+        return step * self.micro_batches_per_step + done
 
+    @property
+    def sampler(self) -> BatchSampler:
+        """This sampler, for wrappers that forward ``set_epoch`` to
+        ``batch_sampler.sampler`` (accelerate's prepared DataLoader does)."""
+        return self
+
+    # -- iteration (cursor.py, iteration.py, readers.py) -----------------------------------
     def steps(self) -> Iterator[tuple[int, int]]:
         """``(step, micro-batches of this rank in it)`` for the steps of the current pass, from
         ``start_step``: the batches the loader yields, step by step (docs/sampler.md,
         "Uneven micro-batch counts per rank"). After a resume inside a step, the first count is
         what is left of that step."""
-        plan = self.plan()
-        first, done = self._cursor.place()
-        for step in range(first, plan.num_steps):
-            yield step, plan.micro_batches_in_step(step, self.rank) - (done if step == first else 0)
+        cursor = self._cursor
+        yield from rank_steps(cursor, cursor.source.segments(cursor))
 
     def micro_batches(self, loader) -> Iterator[MicroBatch]:
         """Each batch of ``loader`` (a DataLoader over this sampler, or what accelerate made
@@ -429,21 +140,11 @@ class PlannedBatchSampler(Sampler[list[int]]):
         check_source(loader, self)
         yield from micro_batches(self._cursor, loader)
 
-    @property
-    def start_micro_batch(self) -> int:
-        """The micro-batch of this rank's stream at which iteration starts."""
-        return self._cursor.start
-
-    @property
-    def sampler(self) -> PlannedBatchSampler:
-        """This sampler, for wrappers that forward ``set_epoch`` to
-        ``batch_sampler.sampler`` (accelerate's prepared DataLoader does)."""
-        return self
-
     def __iter__(self) -> Iterator[list[int]]:
         cursor = self._cursor
         reader = reader_of(self)
-        check_unsharded(cursor, reader, self.accelerate_sharding)
+        if self.deals_all_ranks:
+            check_unsharded(cursor, reader, self.accelerate_sharding)
         if cursor.stage == DONE:
             # A new pass over the same epoch: the whole epoch again, as any sampler does.
             if self._warned_repeat != self.epoch:
@@ -455,63 +156,83 @@ class PlannedBatchSampler(Sampler[list[int]]):
                     stacklevel=2,
                 )
             cursor.again()
-        plan = self.plan()
+        if reader.shard is not None:
+            self._check_dealt(reader.shard)
+        self._before_pass()
         self._verify_ranks()
         cursor.begin(reader)
         if reader.shard is None:
-            return rank_stream(cursor, plan)
+            return rank_stream(cursor)
+        return all_ranks_stream(cursor)
+
+    def _check_dealt(self, shard) -> None:
+        """accelerate's ``BatchSamplerShard`` keeps every N-th batch of this sampler on each
+        process: only a stream of every rank's micro-batches, equal counts each, survives it."""
+        name = type(self).__name__
+        if not self.deals_all_ranks:
+            raise RuntimeError(
+                f"{name} under accelerate's BatchSamplerShard (accelerator.prepare of a "
+                "DataLoader over it): the shard keeps every N-th batch on each process, but "
+                "this sampler's stream is already this rank's, so the processes would train a "
+                "fraction of the epoch. Prepare the loader with adaptiveload.integrations."
+                "accelerate.prepare_data_loader(accelerator, loader), which keeps it unsharded "
+                "(docs/integrations.md)."
+            )
         if self.uneven_counts:
             raise RuntimeError(
-                f"{type(self).__name__}(uneven_counts=True) under accelerate's "
-                "BatchSamplerShard: it deals batch j to process j % num_processes, so ranks "
-                "must take equal counts. Iterate the sampler per rank (a plain DataLoader)."
+                f"{name}(uneven_counts=True) under accelerate's BatchSamplerShard: it deals "
+                "batch j to process j % num_processes, so ranks must take equal counts. "
+                "Iterate the sampler per rank (a plain DataLoader)."
             )
-        check_shard(cursor, reader.shard)
-        return all_ranks_stream(cursor, plan)
+        check_shard(self._cursor, shard)
 
     def __len__(self) -> int:
         """Micro-batches of the current pass (from ``start_micro_batch`` to the plan's end):
         this rank's, or under an ``Accelerator`` of several processes every rank's, which
         accelerate's ``BatchSamplerShard`` deals out (unless ``accelerate_sharding`` is
         False)."""
-        remaining = self._cursor.left()
+        remaining = self._cursor.source.left(self._cursor)
         if self.accelerate_sharding is not False and accelerate_processes() > 1:
             return remaining * self.num_replicas  # see iteration.all_ranks_stream
         return remaining
 
+    def _verify_ranks(self) -> None:
+        """All ranks must plan the same epoch: compare fingerprints (one all-gather per epoch)."""
+        if not self.verify_ranks:
+            return
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return
+        self._cursor.check_ranks(self._fingerprint())
+
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle deterministically from (seed, epoch). Setting the epoch a resumed state
         is in keeps the resumed position; another epoch before that position's batches were
-        drawn is refused (it would skip them). Another epoch plans with the times learned by
-        ``update_cost_model`` so far."""
+        drawn is refused (it would skip them)."""
         epoch = int_arg("epoch", epoch, 0)
         if epoch == self.epoch:
             return
-        if self._cursor.resume_pending:
-            left = self._cursor.left()
-            if left > 0:
-                raise ValueError(
-                    f"set_epoch({epoch}): this sampler was resumed at epoch {self.epoch}, step "
-                    f"{self.start_step}, with {left} micro-batches of that epoch left; moving to "
-                    f"epoch {epoch} would skip them. Call set_epoch({self.epoch}) to continue the "
-                    "resumed epoch (with accelerate: prepared_loader.set_epoch), or make a new "
-                    "sampler to start over."
-                )
-        self._cursor.new_epoch(epoch)
-        if self._refinement.next_epoch():
-            self._use_active_model()
+        cursor = self._cursor
+        if cursor.resume_pending and cursor.source.remaining(cursor):
+            raise ValueError(
+                f"set_epoch({epoch}): this sampler was resumed at epoch {self.epoch}, step "
+                f"{self.start_step}, with micro-batches of that epoch left; moving to epoch "
+                f"{epoch} would skip them. Call set_epoch({self.epoch}) to continue the "
+                "resumed epoch (with accelerate: prepared_loader.set_epoch), or make a new "
+                "sampler to start over."
+            )
+        cursor.new_epoch(epoch)
+        self._on_new_epoch()
 
-    # -- resumption (cursor.py, resume.py, refine.py) ---------------------------------------
+    # -- resumption (cursor.py, sources.py, resume.py) -------------------------------------
     def state_dict(
         self, steps_done: int | None = None, *, micro_batches_done: int | None = None
     ) -> dict:
         """The position in the current epoch, identical on every rank.
 
         Args:
-            steps_done: optimizer steps of the current epoch's plan that training has
-                completed, in the numbering of ``start_step`` and ``plan()`` (after a resume
-                that replays the plan, steps before ``start_step`` count as done). Pass your
-                loop's own count.
+            steps_done: optimizer steps of the current epoch that training has completed, in
+                the numbering of ``start_step`` (after a resume, steps before ``start_step``
+                count as done). Pass your loop's own count.
             micro_batches_done: the same in micro-batches of this rank's stream, for a
                 position inside a step (``steps_done * K + k``).
 
@@ -523,11 +244,6 @@ class PlannedBatchSampler(Sampler[list[int]]):
         this sampler has handed out. Otherwise it is refused (``ValueError``): DataLoader
         workers and accelerate read ahead, and prefetched batches would count as trained.
 
-        With times learned by ``update_cost_model``, the state holds them under
-        ``'learned_costs'``: ``{"active": [[seq_len, batch, ms], ...]`` (the current epoch's),
-        ``"history": [[seq_len, batch, [ms, ...]], ...]}`` (the most recent times per kind,
-        which give the next epoch's).
-
         With ``uneven_counts`` positions go by steps, since the ranks' micro-batch counts
         differ: ``micro_batches_done`` is refused, and the state holds ``'steps_done'`` (and
         ``'micro_batches_done' = steps_done * K``). A position without arguments inside a
@@ -536,39 +252,16 @@ class PlannedBatchSampler(Sampler[list[int]]):
         step ``steps_done``: each rank is at its own place there, so such a state resumes the
         same plan on rank ``r`` only.
         """
-        return self._cursor.state_dict(
-            self._fingerprint(),
-            self._refinement.state_dict(),
-            len(self.seq_lens),
-            steps_done,
-            micro_batches_done,
-        )
+        return self._cursor.state_dict(self._fingerprint(), steps_done, micro_batches_done)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue the epoch of ``state``.
 
         - The same plan (equal fingerprint): replays it from the saved position, exactly.
-        - Other settings (caps, cost model, lookahead, ranks, K, seed, sampler kind): the
-          samples the state consumed are left out and the rest of the epoch is planned with
-          this sampler's settings; nothing is lost or repeated.
-        - Another dataset (other lengths or group keys): refused with ``ValueError``.
-
-        The state's learned times (``update_cost_model``) are restored first: those of its
-        epoch, so that a sampler made anew with the same base cost model replays the plan,
-        and those for the next epoch. A state without them (key ``'learned_costs'``, as
-        before online refinement) learned nothing. Records not folded by an update when the
-        state was made are not in it, and those of this sampler are dropped.
+        - Other settings (caps, cost model, lookahead, ranks, K, sampler kind): the samples
+          the state consumed are left out and the rest of the epoch is planned with this
+          sampler's settings; nothing is lost or repeated.
+        - Another dataset (other lengths or group keys), or a state that is not well formed:
+          refused with ``ValueError``, the sampler unchanged.
         """
-        resume.check_keys(state)
-        before = (self.cost_model, self._table, self._max_cost, self._refinement.snapshot())
-        try:
-            # The learned times first: the fingerprint holds the cost model they make.
-            self._refinement.load_state_dict(state.get("learned_costs"))
-            self._use_active_model()
-            self._cursor.load_state_dict(
-                state, self._fingerprint(), self._data_digest, len(self.seq_lens)
-            )
-        except Exception:  # the sampler stays as it was
-            self.cost_model, self._table, self._max_cost, snapshot = before
-            self._refinement.restore(snapshot)
-            raise
+        self._cursor.load_state_dict(state, self._fingerprint())

@@ -1,5 +1,7 @@
-"""The plan of one epoch for all ranks (``Plan``), and one batch of a loader with where it
-stands in its optimizer step (``MicroBatch``). The index arithmetic of the plan's arrays is the
+"""The plan of one epoch for all ranks (``Plan``), a run of an epoch's steps planned together
+(``Segment``: the whole epoch, or one streamed segment), where a rank stands in its stream
+(``place_of``), and one batch of a loader with where it stands in its optimizer step
+(``MicroBatch``). The index arithmetic of the plan's arrays is the
 C++ planner's (csrc/sampler/plan_layout.h, bound as ``_sampler.PlanLayout``): ``Plan`` holds the
 arrays and asks it."""
 
@@ -253,3 +255,41 @@ class Plan:
         """``n`` flags, set for the samples of micro-batches ``ids`` (padding repeats
         excluded)."""
         return _sampler.mark_samples(ids, self.offsets, self.samples, self.padding, n)
+
+
+@dataclass
+class Segment:
+    """Steps ``[steps_before, steps_before + plan.num_steps)`` of an epoch, planned together: the
+    whole epoch's plan (a planned sampler's only segment), or positions ``[begin, end)`` of a
+    streamed epoch's permutation."""
+
+    plan: Plan
+    steps_before: int = 0
+    index: int = 0
+    begin: int = 0
+    end: int = 0
+    #: the epoch's last segment
+    last: bool = True
+    #: streamed only: what a resume under other settings re-planned of an earlier segment,
+    #: which this one begins with (None: none)
+    prelude: dict | None = None
+    _totals: tuple | None = field(default=None, repr=False)
+
+    @property
+    def steps_end(self) -> int:
+        return self.steps_before + self.plan.num_steps
+
+    def step_totals(self) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens and samples of each of its steps over all ranks (computed once)."""
+        if self._totals is None:
+            self._totals = (self.plan.step_tokens(), self.plan.step_samples())
+        return self._totals
+
+
+def place_of(plan: Plan, rank: int, position: int) -> tuple[int, int]:
+    """Where ``position`` of ``rank``'s stream of ``plan`` is: ``(step, micro-batches of it
+    done)``; the end of the stream is ``(num_steps, 0)``."""
+    starts = plan.rank_step_starts(rank)
+    step = int(np.searchsorted(starts, position, side="right")) - 1
+    step = min(step, plan.num_steps)
+    return step, int(position - starts[step])

@@ -20,10 +20,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # cursor.py imports this module
-    from adaptiveload.sampler.cursor import Cursor
 
 
 @dataclass(frozen=True)
@@ -81,8 +77,8 @@ def reader_of(sampler) -> Reader:
             "(or DataLoaderConfiguration(dispatch_batches=False))."
         )
     if isinstance(source, BatchSamplerShard):
-        return Reader("accelerate's BatchSamplerShard (its loader reads one batch ahead)", True,
-                      source)  # fmt: skip
+        shard = "accelerate's BatchSamplerShard (its loader reads one batch ahead)"
+        return Reader(shard, True, source)
     return Reader("an accelerate DataLoader (it reads one batch ahead)", True)
 
 
@@ -104,8 +100,9 @@ def check_source(loader, sampler) -> None:
         )
 
 
-def check_shard(cursor: Cursor, shard) -> None:
-    """accelerate's shard must deal to the cursor's ranks, whole batches each."""
+def check_shard(cursor, shard) -> None:
+    """accelerate's shard must deal to the ranks of the ``cursor`` (a sampler's ``Cursor``),
+    whole batches each."""
     o = cursor.options
     if shard.split_batches or (shard.num_processes, shard.process_index) != (
         o.num_replicas,
@@ -119,7 +116,7 @@ def check_shard(cursor: Cursor, shard) -> None:
         )
 
 
-def check_unsharded(cursor: Cursor, reader: Reader, sharding: bool | None) -> None:
+def check_unsharded(cursor, reader: Reader, sharding: bool | None) -> None:
     """Under an ``Accelerator`` of several processes, ``len(sampler)`` counts every rank's
     micro-batches (what accelerate's shard deals from), so a pass must be dealt by that
     shard unless the sampler was told otherwise (``sharding``, its ``accelerate_sharding``,

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adaptiveload.sampler.checks import Options
-from adaptiveload.sampler.plan import Plan
+from adaptiveload.sampler.checks import Options, int_arg
+from adaptiveload.sampler.plan import Plan, place_of
 
 STATE_VERSION = 2
 _KEYS = ("fingerprint", "epoch", "excluded", "micro_batches_done", "consumed", "num_consumed")
@@ -81,7 +81,7 @@ def pack(flags: np.ndarray) -> bytes:
     return np.packbits(flags).tobytes()
 
 
-def _count(state: dict, key: str) -> int:
+def count_field(state: dict, key: str) -> int:
     v = state[key]
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ValueError(f"sampler state: {key!r} must be an integer >= 0, got {v!r}")
@@ -102,14 +102,14 @@ def _unpack(state: dict, key: str, n: int) -> np.ndarray:
     return bits[:n].astype(bool)
 
 
-def make_state(mine: dict, epoch: int, excluded, position: int, consumed_in_plan, learned) -> dict:
+def make_state(mine: dict, epoch: int, excluded, position: int, consumed_in_plan) -> dict:
     """The state of a sampler at micro-batch ``position`` of epoch ``epoch``'s plan:
     ``excluded`` (samples left out of the plan, None for none) and the plan's samples up to
-    there are consumed; ``learned``: the learned times (``Refinement.state_dict()``)."""
+    there are consumed."""
     n = len(consumed_in_plan)
     excluded = np.zeros(n, dtype=bool) if excluded is None else excluded
     consumed = excluded | consumed_in_plan
-    state = {
+    return {
         "version": STATE_VERSION,
         "fingerprint": mine,
         "epoch": epoch,
@@ -118,22 +118,38 @@ def make_state(mine: dict, epoch: int, excluded, position: int, consumed_in_plan
         "consumed": pack(consumed),
         "num_consumed": int(consumed.sum()),
     }
-    if learned is not None:
-        state["learned_costs"] = learned
+
+
+def with_steps(state: dict, steps: int | None, in_step: int, rank: int) -> dict:
+    """``state`` with the position by steps that uneven counts take: ``'steps_done'``, and
+    ``'in_step'`` where this rank is inside a step (its own place there)."""
+    if steps is not None:
+        state["steps_done"] = steps
+    if in_step:
+        state["in_step"] = {"rank": rank, "micro_batches": in_step}
     return state
 
 
-def check_keys(state) -> None:
-    """A state must be a dict of this version with every key."""
+def check_keys(state, mine: dict, keys=_KEYS) -> None:
+    """A state must be a dict of this version with every key of ``keys``, saved by a sampler
+    of the same plan source as the one of fingerprint ``mine``."""
     if not isinstance(state, dict):
         raise ValueError(f"sampler state must be a dict, got {type(state).__name__}")
+    saved = state.get("fingerprint")
+    streamed = {mine["sampler"], saved.get("sampler") if isinstance(saved, dict) else None}
+    if "StreamingBatchSampler" in streamed and len(streamed) == 2:
+        raise ValueError(
+            f"sampler state of {saved.get('sampler') if isinstance(saved, dict) else None!r}: "
+            f"a {mine['sampler']} resumes only states of its own plan source (a whole epoch's "
+            "plan, or a streamed one); resume with the sampler that saved it"
+        )
     if state.get("version") != STATE_VERSION:
         raise ValueError(
             f"unsupported sampler state version {state.get('version')!r} (this AdaptiveLoad "
             f"reads version {STATE_VERSION}; version 1 states carry no plan fingerprint and "
             "cannot be checked against the dataset)"
         )
-    for key in _KEYS:
+    for key in keys:
         if key not in state:
             raise ValueError(f"sampler state: missing {key!r}")
 
@@ -172,8 +188,8 @@ def read_state(state: dict, mine: dict, data: str, n: int) -> Saved:
             f"{saved['data']}); this sampler has {n} samples, digest {data}: "
             "its sequence lengths or group keys differ"
         )
-    epoch = _count(state, "epoch")
-    position = _count(state, "micro_batches_done")
+    epoch = count_field(state, "epoch")
+    position = count_field(state, "micro_batches_done")
     excluded = _unpack(state, "excluded", n)
     consumed = _unpack(state, "consumed", n)
     if (excluded & ~consumed).any():
@@ -183,11 +199,11 @@ def read_state(state: dict, mine: dict, data: str, n: int) -> Saved:
             f"sampler state: 'num_consumed' = {state['num_consumed']!r} but 'consumed' "
             f"holds {int(consumed.sum())} samples"
         )
-    steps = _count(state, "steps_done") if "steps_done" in state else -1
-    return Saved(saved, epoch, position, excluded, consumed, steps, _in_step(state, steps))
+    steps = count_field(state, "steps_done") if "steps_done" in state else -1
+    return Saved(saved, epoch, position, excluded, consumed, steps, in_step_of(state, steps))
 
 
-def _in_step(state: dict, steps: int) -> tuple[int, int] | None:
+def in_step_of(state: dict, steps: int) -> tuple[int, int] | None:
     """A state's ``'in_step'`` (uneven counts, taken inside a step) as ``(rank, done)``."""
     if "in_step" not in state:
         return None
@@ -197,7 +213,7 @@ def _in_step(state: dict, steps: int) -> tuple[int, int] | None:
             "sampler state: 'in_step' must be {'rank': r, 'micro_batches': j} beside "
             f"'steps_done', got {v!r}"
         )
-    rank, done = _count(v, "rank"), _count(v, "micro_batches")
+    rank, done = count_field(v, "rank"), count_field(v, "micro_batches")
     if done < 1:
         raise ValueError(f"sampler state: 'in_step' micro_batches must be >= 1, got {done}")
     return rank, done
@@ -215,7 +231,7 @@ def continue_at(
     samples not yet consumed."""
     excluded = saved.excluded if saved.excluded.any() else None
     if saved.in_step is not None:
-        _check_in_step(saved, mine, rank)
+        check_in_step(saved.in_step, saved.steps, saved.fingerprint, mine, rank)
     if saved.fingerprint != mine:
         return (saved.consumed if saved.consumed.any() else None), 0, None
     plan = plan_for(excluded)
@@ -248,19 +264,17 @@ def continue_at(
     return excluded, saved.position, plan
 
 
-def _check_in_step(saved: Saved, mine: dict, rank: int) -> None:
-    """A state taken inside a step with uneven counts holds one rank's place there, not the
-    other ranks': it resumes the same plan on that rank only."""
-    owner, done = saved.in_step
+def check_in_step(in_step, steps: int, saved: dict, mine: dict, rank: int) -> None:
+    """A state taken inside a step with uneven counts (``in_step``: ``(rank, its micro-batches
+    done there)``) holds one rank's place there, not the other ranks': it resumes the same plan
+    (saved fingerprint ``saved`` equal to ``mine``) on that rank only."""
+    owner, done = in_step
     at = (
-        f"sampler state taken by rank {owner} inside step {saved.steps} with uneven_counts "
+        f"sampler state taken by rank {owner} inside step {steps} with uneven_counts "
         f"({done} of its micro-batches there done)"
     )
-    if saved.fingerprint != mine:
-        changed = sorted(
-            key for key in set(mine) | set(saved.fingerprint)
-            if mine.get(key) != saved.fingerprint.get(key)
-        )  # fmt: skip
+    if saved != mine:
+        changed = sorted(k for k in set(mine) | set(saved) if mine.get(k) != saved.get(k))
         raise ValueError(
             f"{at}: it holds only that rank's place in the step, so it resumes the same plan "
             f"and not one of other settings (changed: {', '.join(changed)}). Resume with the "
@@ -271,3 +285,76 @@ def _check_in_step(saved: Saved, mine: dict, rank: int) -> None:
             f"{at}, loaded by rank {rank}: each rank is at its own place inside a step, so load "
             "each rank's own state (save one per rank), or save at a step's end (mb.last)."
         )
+
+
+def checked_prelude(prelude, mine: dict) -> dict:
+    """A streamed state's ``'prelude'`` (what a resume under other settings re-planned), each
+    field checked: the settings it was saved with, the segment and the position in it."""
+    keys = {"settings", "segment", "begin", "steps_before", "steps", "micro_batches"}
+    if not isinstance(prelude, dict) or set(prelude) != keys:
+        raise ValueError(f"sampler state: 'prelude' must hold {sorted(keys)}, got {prelude!r}")
+    settings = prelude["settings"]
+    if not isinstance(settings, dict) or set(settings) != set(mine):
+        raise ValueError("sampler state: the settings of 'prelude' are not a streamed sampler's")
+    for key in sorted(keys - {"settings"}):
+        count_field(prelude, key)
+    return prelude
+
+
+def before_start(name: str, value, start_step: int, start: int | None) -> ValueError:
+    at = f"step {start_step}" + ("" if start is None else f", micro-batch {start}")
+    return ValueError(
+        f"{name}={value!r} is before the resumed position ({at}): count steps from the "
+        "epoch's start, as start_step does"
+    )
+
+
+def _position_by_steps(plan: Plan, rank: int, start: int, drawn: int, steps_done, mbd):
+    """``position_of`` with uneven counts: positions go by steps, and a known position inside
+    a step is this rank's own (``in_step``)."""
+    if mbd is not None:
+        raise ValueError(
+            "state_dict: with uneven_counts the ranks' micro-batch counts differ, so "
+            "positions go by steps: pass steps_done"
+        )
+    start_step, start_done = place_of(plan, rank, start)
+    if steps_done is not None:
+        steps, in_step = int_arg("steps_done", steps_done, 0), 0
+        if steps < start_step or (steps == start_step and start_done):
+            # A resume inside step `start_step` cannot save that step's start: the state
+            # would train again what the resumed position left behind.
+            raise before_start("steps_done", steps, start_step, start if start_done else None)
+        if steps > plan.num_steps:
+            raise ValueError(
+                f"steps_done must be in [0, {plan.num_steps}] for this plan, got {steps}"
+            )
+    else:
+        steps, in_step = place_of(plan, rank, drawn)
+    return steps * plan.micro_batches_per_step, steps, in_step
+
+
+def position_of(
+    plan: Plan, rank: int, start: int, drawn: int, steps_done, mbd, uneven: bool
+) -> tuple[int, int | None, int]:
+    """The position of a state: ``(micro-batches done, steps done, this rank's micro-batches
+    done inside the next step)``, the last two only with uneven counts (else None and 0).
+    ``start``: where this pass began in the rank's stream; ``drawn``: where it is (the
+    position without ``steps_done`` or ``mbd``, micro_batches_done)."""
+    if uneven:
+        return _position_by_steps(plan, rank, start, drawn, steps_done, mbd)
+    end, k = plan.micro_batches_per_rank, plan.micro_batches_per_step
+    if steps_done is not None and mbd is not None:
+        raise ValueError("state_dict: pass steps_done or micro_batches_done, not both")
+    if steps_done is not None:
+        position = int_arg("steps_done", steps_done, 0) * k
+        name, value, unit = "steps_done", steps_done, k
+    elif mbd is not None:
+        position = int_arg("micro_batches_done", mbd, 0)
+        name, value, unit = "micro_batches_done", mbd, 1
+    else:
+        position, name, value, unit = drawn, "position", drawn, 1
+    if position < start:
+        raise before_start(name, value, start // k, start)
+    if position > end:
+        raise ValueError(f"{name} must be in [0, {end // unit}] for this plan, got {value!r}")
+    return position, None, 0

@@ -6,45 +6,10 @@ from __future__ import annotations
 
 from adaptiveload.cost import CostModel
 from adaptiveload.memory import MemoryModel
-from adaptiveload.sampler.base import PlannedBatchSampler
+from adaptiveload.sampler.defaults import MIX_TOLERANCE, default_mix_tolerance
+from adaptiveload.sampler.planned import PlannedBatchSampler
 
-# The default mix_tolerance: the predicted imbalance a window's steps may take on to mix the
-# data's groups (docs/sampler.md, "Representative steps").
-MIX_TOLERANCE = 0.02
-# The default mix_tolerance of setups whose steps cannot be both representative and within
-# MIX_TOLERANCE, by (sequence parallelism, one sample per micro-batch, K = 1). With sequence
-# parallelism the tolerance bounds the rank time lost to waiting AND to what splitting adds (a
-# share costs more than 1/d of the whole: per-sample work, launch floor, all-to-alls), and
-# steps that mix by splitting pay 2-4% of it: at 0.02 such steps stayed segregated (batch size 1,
-# K = 4: 1.68x a shuffle's composition distance; packed K = 1: 1.44x), at 0.05 they mix (held-
-# out mix, 8 ranks; batch size 1, K = 4: 0.40x at 1.005x today's epoch, predicted on the
-# H200-shaped synthetic GPU; packed K = 1: 1.60x, down from 2.04x, at 0.968x, replayed on an
-# H100, where no tolerance tried gave both a shuffle's mix and 0.97x; a second H100 run gave
-# 0.78x at 0.972x: packed K = 1 sits at that edge). A
-# step of W single samples mixes images and clips only where split clips even it out, which
-# leaves about 7% on the held-out mix: at 0.08 a quarter of an H100's replayed steps held no
-# image (a shuffle's: 2%); at 0.10 none, at 0.98x a shuffle's composition distance, 5.6%
-# imbalance, 0.982x today's epoch and 3.76x shuffled batch size 1 (H100 replay; benchmarks/
-# RESULTS.md, "Sequence parallelism chosen per micro-batch, today's defaults, on an H100";
-# docs/sampler.md, "When it pays").
-MIX_TOLERANCE_BY_SETUP = {
-    (True, True, True): 0.10,
-    (True, True, False): 0.05,
-    (True, False, True): 0.05,
-    (True, False, False): 0.05,
-}
-
-
-def default_mix_tolerance(sequence_parallel, max_batch_size, micro_batches_per_step) -> float:
-    """The default ``mix_tolerance`` of a setup: ``MIX_TOLERANCE_BY_SETUP``'s where it has the
-    setup, else ``MIX_TOLERANCE``."""
-    key = (
-        isinstance(sequence_parallel, int) and sequence_parallel > 1,
-        max_batch_size == 1,
-        micro_batches_per_step == 1,
-    )
-    return MIX_TOLERANCE_BY_SETUP.get(key, MIX_TOLERANCE)
-
+__all__ = ["MIX_TOLERANCE", "AdaptiveBatchSampler", "EqualTokenBatchSampler"]
 
 # A compute cap that never binds (equal-token buckets have none).
 _NO_COST_CAP = 1e300
