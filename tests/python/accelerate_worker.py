@@ -16,7 +16,7 @@ from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration
 from torch.utils.data import DataLoader, Dataset
 
-from adaptiveload import AdaptiveBatchSampler
+from adaptiveload import AdaptiveBatchSampler, StreamingBatchSampler
 from adaptiveload.integrations.accelerate import prepare_data_loader
 
 NUM_SAMPLES = 457
@@ -147,6 +147,28 @@ def main(scenario, out_dir):
             out["saved_at"] = loader.state_dict()["micro_batches_done"]
         except ValueError as e:
             out["error"] = str(e)
+    elif scenario == "streaming":
+        # accelerate's own sharding of a per-rank stream is refused; prepare_data_loader's
+        # unsharded loader draws this rank's micro-batches, segment after segment.
+        def streaming():
+            return StreamingBatchSampler(
+                lengths(),
+                151200,
+                micro_batches_per_step=K,
+                seed=7,
+                segment_samples=100,
+                lookahead_steps=2,
+            )
+
+        try:
+            next(iter(accelerator.prepare(loader_of(streaming(), 0))))
+        except RuntimeError as e:
+            out["refused"] = str(e)
+        helper = prepare_data_loader(accelerator, loader_of(streaming(), 0))
+        helper.set_epoch(0)
+        out["epochs"][0] = [b.tolist() for b in helper]
+        out["plan"][0] = list(streaming())
+        out["state"] = helper.state_dict()["micro_batches_done"]
     elif scenario == "readers":
         # The helper's loader passes accelerator.prepare unchanged; a DataLoader accelerate
         # did not prepare is refused under several processes, unless each rank draws its own.

@@ -150,3 +150,13 @@ def resumed_padding(run):
     """Samples the resumed plan repeats to fill its last step (its reported padding)."""
     flat = [i for b in run["plan"] for i in b]
     return len(flat) - len(set(flat))
+
+
+def test_streaming_is_refused_under_accelerates_sharding_and_exact_with_the_helper(tmp_path):
+    per_rank = results("streaming", tmp_path, 2)
+    for r in per_rank:
+        assert "already this rank's" in r["refused"] and "prepare_data_loader" in r["refused"]
+        assert r["epochs"]["0"] == r["plan"]["0"]  # this rank's stream, whole
+        assert r["state"] == sum(1 for _ in r["plan"]["0"])
+    seen = collections.Counter(i for r in per_rank for b in r["epochs"]["0"] for i in b)
+    assert set(seen) == set(range(NUM_SAMPLES)), "samples lost"

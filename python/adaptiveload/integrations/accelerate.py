@@ -41,7 +41,7 @@ from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard
 from accelerate.data_loader import prepare_data_loader as _accelerate_prepare
 from torch.utils.data import DataLoader
 
-from adaptiveload.sampler import PlannedBatchSampler
+from adaptiveload.sampler import BatchSampler
 
 __all__ = ["AdaptiveDataLoader", "prepare_data_loader"]
 
@@ -62,7 +62,7 @@ class AdaptiveDataLoader:
         loader.iteration = self.adaptive_sampler.epoch
 
     @property
-    def adaptive_sampler(self) -> PlannedBatchSampler:
+    def adaptive_sampler(self) -> BatchSampler:
         return self.loader.batch_sampler
 
     @property
@@ -152,10 +152,11 @@ def prepare_data_loader(
     if isinstance(dataloader, (AdaptiveDataLoader, DataLoaderShard, DataLoaderDispatcher)):
         raise ValueError("prepare_data_loader: this DataLoader was already prepared by accelerate")
     sampler = dataloader.batch_sampler
-    if not isinstance(sampler, PlannedBatchSampler):
+    if not isinstance(sampler, BatchSampler):
         raise ValueError(
-            "prepare_data_loader: dataloader.batch_sampler must be an AdaptiveBatchSampler or "
-            f"EqualTokenBatchSampler, got {type(sampler).__name__}"
+            "prepare_data_loader: dataloader.batch_sampler must be an AdaptiveLoad batch sampler "
+            "(AdaptiveBatchSampler, EqualTokenBatchSampler, StreamingBatchSampler), got "
+            f"{type(sampler).__name__}"
         )
     if sampler.uneven_counts:
         raise ValueError(
