@@ -375,6 +375,16 @@ SECTIONS = [
     ),
     ("What does the step order do to training?", convergence),
     ("How fast is rms_norm_modulate (LTX-Video's adaLN)?", rms_bandwidth),
+    (
+        "Which kernel choices did tuning measure, and what did each give?",
+        lambda: copied(
+            "h200/kernel_notes.csv",
+            "Kernel tuning notes",
+            "The measurements behind the choices the CUDA kernels' comments name (csrc/ops/cuda), "
+            "taken on an H200 while the kernels were tuned (bf16 unless the row says otherwise, "
+            "% of the copy bandwidth measured in the same run)",
+        ),
+    ),
     ("Which rms_norm_modulate kernel is fastest at LTX-Video's shapes?", rms_tuning),
     (
         "What do the fused ops save in a training step of each model family?",

@@ -141,8 +141,7 @@ def calibrate_model(
     For plan-aware calibration give ``StepTimer(step, ...)`` to ``calibrate_plan`` as its
     ``measure``; for the memory model of a checkpointing policy, ``StepTimer(step,
     layers=L)`` to ``calibrate_memory``."""
-    timer = StepTimer(step, device=device, layers=layers, warmup=warmup, repeat=repeat,
-                      meta=meta)  # fmt: skip
+    timer = StepTimer(step, device=device, layers=layers, warmup=warmup, repeat=repeat, meta=meta)
     return calibrate_grid(
         timer, shapes, seq_len, max_tokens=max_tokens, progress=progress, source="calibrate_model"
     )
@@ -162,9 +161,13 @@ def calibrate_family(
     timer = ModelTimer(family, config, **timer_args)
     f = timer.family
     return calibrate_grid(
-        timer, f.shapes if shapes is None else shapes, f.seq_len, max_tokens=max_tokens,
-        progress=progress, source=f"calibrate_{f.name}",
-    )  # fmt: skip
+        timer,
+        f.shapes if shapes is None else shapes,
+        f.seq_len,
+        max_tokens=max_tokens,
+        progress=progress,
+        source=f"calibrate_{f.name}",
+    )
 
 
 def calibrate_wan(
@@ -179,8 +182,9 @@ def calibrate_wan(
     """Profile forward+backward of a randomly initialized Wan model over ``wan_grid`` and fit
     (``timer_args``: layers, device, dtype, fused, warmup, repeat, activation_checkpointing)."""
     timer = WanTimer(config, text_len=text_len, **timer_args)
-    return calibrate_grid(timer, shapes, wan_seq_len, max_tokens=max_tokens, progress=progress,
-                          source="calibrate_wan")  # fmt: skip
+    return calibrate_grid(
+        timer, shapes, wan_seq_len, max_tokens=max_tokens, progress=progress, source="calibrate_wan"
+    )
 
 
 def kinds_of_plan(
@@ -456,8 +460,14 @@ def measure_memory_points(
                 rows.append(done[(s, b, n)])
                 continue
             shape = [int(v) for v in kinds[(s, b)]]
-            row = {"seq_len": s, "batch": b, "tokens": s * b, "checkpointed": n,
-                   "layers": layers, "shape": shape}  # fmt: skip
+            row = {
+                "seq_len": s,
+                "batch": b,
+                "tokens": s * b,
+                "checkpointed": n,
+                "layers": layers,
+                "shape": shape,
+            }
             try:
                 ms, peak = timer(b, tuple(shape), checkpointed=n)
                 row.update(ms=float(ms), peak_bytes=int(peak), oom=False)
@@ -509,11 +519,14 @@ def calibrate_memory(
     layers = timer.layers
     few, many = memory_kinds(shapes, max_tokens, wan_seq_len if seq_len is None else seq_len)
     rows = measure_memory_points(
-        timer, few, checkpointed=sorted({0, layers // 2, max(layers - 1, 0), layers}),
-        points_file=points_file, log=log,
+        timer,
+        few,
+        checkpointed=sorted({0, layers // 2, max(layers - 1, 0), layers}),
+        points_file=points_file,
+        log=log,
     ) + measure_memory_points(
         timer, many, checkpointed=(0, layers), points_file=points_file, log=log
-    )  # fmt: skip
+    )
     fit_rows = [r for r in rows if not r["oom"]]
     model = fit_checkpoint_memory_model(fit_rows, layers)
     model.meta |= {"out_of_memory": len(rows) - len(fit_rows), **timer.meta}

@@ -284,13 +284,20 @@ def _plan_streamed(args, meta: Metadata, source: str, cost, max_tokens: int) -> 
     from adaptiveload import StreamingBatchSampler
 
     s = StreamingBatchSampler(
-        meta.seq_lens, max_tokens, max_cost=args.max_cost, cost_model=cost,
-        group_ids=meta.group_keys(), num_replicas=args.num_replicas, rank=0,
-        micro_batches_per_step=args.micro_batches_per_step, seed=args.seed,
+        meta.seq_lens,
+        max_tokens,
+        max_cost=args.max_cost,
+        cost_model=cost,
+        group_ids=meta.group_keys(),
+        num_replicas=args.num_replicas,
+        rank=0,
+        micro_batches_per_step=args.micro_batches_per_step,
+        seed=args.seed,
         lookahead_steps=args.lookahead_steps,
         mix_tolerance=MIX_TOLERANCE if args.mix_tolerance is None else args.mix_tolerance,
-        max_batch_size=args.max_batch_size, segment_samples=args.segment_samples,
-    )  # fmt: skip
+        max_batch_size=args.max_batch_size,
+        segment_samples=args.segment_samples,
+    )
     from adaptiveload.sampler.stream import default_workers
 
     labels = meta.group_keys() if meta.shapes is not None else meta.seq_lens

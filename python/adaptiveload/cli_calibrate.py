@@ -180,8 +180,14 @@ def _calibrate_memory(args: argparse.Namespace, dtype) -> None:
     timer = _timer(args, dtype)
     points = os.path.splitext(args.memory_model)[0] + ".points.jsonl"
     log = None if args.no_progress else print
-    model, rows = calibrate_memory(timer, shapes, max_tokens, points_file=points, log=log,
-                                   seq_len=model_of_args(args)[0].seq_len)  # fmt: skip
+    model, rows = calibrate_memory(
+        timer,
+        shapes,
+        max_tokens,
+        points_file=points,
+        log=log,
+        seq_len=model_of_args(args)[0].seq_len,
+    )
     m = model.meta
     print(
         f"\nmemory model ({len(rows)} points, {m['out_of_memory']} out of memory): {model!r}\n"

@@ -52,6 +52,15 @@ class Geometry:
         scalars); ``ValueError`` naming the sample for a non-integer size, and
         ``adaptiveload.wan.ShapeError`` (a ``ValueError``) naming the sample, the dimension
         and the rule for a shape the model cannot take or smaller than one patch."""
-        return token_count(frames, height, width, self.vae_stride, self.patch, self.extra_tokens,
-                           name=f"{self.name} seq_len", frame_step=self.frame_step,
-                           size_step=self.size_step, model=self.name)  # fmt: skip
+        return token_count(
+            frames,
+            height,
+            width,
+            self.vae_stride,
+            self.patch,
+            self.extra_tokens,
+            name=f"{self.name} seq_len",
+            frame_step=self.frame_step,
+            size_step=self.size_step,
+            model=self.name,
+        )

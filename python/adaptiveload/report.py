@@ -133,8 +133,16 @@ def merge_reports(reports: list[BalanceReport]) -> BalanceReport:
     composition = None
     if all(r.composition is not None for r in reports):
         comps = [r.composition for r in reports]
-        fields = ["tv_tokens", "tv_samples", "shuffle_tv_tokens", "shuffle_tv_samples",
-                  "missing", "shuffle_missing", "groups_per_step", "shuffle_groups_per_step"]  # fmt: skip
+        fields = [
+            "tv_tokens",
+            "tv_samples",
+            "shuffle_tv_tokens",
+            "shuffle_tv_samples",
+            "missing",
+            "shuffle_missing",
+            "groups_per_step",
+            "shuffle_groups_per_step",
+        ]
         composition = dataclasses.replace(
             comps[0],
             num_steps=int(steps.sum()),
@@ -163,7 +171,7 @@ def merge_reports(reports: list[BalanceReport]) -> BalanceReport:
                 "num_split_micro_batches",
                 "num_skipped_samples",
             )
-        },  # fmt: skip
+        },
         composition=composition,
     )
 

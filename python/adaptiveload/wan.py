@@ -88,8 +88,19 @@ class ShapeError(ValueError):
         self.index, self.dimension, self.shape, self.rule = index, dimension, shape, rule
 
 
-def token_count(frames, height, width, vae_stride, patch, extra=0, *, name="token_count",
-                frame_step=1, size_step=1, model=None):  # fmt: skip
+def token_count(
+    frames,
+    height,
+    width,
+    vae_stride,
+    patch,
+    extra=0,
+    *,
+    name="token_count",
+    frame_step=1,
+    size_step=1,
+    model=None,
+):
     """Tokens of samples of a video DiT whose VAE keeps the first frame and compresses each
     further ``vt`` frames into one and ``vh x vw`` pixels into one element, cut into
     ``pt x ph x pw`` patches, plus ``extra`` tokens per sample (see adaptiveload.geometry),

@@ -469,3 +469,26 @@ def test_deep_prefetch_over_small_segments():
                         collate_fn=lambda b: b)  # fmt: skip
     steps = [mb.step for mb in s.micro_batches(loader)]
     assert steps == list(range(len(steps))) and len(steps) > 100
+
+
+def test_a_lengths_file_rewritten_in_place_is_refused_before_the_next_pass(tmp_path):
+    path = tmp_path / "lengths.npy"
+    lens = lengths(3000, seed=6)
+    np.save(path, lens)
+    s = sampler(np.load(path, mmap_mode="r"))
+    first = list(s)
+    swapped = lens.copy()
+    swapped[[0, 1]] = swapped[[1, 0]] if swapped[0] != swapped[1] else (1560, 3600)
+    np.save(path, swapped)  # what re-running a preprocessing job does
+    os.utime(path, ns=(1, 1))  # a modification time of its own, whatever the clock's grain
+    s.set_epoch(1)
+    with pytest.raises(ValueError, match=r"lengths\.npy changed since the sampler was made"):
+        next(iter(s))
+    assert first  # the epoch before the change ran whole
+    # Replaced by a rename, the mapped data is the old file's: the sampler goes on with it.
+    t = sampler(np.load(path, mmap_mode="r"))
+    new = tmp_path / "new.npy"
+    np.save(new, lens)
+    os.replace(new, path)
+    with pytest.warns(UserWarning, match="names another file"):
+        assert sum(len(b) for b in t) > 0

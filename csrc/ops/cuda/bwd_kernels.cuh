@@ -497,10 +497,9 @@ __global__ void __maxnreg__(VPT * 16 / sizeof(T) <= 8 ? 64 : 96)
 // loaded before the row's one reduction: a row costs one round trip to memory. No partials, no
 // shared-memory ring: the general kernel's ring holds x and dy only, and its per-token scale was
 // a second, unhidden round trip per row.
-// Note: H200, bf16, D = 2048, per-token bf16 modulation, blocks taking rows in turn: 128 threads
-// a row (VPT 2) ran at 93-94% of copy bandwidth, 256 (VPT 1) at 91-92%, 64 (VPT 4) at 73%;
-// keeping scale as raw 16-bit words (more rows in flight) measured no faster (87-91%). VPT 2
-// spilled under 64 registers (fp32 dy), hence 3 blocks per SM there.
+// Note: 128 threads a row (VPT 2) measured fastest, and keeping scale as raw 16-bit words no
+// faster (benchmarks/RESULTS.md, "Kernel tuning notes"). VPT 2 spills under 64 registers (fp32
+// dy), hence 3 blocks per SM there.
 template <typename T, int VPT, int DYK, Norm N>
 __global__ void __launch_bounds__(256, VPT == 1 ? 4 : 3)
     layer_norm_modulate_bwd_token_kernel(const BwdParams p) {

@@ -19,8 +19,8 @@ namespace {
 // they are as large as x): 1 as floats of any kind, 2 as raw 16-bit words of x's own type (the
 // token16 rows), which takes a third of the registers, so more rows are in flight per SM. At
 // VPT 2 the floats spilled under the cap of 64, hence 3 blocks (85 registers) there.
-// Note: H200, RMSNorm, bf16 D = 2048, per-token bf16 modulation, 10k-41k rows: HOIST 0 ran at
-// 71-75% of copy bandwidth (48 registers), 1 at 76-82%, 2 at 97-102% (32 registers).
+// Note: HOIST 2 is the fastest of the three at per-token modulation: the fewest registers,
+// so the most rows in flight (benchmarks/RESULTS.md, "Kernel tuning notes").
 template <typename T, int VPT, bool FUSED, Norm N, int HOIST>
 __global__ void __launch_bounds__(VPT <= 4 ? 256 : 512, HOIST == 2 && VPT == 1   ? 8
                                                         : HOIST == 1 && VPT == 2 ? 3
@@ -218,11 +218,9 @@ struct ModVec {
 // kernel stages once per block (stage_modulation).
 // Note: reading per-sample modulation from L2 for every row moved 2-3x more bytes through L2
 // than x itself and held the block-per-row kernel near half the copy bandwidth.
-// Note: on the H200 the bandwidth followed the row bytes a warp holds: 3 KB (bf16 D = 1536, one
-// row of 6 vectors per lane) ran at 77% of copy bandwidth, 6 KB (D = 3072, 12 vectors) at 87%,
-// while 10 KB (D = 5120, 20 vectors, one warp) needed 168 registers, spilled and ran at 77%.
-// Hence two rows per warp at D = 1536 and two warps per row at D = 5120: 32-48 data registers
-// per lane.
+// Note: the bandwidth follows the row bytes a warp holds, until its registers spill: hence
+// two rows per warp at D = 1536 and two warps per row at D = 5120, 32-48 data registers per
+// lane (benchmarks/RESULTS.md, "Kernel tuning notes").
 // The rest of the forward for R rows a team of WPR warps holds packed in registers (xr, zero
 // where a lane has no vector; live[r]: row r exists, at row index rows[r]), given each lane's
 // sum of its elements of each row in `mean` (LayerNorm; RMSNorm ignores it): the mean, then the
@@ -371,7 +369,7 @@ __global__ void __launch_bounds__(256, fwd_warp_min_blocks<VPW, R>())
   stage_modulation<VEC, FUSED, false>(p, rr.block_start, nvec, smem4, smem4 + p.D / 4, sg);
 
   // Note: issuing the first rows' loads before the staging (so that memory is busy during it)
-  // measured 1-6 points slower on the H200 (bf16, 32,760 rows).
+  // measured slower (benchmarks/RESULTS.md, "Kernel tuning notes").
   int parity = 0;
   for (int64_t row0 = rr.start; row0 < rr.end; row0 += R * rr.step, parity ^= 1) {
     load_rows(row0);

@@ -246,10 +246,8 @@ bool launch_bwd_vector(BwdParams& p, const BwdSettings& s, BwdGrid& grid, cudaSt
   // Teams (rows in progress per block), by default: as many (up to 4) as keep three blocks'
   // registers on an SM, so that one block's barrier does not leave the SM idle; the lean
   // kernel up to 3 teams and 640 threads, even at one block per SM.
-  // Note: H200, general kernel at D = 1536 (two vectors per thread, 96 threads a row): 2 teams
-  // ran at 71.5% of copy bandwidth, 3 at 69.7%, 4 at 63.8%. Lean kernel, % of copy bandwidth
-  // with 1 / 2 / 3 teams: D = 1536 85.0 / 87.5 / 88.4, D = 3072 92.2 / 82.6 (384 threads, one
-  // block per SM) / 94.2, D = 5120 91.3 / 96.8.
+  // Note: both caps were chosen by measurement; more teams than that starve the SM of
+  // registers (benchmarks/RESULTS.md, "Kernel tuning notes").
   const int max_teams = std::max(1, attr.maxThreadsPerBlock / tt);
   const int three_blocks = props->regsPerMultiprocessor / (3 * std::max(1, attr.numRegs));
   const int rule = LEAN ? std::max(1, std::min(3, 640 / tt))
@@ -297,8 +295,8 @@ bool launch_bwd_vector(BwdParams& p, const BwdSettings& s, BwdGrid& grid, cudaSt
 }
 
 // The token kernel: blocks enough to fill the GPU once, each taking rows in turn.
-// Note: H200, bf16, D = 2048, 24k-41k rows: a block per row instead ran 4-5 points of copy
-// bandwidth slower (87-89% against 92-94%).
+// Note: a block per row ran slower: its launch and reduction cost is paid per row, not per
+// block (benchmarks/RESULTS.md, "Kernel tuning notes").
 template <typename T, int VPT, int DYK, Norm N>
 bool launch_bwd_token(BwdParams& p, const BwdSettings&, BwdGrid&, cudaStream_t stream) {
   auto kernel = layer_norm_modulate_bwd_token_kernel<T, VPT, DYK, N>;

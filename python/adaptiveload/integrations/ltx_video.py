@@ -39,8 +39,13 @@ def _fused_block_forward(
     x_norm = rms_norm_modulate(
         x, shift, scale, weight=self.norm1.weight, eps=self.norm1.eps, out_dtype=x.dtype
     )
-    x = x + self.attn1(hidden_states=x_norm, encoder_hidden_states=None,
-                       image_rotary_emb=image_rotary_emb) * gate  # fmt: skip
+    x = (
+        x
+        + self.attn1(
+            hidden_states=x_norm, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb
+        )
+        * gate
+    )
     # 2. Cross-attention; its residual and the feed-forward's modulated norm in one pass.
     c_attn = self.attn2(
         x,
@@ -50,9 +55,15 @@ def _fused_block_forward(
     )
     one = x.new_ones(x.shape[-1], dtype=torch.float32)
     x, x_norm = gated_residual_rms_norm_modulate(
-        x, c_attn, one, shift_ff, scale_ff, weight=self.norm2.weight, eps=self.norm2.eps,
+        x,
+        c_attn,
+        one,
+        shift_ff,
+        scale_ff,
+        weight=self.norm2.weight,
+        eps=self.norm2.eps,
         out_dtype=x.dtype,
-    )  # fmt: skip
+    )
     return x + self.ff(x_norm) * gate_ff
 
 

@@ -88,8 +88,16 @@ class ModelFamily:
             self.apply_fused_ops(model)
         return model
 
-    def random_batch(self, model, batch: int, frames: int, height: int, width: int, *,
-                     generator: torch.Generator | None = None) -> dict:  # fmt: skip
+    def random_batch(
+        self,
+        model,
+        batch: int,
+        frames: int,
+        height: int,
+        width: int,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> dict:
         """Keyword arguments of one forward pass on ``batch`` samples of one shape: noisy
         latents, timesteps and text conditioning, random, in the model's dtype."""
         return self.batch(model, batch, frames, height, width, generator)
