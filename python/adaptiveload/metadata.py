@@ -14,6 +14,8 @@ Parquet null does). A column read twice (a CSV or Parquet header, or a key of on
 is refused, as is a shape the model cannot take (its row and column named). Blank lines are
 skipped in JSON Lines, and at the end of a CSV file. Numeric Parquet and ``.npy`` columns are
 checked and converted whole, never as one Python object per row (100M rows read in seconds).
+A file that is not what its name says (a damaged Parquet shard, a text file named ``.npy``) is
+refused naming it, as ``adaptiveload.sampler.columns`` refuses the sampler's ``.npy`` columns.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from adaptiveload.sampler.checks import as_group_ids
+from adaptiveload.sampler.columns import map_npy
 from adaptiveload.wan import ShapeError, wan_seq_len
 
 SHAPE_COLUMNS = ("num_frames", "height", "width")
@@ -129,19 +132,42 @@ def _jsonl_columns(path: str, wanted: list[str]):
     return list(header), cols, np.asarray(lines, dtype=np.int64)
 
 
-def _parquet_columns(path: str, wanted: list[str]):
+def _parquet(path: str, read):
+    """``read(pq.ParquetFile(path))``, or one ValueError naming the file when pyarrow cannot
+    read it (pyarrow's own error does not name it: in a directory of shards, which one?)."""
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise ImportError(
             f"{path}: reading Parquet needs pyarrow (pip install 'adaptiveload[parquet]')"
         ) from None
-    file = pq.ParquetFile(path)
-    names = list(file.schema_arrow.names)
-    _refuse_repeated_columns(path, names, wanted)
-    table = file.read(columns=[name for name in wanted if name in names])
+    try:
+        return read(pq.ParquetFile(path))
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, FileNotFoundError | PermissionError):
+            raise
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(
+            f"{path}: cannot be read as Parquet ({reason}); the file is damaged or is not "
+            "Parquet: write it again (or move it out of the directory of shards)"
+        ) from None
+
+
+def _num_rows(file) -> int:
+    return file.metadata.num_rows
+
+
+def _parquet_columns(path: str, wanted: list[str]):
+    def read(file):
+        names = list(file.schema_arrow.names)
+        _refuse_repeated_columns(path, names, wanted)
+        table = file.read(columns=[name for name in wanted if name in names])
+        return names, table, file.metadata.num_rows
+
+    names, table, rows = _parquet(path, read)
     cols = {name: _arrow_values(table.column(name)) for name in table.column_names}
-    return names, cols, range(1, file.metadata.num_rows + 1)
+    return names, cols, range(1, rows + 1)
 
 
 def _arrow_values(column):
@@ -158,7 +184,7 @@ def _arrow_values(column):
 def _npy_columns(path: str, wanted: list[str]):
     """A ``.npy`` read memory-mapped: a 1-D integer array is the ``seq_len`` column; a
     structured array's fields are its columns."""
-    a = np.load(path, mmap_mode="r")
+    a = map_npy(path, "metadata")
     if a.ndim != 1:
         raise ValueError(f"{path}: expected a 1-D array (one row per sample), got shape {a.shape}")
     if a.dtype.names is None:
@@ -293,10 +319,7 @@ def _read_shards(path: str, seq_len) -> Metadata:
             "not read; give the folder whose files are the shards"
         )
     shards = [f for f in names if f.lower().endswith(".parquet")]
-    if shards:
-        import pyarrow.parquet as pq
-
-        shards = [f for f in shards if pq.ParquetFile(os.path.join(path, f)).metadata.num_rows]
+    shards = [f for f in shards if _parquet(os.path.join(path, f), _num_rows)]
     if not shards:
         raise ValueError(
             f"metadata path {path} is a directory without .parquet shards: give a .csv, "

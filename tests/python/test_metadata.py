@@ -133,3 +133,43 @@ def test_uint64_keys_past_int64():
 
     keys = np.array([2**64 - 1, 3, 2**63, 3], np.uint64)
     assert as_group_ids(keys, np.ones(4)).tolist() == [2, 0, 1, 0]
+
+
+def _damage(path, at):
+    data = bytearray(path.read_bytes())
+    data[at : at + 36] = b"\xff" * 36
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["not parquet", "footer", "pages"])
+def test_a_damaged_parquet_shard_is_named(tmp_path, damage):
+    parts = [_lens(n) for n in (30, 40, 50)]
+    for i, p in enumerate(parts):
+        pq.write_table(pa.table({"seq_len": p}), tmp_path / f"part-{i}.parquet")
+    bad = tmp_path / f"part-{np.random.default_rng().integers(0, 3)}.parquet"
+    if damage == "not parquet":
+        bad.write_text("seq_len\n1560\n")
+    else:
+        _damage(bad, len(bad.read_bytes()) - 60 if damage == "footer" else 4)
+    with pytest.raises(ValueError, match=rf"^{bad}: cannot be read as Parquet \(.+\)") as info:
+        read_metadata(tmp_path)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match=rf"^{bad}: cannot be read as Parquet"):
+        read_metadata(bad)  # alone too
+
+
+@pytest.mark.parametrize(
+    "write, match",
+    [
+        (lambda p: p.write_text("1560\n7800\n"), r"not a NumPy \.npy file \(text"),
+        (lambda p: p.write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'descr': (\n"), r"header is damaged"),
+        (lambda p: (np.save(p, _lens(100)), p.write_bytes(p.read_bytes()[:300])), "cut short"),
+        (lambda p: np.save(p, np.array([1, None]), allow_pickle=True), "holds Python objects"),
+    ],
+)
+def test_a_bad_npy_is_named_as_the_samplers_columns_are(tmp_path, write, match):
+    path = tmp_path / "meta.npy"
+    write(path)
+    with pytest.raises(ValueError, match=rf"^metadata file {path}: .*{match}") as info:
+        read_metadata(path)
+    assert "allow_pickle" not in str(info.value)
