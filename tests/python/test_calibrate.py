@@ -1,4 +1,6 @@
-"""Cost and memory model fitting, and `adaptiveload calibrate` on a tiny model on CPU."""
+"""Cost and memory model fitting, and `adaptiveload calibrate` on a tiny model on CPU, timed in
+modelled milliseconds (the ``modelled_times`` fixture, or a ``measure`` function), never by the
+clock: on a busy CPU a tiny model's times come in no order and a fit of them fails."""
 
 import json
 
@@ -71,22 +73,20 @@ def test_grid_includes_large_batches_of_short_samples():
     assert all(b * s <= 151200 for b, s in ((b, 1560) for b in images))
 
 
-def test_calibrate_cli_on_cpu_tiny_model(tmp_path, capsys):
+def test_calibrate_cli_on_cpu_tiny_model(tmp_path, capsys, modelled_times):
     pytest.importorskip("diffusers")
     from adaptiveload.cli import main
 
     out = tmp_path / "cost.json"
-    # Large enough shapes that time clearly grows with tokens even on a busy CPU.
-    args = "calibrate --config tiny --device cpu --dtype fp32 --no-fused --max-tokens 6000"
-    args += (
-        " --shapes 1x32x48,17x128x192,33x128x192 --text-len 8 --repeat 3 --warmup 1 --no-progress"
-    )
+    args = "calibrate --config tiny --device cpu --dtype fp32 --no-fused --max-tokens 1500"
+    args += " --shapes 1x32x48,17x64x96,33x64x96 --text-len 8 --repeat 1 --warmup 1 --no-progress"
     rc = main([*args.split(), "--out", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "fit error: median" in text and "cost model: CostModel.polynomial" in text
     d = json.loads(out.read_text())
     assert d["kind"] == "polynomial" and len(d["points"]) >= 8
+    assert [p["ms"] for p in d["points"]] == modelled_times
     CostModel.from_json(out)
 
 
@@ -276,7 +276,7 @@ def test_plan_aware_calibration_resumes_an_interrupted_run(tmp_path):
                        header={"gpu": "other"}, progress=False)  # fmt: skip
 
 
-def test_plan_aware_calibrate_cli_on_cpu_tiny_model(tmp_path, capsys):
+def test_plan_aware_calibrate_cli_on_cpu_tiny_model(tmp_path, capsys, modelled_times):
     pytest.importorskip("diffusers")
     from adaptiveload.cli import main
 
@@ -291,9 +291,11 @@ def test_plan_aware_calibrate_cli_on_cpu_tiny_model(tmp_path, capsys):
     assert "plan-aware:" in text and "converged" in text
     d = json.loads(out.read_text())
     assert d["measured"] and d["meta"]["source"] == "calibrate_plan"
-    assert (tmp_path / "cost.points.jsonl").exists()
+    rows = (tmp_path / "cost.points.jsonl").read_text().splitlines()[1:]
+    assert [json.loads(r)["ms"] for r in rows] == modelled_times
     # Run again: every kind is read back.
     assert main([*args.split(), "--out", str(out)]) == 0
+    assert len(modelled_times) == len(rows)  # nothing measured again
     again = json.loads(out.read_text())["meta"]
     assert again["kinds_resumed"] == again["kinds_measured"] == d["meta"]["kinds_measured"]
     # With sequence parallelism: the clips over --max-tokens are split, their shares measured
@@ -308,7 +310,7 @@ def test_plan_aware_calibrate_cli_on_cpu_tiny_model(tmp_path, capsys):
 
 @pytest.mark.parametrize("family, max_tokens", [("ltx-video", 6), ("hunyuanvideo", 300)])
 def test_plan_aware_calibrate_cli_measures_split_shares_of_other_families(
-    tmp_path, family, max_tokens
+    tmp_path, family, max_tokens, modelled_times
 ):
     """``calibrate --sequence-parallel`` on a family other than Wan: the clips (8 and 304
     tokens) exceed ``max_tokens`` and must split; one member's share of them is run
@@ -326,6 +328,7 @@ def test_plan_aware_calibrate_cli_measures_split_shares_of_other_families(
     assert main([*args.split(), "--out", str(out)]) == 0
     model = CostModel.from_json(out)
     assert model.measured_shares and {d for _, _, d in model.measured_shares} == {2}
+    assert set(model.measured_shares.values()) <= set(modelled_times)
 
 
 # -- time and peak memory per (S, B, checkpointed blocks) ------------------------------------
@@ -484,7 +487,7 @@ def test_calibrate_memory_fits_the_policy_model_and_resumes(tmp_path, seed):
     assert again.calls == [] and rows2 == rows and model2 == model
 
 
-def test_calibrate_cli_memory_model_needs_cuda(tmp_path, capsys):
+def test_calibrate_cli_memory_model_needs_cuda(tmp_path, capsys, modelled_times):
     pytest.importorskip("diffusers")
     from adaptiveload.cli import main
 
@@ -494,6 +497,7 @@ def test_calibrate_cli_memory_model_needs_cuda(tmp_path, capsys):
     rc = main([*args.split(), "--out", str(tmp_path / "c.json"), "--memory-model", str(mem)])
     assert rc == 0
     assert "measured on CUDA only" in capsys.readouterr().out and not mem.exists()
+    assert modelled_times  # the cost model was fitted to modelled times
 
 
 @pytest.mark.distributed

@@ -19,6 +19,12 @@ MAX_LEN = 2**40 - 1
 MAX_BLOCKS = 10000
 
 
+# What a test allows a call that plans at once (it takes milliseconds): far more than that, so
+# that a loaded machine never fails it, and far less than a loop over a cap's range takes (a
+# loop over 2^40 values runs for many minutes, one over 2^62 never ends).
+AT_ONCE = 30.0
+
+
 def _timed(fn):
     t0 = time.perf_counter()
     out = fn()
@@ -28,11 +34,11 @@ def _timed(fn):
 # -- caps and counts -------------------------------------------------------------------------
 
 
-def test_construction_with_the_largest_caps_takes_under_a_second():
+def test_construction_with_the_largest_caps_plans_at_once():
     s, seconds = _timed(
         lambda: AdaptiveBatchSampler(LENS, max_tokens=MAX_TOKENS, num_replicas=2, rank=0)
     )
-    assert seconds < 1.0
+    assert seconds < AT_ONCE
     plan = s.plan()
     assert sorted(plan.samples[plan.padding.repeat(np.diff(plan.offsets)) == 0]) == [0, 1, 2, 3]
 
@@ -49,12 +55,12 @@ def test_construction_with_the_largest_caps_takes_under_a_second():
             micro_batches_per_step=4,
         ).plan()
     )
-    assert seconds < 1.0
+    assert seconds < AT_ONCE
     # And the longest accepted samples with the default cap.
     s, seconds = _timed(
         lambda: AdaptiveBatchSampler([MAX_LEN, 1, 7], max_tokens=MAX_TOKENS, rank=0).plan()
     )
-    assert seconds < 1.0
+    assert seconds < AT_ONCE
 
 
 @pytest.mark.parametrize("value", [2**62 + 1, 2**63 - 1, 2**64])
@@ -169,7 +175,7 @@ def test_plan_cli_with_an_absurd_row_refuses_it_without_hanging(tmp_path, capsys
     (_, seconds) = _timed(
         lambda: main(["plan", "--metadata", str(path), "--figure", "none"]) == 2 or None
     )
-    assert seconds < 5
+    assert seconds < AT_ONCE
     assert "row 2, column 'seq_len'" in capsys.readouterr().err
 
 
@@ -179,7 +185,7 @@ def test_plan_cli_with_the_longest_accepted_row_and_a_huge_cap_returns(tmp_path,
         (code, seconds) = _timed(
             lambda extra=extra: main(["plan", "--metadata", str(path), "--figure", "none", *extra])
         )
-        assert code == 0 and seconds < 10
+        assert code == 0 and seconds < AT_ONCE
     capsys.readouterr()
 
 
