@@ -26,10 +26,10 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     from adaptiveload import StreamingBatchSampler
 
-    lens_path, ids_path, new_lens_path, new_ids_path, skip = sys.argv[1:6]
+    lens_path, ids_path, new_lens_path, new_ids_path, skip, max_tokens = sys.argv[1:7]
     ids = None if ids_path == "-" else np.load(ids_path, mmap_mode="r")
     s = StreamingBatchSampler(
-        np.load(lens_path, mmap_mode="r"), %d, group_ids=ids, num_replicas=2, rank=0,
+        np.load(lens_path, mmap_mode="r"), int(max_tokens), group_ids=ids, num_replicas=2, rank=0,
         segment_samples=500, lookahead_steps=4, seed=3,
         on_oversize="skip" if skip == "1" else "error",
     )
@@ -46,7 +46,6 @@ SCRIPT = textwrap.dedent(
     else:
         print("NO ERROR", drawn, flush=True)
     """
-    % MAX_TOKENS
 )
 
 
@@ -58,7 +57,8 @@ def run_case(tmp_path, lens, new_lens, ids=None, new_ids=None, skip=False):
             continue
         paths[name] = str(tmp_path / f"{name}.npy")
         np.save(paths[name], a)
-    args = [paths[k] for k in ("lens", "ids", "new_lens", "new_ids")] + ["1" if skip else "0"]
+    args = [paths[k] for k in ("lens", "ids", "new_lens", "new_ids")]
+    args += ["1" if skip else "0", str(MAX_TOKENS)]
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, *args], capture_output=True, text=True, env=env, timeout=120
