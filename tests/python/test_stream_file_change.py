@@ -1,11 +1,12 @@
 """StreamingBatchSampler over a memory-mapped ``.npy`` that is rewritten in place under it (what
 re-running a preprocessing job with ``np.save`` on the same path does): the next epoch's planning
 reads values the sampler was not made for, and must refuse them with a Python exception naming
-the index and the value, never abort the process or plan them. Each case runs in a subprocess,
-so that a crash fails its test rather than the suite."""
+the index and the value, never abort the process or plan them. Every case runs in one subprocess,
+one after the other, so that a crash fails its case (and names it) rather than the suite."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,142 +19,162 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LENGTHS = [256, 512, 1024, 2048]  # the table's distinct lengths; its dense lookup covers < 4096
 MAX_TOKENS = 8192
 
-# One epoch planned and drawn over the files as made, then the files rewritten in place with
-# np.save on the same paths, then the next epoch drawn. Prints what the second epoch raised.
+# Per case: one epoch planned and drawn over the files as made, then the files rewritten in
+# place with np.save on the same paths, then the next epoch drawn; what it raised is printed.
 SCRIPT = textwrap.dedent(
     """
-    import sys
+    import json, sys
     import numpy as np
     from adaptiveload import StreamingBatchSampler
 
-    lens_path, ids_path, new_lens_path, new_ids_path, skip, max_tokens = sys.argv[1:7]
-    ids = None if ids_path == "-" else np.load(ids_path, mmap_mode="r")
-    s = StreamingBatchSampler(
-        np.load(lens_path, mmap_mode="r"), int(max_tokens), group_ids=ids, num_replicas=2, rank=0,
-        segment_samples=500, lookahead_steps=4, seed=3,
-        on_oversize="skip" if skip == "1" else "error",
-    )
-    drawn = sum(len(b) for b in s)
-    print("first epoch", drawn, flush=True)
-    np.save(lens_path, np.load(new_lens_path))
-    if ids is not None:
-        np.save(ids_path, np.load(new_ids_path))
-    s.set_epoch(1)
-    try:
-        drawn = sum(len(b) for b in s)
-    except Exception as e:
-        print(f"RAISED {type(e).__name__}: {e}", flush=True)
-    else:
-        print("NO ERROR", drawn, flush=True)
+    for case in json.load(open(sys.argv[1])):
+        print("START", case["name"], flush=True)
+        ids = None if case["ids"] is None else np.load(case["ids"], mmap_mode="r")
+        s = StreamingBatchSampler(
+            np.load(case["lens"], mmap_mode="r"), case["max_tokens"], group_ids=ids,
+            num_replicas=2, rank=0, segment_samples=500, lookahead_steps=4, seed=3,
+            on_oversize="skip" if case["skip"] else "error",
+        )
+        sum(len(b) for b in s)
+        np.save(case["lens"], np.load(case["new_lens"]))
+        if ids is not None:
+            np.save(case["ids"], np.load(case["new_ids"]))
+        s.set_epoch(1)
+        try:
+            sum(len(b) for b in s)
+        except Exception as e:
+            outcome = f"RAISED {type(e).__name__}: {e}"
+        else:
+            outcome = "NO ERROR"
+        print("OUTCOME", json.dumps([case["name"], outcome]), flush=True)
+        del s, ids
     """
 )
-
-
-def run_case(tmp_path, lens, new_lens, ids=None, new_ids=None, skip=False):
-    paths = {}
-    for name, a in (("lens", lens), ("ids", ids), ("new_lens", new_lens), ("new_ids", new_ids)):
-        if a is None:
-            paths[name] = "-"
-            continue
-        paths[name] = str(tmp_path / f"{name}.npy")
-        np.save(paths[name], a)
-    args = [paths[k] for k in ("lens", "ids", "new_lens", "new_ids")]
-    args += ["1" if skip else "0", str(MAX_TOKENS)]
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, *args], capture_output=True, text=True, env=env, timeout=120
-    )
-    return done
 
 
 def lengths(n, rng, dtype):
     return rng.choice(LENGTHS, size=n).astype(dtype)
 
 
-def assert_refused(done, index_value=None):
-    """The subprocess lived, its first epoch ran, and its second raised a clear ValueError."""
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, f"the process died (return code {done.returncode}):\n{out}"
-    assert "first epoch" in done.stdout, out
-    assert "RAISED ValueError" in done.stdout, out
-    assert "changed under the sampler" in done.stdout, out
-    assert "rename it over the old one" in done.stdout, out
-    if index_value is not None:
-        i, v = index_value
-        assert f"index {i} holds {v}" in done.stdout, out
+def changed_half(n, dtype, value):
+    """Lengths before and after a random half of them turned into `value`."""
+    rng = np.random.default_rng()
+    lens = lengths(n, rng, dtype)
+    new = lens.copy()
+    new[rng.random(n) < 0.5] = value
+    return {"lens": lens, "new_lens": new}
+
+
+def one_changed(value):
+    """1,500 samples (one segment: every sample is read as the epoch starts), one changed."""
+    rng = np.random.default_rng()
+    lens = lengths(1500, rng, np.int64)
+    new = lens.copy()
+    i = int(rng.integers(len(lens)))
+    new[i] = value
+    return {"lens": lens, "new_lens": new, "expect": f"index {i} holds {value}"}
+
+
+def changed_groups(value):
+    """3 groups, a random half of the ids turned into `value`."""
+    rng = np.random.default_rng()
+    lens = lengths(2000, rng, np.int32)
+    ids = rng.integers(0, 3, len(lens)).astype(np.int64)
+    ids[:3] = [0, 1, 2]
+    new_ids = ids.copy()
+    new_ids[rng.random(len(ids)) < 0.5] = value
+    return {"lens": lens, "new_lens": lens, "ids": ids, "new_ids": new_ids, "expect": "group"}
+
+
+def unchanged_values():
+    """Rewritten with the lengths it knows, shuffled: nothing to refuse (a change between epochs
+    by stat is the Python side's to detect)."""
+    rng = np.random.default_rng()
+    lens = lengths(2000, rng, np.int32)
+    return {"lens": lens, "new_lens": rng.permutation(lens)}
 
 
 # New values: a length in the dense lookup that the table never saw, one past it but within the
 # caps, zero (np.zeros: the file of a job that failed half-way), a negative one, one over the cap.
-CASES = {
-    "new in-cap length": lambda n: np.full(n, 300),
-    "new in-cap length past the dense lookup": lambda n: np.full(n, 6000),
-    "zeros": lambda n: np.zeros(n),
-    "negative": lambda n: np.full(n, -7),
-    "over the cap": lambda n: np.full(n, 10 * MAX_TOKENS),
+VALUES = {
+    "new in-cap length": 300,
+    "new in-cap length past the dense lookup": 6000,
+    "zeros": 0,
+    "negative": -7,
+    "over the cap": 10 * MAX_TOKENS,
 }
+REFUSED = [f"{name} {np.dtype(t).name}" for name in sorted(VALUES) for t in (np.int32, np.int64)]
+REFUSED += ["one changed length", "over the cap, skipping oversize"]
+REFUSED += [f"group id {g}" for g in (-1, 5, 1 << 20)]
+
+
+def cases():
+    out = {}
+    for name, value in VALUES.items():
+        for dtype in (np.int32, np.int64):
+            out[f"{name} {np.dtype(dtype).name}"] = changed_half(2500, dtype, value)
+    out["one changed length"] = one_changed(777)
+    # Skipped are the samples over a cap the sampler was made with; one that turns into such a
+    # sample after is refused as a change, not skipped silently.
+    out["over the cap, skipping oversize"] = changed_half(2000, np.int32, 10 * MAX_TOKENS)
+    out["over the cap, skipping oversize"]["skip"] = True
+    for g in (-1, 5, 1 << 20):  # 3 groups: 5 and 2^20 are out of range
+        out[f"group id {g}"] = changed_groups(g)
+    out["values it was made for"] = unchanged_values()
+    return out
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    """Every case run in one subprocess: {name: what its second epoch did}, the return code and
+    the output (a case missing from the dict did not finish)."""
+    folder = tmp_path_factory.mktemp("file_change")
+    manifest = []
+    for k, (name, case) in enumerate(cases().items()):
+        entry = {"name": name, "skip": case.get("skip", False), "max_tokens": MAX_TOKENS}
+        for key in ("lens", "new_lens", "ids", "new_ids"):
+            entry[key] = None
+            if case.get(key) is not None:
+                entry[key] = str(folder / f"{k}_{key}.npy")
+                np.save(entry[key], case[key])
+        entry["expect"] = case.get("expect")
+        manifest.append(entry)
+    path = folder / "cases.json"
+    path.write_text(json.dumps(manifest))
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    command = [sys.executable, "-c", SCRIPT, str(path)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    results = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("OUTCOME "):
+            name, outcome = json.loads(line[len("OUTCOME ") :])
+            results[name] = outcome
+    expect = {e["name"]: e["expect"] for e in manifest}
+    return results, expect, done
+
+
+def outcome_of(outcomes, name):
+    results, expect, done = outcomes
+    if name not in results:
+        pytest.fail(
+            f"{name}: the process died (return code {done.returncode}) before the case ended:\n"
+            f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        )
+    return results[name], expect[name]
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("dtype", [np.int32, np.int64])
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_changed_lengths_are_refused(tmp_path, case, dtype):
-    rng = np.random.default_rng()
-    n = int(rng.integers(2000, 3000))
-    lens = lengths(n, rng, dtype)
-    new = lens.copy()
-    # A random half of the samples changed (the next epoch meets one in its first segment).
-    changed = rng.random(n) < 0.5
-    new[changed] = CASES[case](int(changed.sum())).astype(dtype)
-    assert_refused(run_case(tmp_path, lens, new))
+@pytest.mark.parametrize("name", REFUSED)
+def test_changed_values_are_refused(outcomes, name):
+    outcome, expect = outcome_of(outcomes, name)
+    assert outcome.startswith("RAISED ValueError"), outcome
+    assert "changed under the sampler" in outcome, outcome
+    assert "rename it over the old one" in outcome, outcome
+    if expect is not None:
+        assert expect in outcome, outcome
 
 
 @pytest.mark.distributed
-def test_one_changed_length_is_named(tmp_path):
-    rng = np.random.default_rng()
-    n = 1500  # a single segment: every sample is read when the epoch starts
-    lens = lengths(n, rng, np.int64)
-    new = lens.copy()
-    i = int(rng.integers(n))
-    new[i] = 777
-    assert_refused(run_case(tmp_path, lens, new), (i, 777))
-
-
-@pytest.mark.distributed
-def test_over_the_cap_is_refused_when_skipping_too(tmp_path):
-    # on_oversize="skip" skips samples over a cap the sampler was made with; a sample that turns
-    # into one after is not skipped silently but refused as a change.
-    rng = np.random.default_rng()
-    n = 2000
-    lens = lengths(n, rng, np.int32)
-    new = lens.copy()
-    new[rng.random(n) < 0.3] = 10 * MAX_TOKENS
-    assert_refused(run_case(tmp_path, lens, new, skip=True))
-
-
-@pytest.mark.distributed
-@pytest.mark.parametrize("bad", [-1, 5, 1 << 20])
-def test_changed_group_ids_are_refused(tmp_path, bad):
-    rng = np.random.default_rng()
-    n = 2000
-    lens = lengths(n, rng, np.int32)
-    ids = rng.integers(0, 3, n).astype(np.int64)
-    ids[:3] = [0, 1, 2]
-    new_ids = ids.copy()
-    new_ids[rng.random(n) < 0.5] = bad  # 3 groups: 5 and 2^20 are out of range
-    done = run_case(tmp_path, lens, lens, ids, new_ids)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, f"the process died (return code {done.returncode}):\n{out}"
-    assert "RAISED ValueError" in done.stdout and "group" in done.stdout, out
-    assert "changed under the sampler" in done.stdout, out
-
-
-@pytest.mark.distributed
-def test_values_it_was_made_for_still_plan(tmp_path):
-    # Rewritten with lengths it knows (shuffled): nothing to refuse, the epoch is planned whole.
-    # (A change between epochs by stat is the Python side's to detect.)
-    rng = np.random.default_rng()
-    lens = lengths(2000, rng, np.int32)
-    done = run_case(tmp_path, lens, rng.permutation(lens))
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "NO ERROR" in done.stdout, done.stdout
+def test_values_it_was_made_for_still_plan(outcomes):
+    outcome, _ = outcome_of(outcomes, "values it was made for")
+    assert outcome == "NO ERROR", outcome
