@@ -74,22 +74,11 @@ MicroBatch make_micro_batch(const SampleTable& table, const std::vector<int64_t>
           stats.tokens, padding, static_cast<int32_t>(table.checkpointed_blocks(stats))};
 }
 
-// Whether a micro-batch grown to `grown` (two or more samples) breaks a cap. Under a memory
-// policy a micro-batch of two or more samples grows only while it needs no recomputation: one
-// that would is cut, and its samples run in more micro-batches without it (the same samples,
-// less time); a single sample takes the blocks it needs.
-bool breaks_caps(const SampleTable& table, const PlanOptions& o, const BatchStats& grown,
-                 int64_t grown_ckpt, double grown_cost) {
-  const bool full = o.max_batch_size > 0 && grown.count > o.max_batch_size;
-  return full || grown.tokens > o.max_tokens || grown_ckpt < 0 || grown_cost > o.max_cost ||
-         (table.has_memory_policy() && grown_ckpt > 0);
-}
-
 // pack_groups for a group whose samples all have `len` tokens: whether a sample joins the open
 // micro-batch depends only on how many it holds, so the group is cut every `run` samples, run
 // being the first count at which one more breaks a cap, and no sample is read.
-void pack_uniform(const SampleTable& table, const PlanOptions& o, int64_t len, double f,
-                  int64_t begin, int64_t end, std::vector<MicroBatch>& mbs) {
+void pack_uniform(const SampleTable& table, const Caps& caps, int64_t len, double f, int64_t begin,
+                  int64_t end, std::vector<MicroBatch>& mbs) {
   auto micro_batch = [&](int64_t first, int64_t count) {
     BatchStats stats;
     for (int64_t j = 0; j < count; ++j) stats.add(len, f);
@@ -103,8 +92,7 @@ void pack_uniform(const SampleTable& table, const PlanOptions& o, int64_t len, d
   while (begin + run < end) {
     BatchStats grown = stats;
     grown.add(len, f);
-    if (breaks_caps(table, o, grown, table.checkpointed_blocks(grown), table.stats_cost(grown)))
-      break;
+    if (caps.breaks(grown, table.checkpointed_blocks(grown), table.stats_cost(grown))) break;
     stats = grown;
     ++run;
   }
@@ -114,8 +102,8 @@ void pack_uniform(const SampleTable& table, const PlanOptions& o, int64_t len, d
   if (begin < end) mbs.push_back(micro_batch(begin, end - begin));
 }
 
-// Greedy packing of each group's samples, in their (shuffled) order, under both caps.
-std::vector<MicroBatch> pack_groups(const SampleTable& table, const PlanOptions& o,
+// Greedy packing of each group's samples, in their (shuffled) order, under the caps.
+std::vector<MicroBatch> pack_groups(const SampleTable& table, const Caps& caps,
                                     const std::vector<int64_t>& bucketed,
                                     const std::vector<int64_t>& group_begin) {
   std::vector<MicroBatch> mbs;
@@ -124,7 +112,7 @@ std::vector<MicroBatch> pack_groups(const SampleTable& table, const PlanOptions&
     int64_t begin = group_begin[g];
     if (begin == end) continue;
     if (const int64_t len = table.group_uniform_len(static_cast<int64_t>(g)); len > 0) {
-      pack_uniform(table, o, len, table.sample_cost(bucketed[begin]), begin, end, mbs);
+      pack_uniform(table, caps, len, table.sample_cost(bucketed[begin]), begin, end, mbs);
       continue;
     }
     BatchStats stats;
@@ -135,7 +123,7 @@ std::vector<MicroBatch> pack_groups(const SampleTable& table, const PlanOptions&
       grown.add(table.seq_len(bucketed[j]), table.sample_cost(bucketed[j]));
       const int64_t grown_ckpt = table.checkpointed_blocks(grown);
       const double grown_cost = table.stats_cost(grown);
-      if (j > begin && breaks_caps(table, o, grown, grown_ckpt, grown_cost)) {
+      if (j > begin && caps.breaks(grown, grown_ckpt, grown_cost)) {
         mbs.push_back({begin, j, cost, stats.tokens, false, static_cast<int32_t>(ckpt)});
         begin = j;
         grown = BatchStats{};
@@ -502,26 +490,6 @@ void flatten_listings(const SampleTable& table, const std::vector<int64_t>& buck
 
 }  // namespace
 
-void check_cap_arguments(int64_t max_tokens, int64_t max_batch_size) {
-  if (max_tokens <= 0 || max_tokens > kMaxTokens)
-    invalid("max_tokens must be in [1, 2^62], got " + std::to_string(max_tokens));
-  if (max_batch_size < 0)
-    invalid("max_batch_size must be >= 0 (0: no limit), got " + std::to_string(max_batch_size));
-}
-
-BatchStats uniform_stats(int64_t len, double f, int64_t fill, int64_t available) {
-  BatchStats s;
-  if (fill > available) {
-    s.count = fill;
-    s.tokens = fill * len;  // <= max_tokens
-    s.additive = static_cast<double>(fill) * f;
-    s.uniform_len = len;
-    return s;
-  }
-  for (int64_t b = 0; b < fill; ++b) s.add(len, f);
-  return s;
-}
-
 SampleTable::SampleTable(const int64_t* seq_lens, int64_t n, const int64_t* group_ids,
                          CostModel cost, const MemoryPolicy* memory)
     : cost_(cost) {
@@ -608,10 +576,7 @@ SampleTable SampleTable::of_lengths(const int32_t* length_of, const int64_t* len
 }
 
 double SampleTable::stats_cost(const BatchStats& b) const {
-  const double cost = cost_.batch_cost(b);
-  if (!has_memory_) return cost;
-  const int64_t n = memory_.checkpointed_blocks(b);
-  return n < 0 ? cost : cost * memory_.model.time_factor(n);
+  return micro_batch_cost(cost_, memory(), b, checkpointed_blocks(b));
 }
 
 double SampleTable::batch_cost(const int64_t* indices, int64_t count) const {
@@ -628,95 +593,37 @@ double SampleTable::single_cost(int64_t i) const {
 }
 
 double SampleTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size) const {
-  check_cap_arguments(max_tokens, max_batch_size);
-  // A sample fits whole when it is within max_tokens and memory holds it alone; one that does
-  // not is skipped, refused or planned split, and must not decide the cap of the others.
-  auto fits_whole = [&](int64_t len) {
-    BatchStats one;
-    one.add(len, 0.0);
-    return len <= max_tokens && fits_memory(one);
-  };
-  double heaviest = 0.0, heaviest_any = 0.0;
-  for (int64_t i = 0; i < size(); ++i) {
-    BatchStats one;
-    one.add(samples_[i].seq_len, samples_[i].cost);
-    const double c = stats_cost(one);
-    heaviest_any = std::max(heaviest_any, c);
-    if (fits_whole(samples_[i].seq_len)) heaviest = std::max(heaviest, c);
-  }
-  // Per group, the longest sample that fits whole and how many there are (a pass over the
-  // samples only where some group's longest does not fit whole).
+  DefaultCap cap(cost_, memory(), max_tokens, max_batch_size);
+  for (const Sample& s : samples_) cap.sample(s.seq_len, s.cost);
+  // Per group, the longest sample that fits whole and how many do (a pass over the samples only
+  // where some group's longest does not).
   std::vector<int64_t> max_len = group_max_len_, members = group_size_;
-  if (std::any_of(max_len.begin(), max_len.end(), [&](int64_t len) { return !fits_whole(len); })) {
+  if (std::any_of(max_len.begin(), max_len.end(),
+                  [&](int64_t len) { return !cap.fits_whole(len); })) {
     std::fill(max_len.begin(), max_len.end(), 0);
     std::fill(members.begin(), members.end(), 0);
     for (int64_t i = 0; i < size(); ++i) {
-      if (!fits_whole(samples_[i].seq_len)) continue;
+      if (!cap.fits_whole(samples_[i].seq_len)) continue;
       max_len[group_[i]] = std::max(max_len[group_[i]], samples_[i].seq_len);
       ++members[group_[i]];
     }
   }
-  double lightest_full = std::numeric_limits<double>::infinity();
-  double heaviest_full = 0.0;
-  for (int64_t g = 0; g < num_groups_; ++g) {
-    const int64_t len = max_len[g];
-    if (len == 0) continue;  // every sample of the group is over max_tokens
-    const double f = cost_.sample_cost(len);
-    int64_t fill = max_tokens / len;
-    if (max_batch_size > 0) fill = std::min(fill, max_batch_size);
-    if (has_memory_) {
-      BatchStats probe;
-      probe.add(len, f);
-      if (!fits_memory(probe)) continue;
-      // What memory allows without recomputation: the largest fill that checkpoints nothing
-      // (the peak grows with the fill, so a bisection finds it).
-      int64_t lo = 1, hi = fill;
-      while (lo < hi) {
-        const int64_t mid = lo + (hi - lo + 1) / 2;
-        if (memory_.model.checkpointed_blocks(mid, mid * len, memory_.budget) == 0) {
-          lo = mid;
-        } else {
-          hi = mid - 1;
-        }
-      }
-      fill = lo;
-    }
-    const BatchStats full = uniform_stats(len, f, fill, members[g]);
-    lightest_full = std::min(lightest_full, stats_cost(full));
-    heaviest_full = std::max(heaviest_full, stats_cost(full));
-  }
-  // Nothing fits whole: every sample runs split (or is skipped or refused), where the cap
-  // binds no micro-batch; one above every sample's cost keeps reports in scale.
-  if (heaviest == 0.0) return heaviest_any > 0.0 ? heaviest_any : 1.0;
-  // With a memory policy, packing already stops where a micro-batch would need recomputation
-  // (pack_groups), so the default cap is the one that never binds sooner: every group's
-  // micro-batches fill what memory holds without recomputation, the longest samples run
-  // alone, and balancing works with the costs that result.
-  if (has_memory_) return std::max(heaviest, heaviest_full);
-  return std::max(heaviest, lightest_full);
+  for (int64_t g = 0; g < num_groups_; ++g) cap.group(max_len[g], members[g]);
+  return cap.value();
 }
 
 bool SampleTable::exceeds_caps(int64_t i, int64_t max_tokens, double max_cost,
                                int64_t max_degree) const {
-  BatchStats one;
-  one.add(samples_[i].seq_len, samples_[i].cost);
-  // Split over up to max_degree ranks, a sample runs alone on its shares: the largest share
-  // must fit max_tokens and memory.
-  BatchStats share;
-  share.add(share_tokens(samples_[i].seq_len, max_degree, 0), samples_[i].cost);
-  if (max_degree > 1 && samples_[i].seq_len > max_tokens)
-    return share.tokens > max_tokens || !fits_memory(share);
-  // With a memory policy the compute cap binds micro-batches of two or more samples only: a
-  // sample over it runs alone (memory is what decides whether it can run at all).
-  return samples_[i].seq_len > max_tokens || !fits_memory(max_degree > 1 ? share : one) ||
-         (!has_memory_ && stats_cost(one) > max_cost);
+  return Caps(cost_, memory(), max_tokens, 0, max_cost, max_degree)
+      .exceeds(samples_[i].seq_len, samples_[i].cost);
 }
 
 std::vector<int64_t> SampleTable::oversize_samples(int64_t max_tokens, double max_cost,
                                                    int64_t max_degree) const {
+  const Caps caps(cost_, memory(), max_tokens, 0, max_cost, max_degree);
   std::vector<int64_t> out;
   for (int64_t i = 0; i < size(); ++i)
-    if (exceeds_caps(i, max_tokens, max_cost, max_degree)) out.push_back(i);
+    if (caps.exceeds(samples_[i].seq_len, samples_[i].cost)) out.push_back(i);
   return out;
 }
 
@@ -883,47 +790,6 @@ std::vector<int64_t> assign_uneven(const double* costs, int64_t n_items, int64_t
 
 namespace {
 
-// Throws std::invalid_argument saying why sample `i` exceeds a cap and how to let it in.
-[[noreturn]] void refuse_oversize(const SampleTable& table, const PlanOptions& o, int64_t i) {
-  const int64_t s = table.seq_len(i);
-  const double c = table.single_cost(i);
-  // What one rank holds of it: all of it, or with sequence parallelism its largest share.
-  const int64_t D = o.sequence_parallel.max_degree;
-  const int64_t held = share_tokens(s, D, 0);
-  BatchStats one;
-  one.add(held, table.sample_cost(i));
-  if (!table.fits_memory(one)) {
-    const MemoryPolicy& mp = table.memory_policy();
-    const double peak = mp.model.peak(1, held, mp.model.num_blocks);
-    const std::string split = D > 1 ? ", split over sequence_parallel = " + std::to_string(D) +
-                                          " ranks (" + std::to_string(held) + " tokens each)"
-                                    : "";
-    invalid("sample " + std::to_string(i) + " has " + std::to_string(s) + " tokens" + split +
-            "; with all " + std::to_string(mp.model.num_blocks) +
-            " blocks checkpointed its predicted peak is " + std::to_string(peak / (1 << 20)) +
-            " MiB, " + std::to_string(peak * (1.0 + mp.model.margin) / (1 << 20)) +
-            " MiB with the margin of " + std::to_string(mp.model.margin) + ", over the budget of " +
-            std::to_string(mp.budget / (1 << 20)) +
-            " MiB (raise the memory budget, or skip such samples with on_oversize='skip')");
-  }
-  if (o.sequence_parallel.enabled() && s > o.max_tokens)
-    invalid("sample " + std::to_string(i) + " has " + std::to_string(s) +
-            " tokens: split over sequence_parallel = " +
-            std::to_string(o.sequence_parallel.max_degree) + " ranks, each share holds " +
-            std::to_string(share_tokens(s, o.sequence_parallel.max_degree, 0)) +
-            ", more than max_tokens = " + std::to_string(o.max_tokens) +
-            " (raise sequence_parallel or max_tokens, or skip such samples with "
-            "on_oversize='skip')");
-  if (s > o.max_tokens)
-    invalid("sample " + std::to_string(i) + " has " + std::to_string(s) +
-            " tokens, more than max_tokens = " + std::to_string(o.max_tokens) +
-            " (raise max_tokens, or skip such samples with on_oversize='skip')");
-  invalid("sample " + std::to_string(i) + " (" + std::to_string(s) +
-          " tokens) has predicted cost " + std::to_string(c) +
-          ", more than max_cost = " + std::to_string(o.max_cost) +
-          " (raise max_cost, or skip such samples with on_oversize='skip')");
-}
-
 // The plan's arrays from each slot's micro-batch (slot_item[slot]: its index into mbs).
 void flatten_slots(const SampleTable& table, const std::vector<int64_t>& bucketed,
                    const std::vector<MicroBatch>& mbs, const std::vector<int64_t>& slot_item,
@@ -958,14 +824,15 @@ std::vector<int64_t> bucket_samples(const SampleTable& table, const PlanOptions&
   const int64_t G = table.num_groups();
   group_begin.assign(G + 1, 0);
   std::vector<uint8_t> take(n, 0);
+  const Caps caps = table.caps(o);
   for (int64_t i = 0; i < n; ++i) {
     if (exclude && exclude[i]) continue;
-    if (table.exceeds_caps(i, o.max_tokens, o.max_cost, o.sequence_parallel.max_degree)) {
+    if (caps.exceeds(table.seq_len(i), table.sample_cost(i))) {
       if (o.oversize == OversizePolicy::kSkip) {
         plan.skipped.push_back(i);
         continue;
       }
-      refuse_oversize(table, o, i);
+      caps.refuse(i, table.seq_len(i), table.sample_cost(i));
     }
     take[i] = 1;
     ++group_begin[table.group(i) + 1];
@@ -1009,7 +876,7 @@ void plan_bucketed(const SampleTable& table, const PlanOptions& o, std::vector<i
   plan.micro_batches_per_step = K;
 
   // 3. Micro-batches under both caps, then in random order.
-  std::vector<MicroBatch> mbs = pack_groups(table, o, bucketed, group_begin);
+  std::vector<MicroBatch> mbs = pack_groups(table, table.caps(o), bucketed, group_begin);
   if (o.shuffle) shuffle_in_place(mbs, order_rng);
   fit_to_steps(table, o, bucketed, mbs, plan);
 

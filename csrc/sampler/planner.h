@@ -50,6 +50,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "sampler/caps.h"
 #include "sampler/cost_model.h"
 #include "sampler/memory_model.h"
 #include "sampler/plan_layout.h"
@@ -57,24 +58,11 @@
 
 namespace adaptiveload {
 
-/// Bounds that keep every sum of a plan within int64 (a micro-batch's, a step's, an epoch's
-/// tokens) and every loop of planning bounded by the data, not by the caps' magnitude.
-inline constexpr int64_t kMaxSeqLen = (int64_t{1} << 40) - 1;  ///< tokens of one sample
-inline constexpr int64_t kMaxTokens = int64_t{1} << 62;  ///< max_tokens; also all samples' sum
-inline constexpr int64_t kMaxStepMicroBatches = int64_t{1} << 20;  ///< W * K
+/// Micro-batches of one step at most, W * K (kMaxSeqLen and kMaxTokens: caps.h).
+inline constexpr int64_t kMaxStepMicroBatches = int64_t{1} << 20;
 
 /// What to do with a sample that alone breaks a cap.
 enum class OversizePolicy { kError, kSkip };
-
-/// Throws std::invalid_argument, naming it, where max_tokens is outside [1, kMaxTokens] or
-/// max_batch_size < 0 (the arguments of the default compute cap of either table).
-void check_cap_arguments(int64_t max_tokens, int64_t max_batch_size);
-
-/// The stats of `fill` samples of `len` tokens and cost f each, summed one by one as packing
-/// sums them, so that a micro-batch filled to the default cap costs exactly the cap. A fill
-/// larger than the group's `available` samples is never packed: its sum is taken in closed
-/// form, which keeps the time independent of the caps' magnitude.
-BatchStats uniform_stats(int64_t len, double f, int64_t fill, int64_t available);
 
 /// \brief The dataset as the planner sees it: one sequence length and one group key
 /// per index, plus the cost model. Built once; planning an epoch reads it only.
@@ -107,11 +95,15 @@ class SampleTable {
   const CostModel& cost_model() const { return cost_; }
   bool has_memory_policy() const { return has_memory_; }
   const MemoryPolicy& memory_policy() const { return memory_; }
+  /// The memory policy, or nullptr without one.
+  const MemoryPolicy* memory() const { return has_memory_ ? &memory_ : nullptr; }
+  /// The caps of `options` over this table's cost model and memory policy (caps.h).
+  Caps caps(const PlanOptions& options) const { return Caps(cost_, memory(), options); }
 
   /// Checkpointed blocks of a micro-batch under the memory policy: -1 when it does not
   /// fit the budget, 0 without a policy.
   int64_t checkpointed_blocks(const BatchStats& b) const {
-    return has_memory_ ? memory_.checkpointed_blocks(b) : 0;
+    return adaptiveload::checkpointed_blocks(memory(), b);
   }
   /// True when a micro-batch fits the memory budget (always, without a policy).
   bool fits_memory(const BatchStats& b) const { return checkpointed_blocks(b) >= 0; }
@@ -123,25 +115,13 @@ class SampleTable {
   /// cost of a micro-batch holding sample i alone.
   double single_cost(int64_t i) const;
 
-  /// \brief The default compute cap M_comp for a memory cap:
-  ///   max( cost of the heaviest single sample,
-  ///        min over groups of the cost of a micro-batch of that group filled to max_tokens )
-  /// The first term admits every sample; the second stops the cap from cutting the
-  /// cheapest group's micro-batches below what memory allows. Micro-batches of heavy
-  /// groups are then cut to about the cost of a full micro-batch of light ones, which
-  /// is what makes steps balanceable. Samples over max_tokens are ignored.
-  /// `max_batch_size` (0: no limit) caps the samples of that full micro-batch. With a memory
-  /// policy, where packing stops a micro-batch of two or more samples before it would need
-  /// any recomputation, the cap is the max instead of the min over groups, "filled" stopping
-  /// there too (costs include the policy): a cap that never binds sooner, so micro-batches
-  /// are sized to what memory holds without recomputation, which is where the policy pays.
+  /// The default compute cap M_comp for a memory cap (DefaultCap, caps.h), over every sample.
   double default_max_cost(int64_t max_tokens, int64_t max_batch_size = 0) const;
 
-  /// True when sample i alone breaks a cap: S_i > max_tokens, single_cost(i) > max_cost
-  /// (without a memory policy: with one, such a sample runs alone), or it does not fit the
-  /// memory budget. With sequence parallelism up to `max_degree` ranks, a sample over
-  /// max_tokens whose 1/max_degree share fits runs alone, split, and breaks no cap.
-  /// The planner uses this same test, so a sample it accepts here it accepts there.
+  /// True when sample i alone breaks a cap (Caps::exceeds, caps.h: over max_tokens, over
+  /// max_cost without a memory policy, or beyond the memory budget; with sequence parallelism
+  /// up to `max_degree` ranks, a sample whose share fits runs alone, split). The planner uses
+  /// this same test, so a sample it accepts here it accepts there.
   bool exceeds_caps(int64_t i, int64_t max_tokens, double max_cost, int64_t max_degree = 1) const;
 
   /// Indices of the samples that alone break a cap (see exceeds_caps), ascending.

@@ -124,73 +124,63 @@ StreamTable::StreamTable(const void* seq_lens, int lens_width, int64_t n, const 
   }
 }
 
-int64_t StreamTable::length_index(int64_t len) const {
-  if (len < static_cast<int64_t>(length_slot_.size())) return length_slot_[len];
-  return std::lower_bound(lengths_.begin(), lengths_.end(), len) - lengths_.begin();
+int32_t StreamTable::long_length_index(int64_t i, int64_t len) const {
+  const auto it = std::lower_bound(lengths_.begin(), lengths_.end(), len);
+  if (it == lengths_.end() || *it != len) length_changed(i, len);
+  return static_cast<int32_t>(it - lengths_.begin());
 }
 
-int32_t StreamTable::group(int64_t i) const {
-  if (groups_) return static_cast<int32_t>(read_at(groups_, group_width_, i));
-  return static_cast<int32_t>(length_index(seq_len(i)));
+void StreamTable::length_changed(int64_t i, int64_t len) const {
+  throw DataChanged("the lengths changed under the sampler: index " + std::to_string(i) +
+                    " holds " + std::to_string(len) +
+                    " tokens, which it did not when the sampler was made (a file rewritten in "
+                    "place while mapped?); write a new file and rename it over the old one, then "
+                    "make a new sampler");
+}
+
+void StreamTable::group_changed(int64_t i, int64_t g) const {
+  throw DataChanged("the group ids changed under the sampler: index " + std::to_string(i) +
+                    " holds group " + std::to_string(g) + ", outside the [0, " +
+                    std::to_string(num_groups_) +
+                    ") it was made with (a file rewritten in place while mapped?); write a new "
+                    "file and rename it over the old one, then make a new sampler");
 }
 
 double StreamTable::default_max_cost(int64_t max_tokens, int64_t max_batch_size) const {
-  check_cap_arguments(max_tokens, max_batch_size);
-  double heaviest = 0.0;
-  for (size_t j = 0; j < lengths_.size(); ++j) {
-    if (lengths_[j] > max_tokens) continue;
-    BatchStats one;
-    one.add(lengths_[j], length_cost_[j]);
-    heaviest = std::max(heaviest, cost_.batch_cost(one));
-  }
-  // Per group, the longest sample within max_tokens and how many there are (a pass over the
-  // data only when some group holds a sample over it): the samples over it are skipped or
-  // refused, and must not decide the cap of the others.
+  DefaultCap cap(cost_, nullptr, max_tokens, max_batch_size);
+  for (size_t j = 0; j < lengths_.size(); ++j) cap.sample(lengths_[j], length_cost_[j]);
+  // Per group, the longest sample that fits whole and how many do (a pass over the data only
+  // where some group's longest does not).
   std::vector<int64_t> max_len = group_max_len_, members = group_size_;
-  if (!max_len.empty() && *std::max_element(max_len.begin(), max_len.end()) > max_tokens) {
+  if (std::any_of(max_len.begin(), max_len.end(),
+                  [&](int64_t len) { return !cap.fits_whole(len); })) {
     std::fill(max_len.begin(), max_len.end(), 0);
     std::fill(members.begin(), members.end(), 0);
     for (int64_t i = 0; i < n_; ++i) {
-      const int64_t len = seq_len(i);
-      if (len > max_tokens) continue;
-      const int64_t g = group(i);
+      const int64_t len = lengths_[length_index(i, seq_len(i))];
+      if (!cap.fits_whole(len)) continue;
+      const int32_t g = group(i);
       max_len[g] = std::max(max_len[g], len);
       ++members[g];
     }
   }
-  double lightest_full = std::numeric_limits<double>::infinity();
-  for (int64_t g = 0; g < num_groups_; ++g) {
-    const int64_t len = max_len[g];
-    if (len == 0) continue;  // every sample of the group is over max_tokens
-    int64_t fill = max_tokens / len;
-    if (max_batch_size > 0) fill = std::min(fill, max_batch_size);
-    const BatchStats full = uniform_stats(len, cost_.sample_cost(len), fill, members[g]);
-    lightest_full = std::min(lightest_full, cost_.batch_cost(full));
-  }
-  if (heaviest == 0.0) return 1.0;  // nothing fits; planning will report the samples
-  return std::max(heaviest, lightest_full);
-}
-
-bool StreamTable::exceeds_caps(int64_t len, int64_t max_tokens, double max_cost,
-                               int64_t max_degree) const {
-  if (max_degree > 1 && len > max_tokens) return share_tokens(len, max_degree, 0) > max_tokens;
-  BatchStats one;
-  one.add(len, sample_cost(len));
-  return len > max_tokens || cost_.batch_cost(one) > max_cost;
+  for (int64_t g = 0; g < num_groups_; ++g) cap.group(max_len[g], members[g]);
+  return cap.value();
 }
 
 std::pair<int64_t, int64_t> StreamTable::oversize(int64_t max_tokens, double max_cost,
                                                   int64_t max_degree) const {
+  const Caps caps(cost_, nullptr, max_tokens, 0, max_cost, max_degree);
   std::vector<uint8_t> over(lengths_.size(), 0);
   int64_t count = 0;
   for (size_t j = 0; j < lengths_.size(); ++j)
-    if (exceeds_caps(lengths_[j], max_tokens, max_cost, max_degree)) {
+    if (caps.exceeds(lengths_[j], length_cost_[j])) {
       over[j] = 1;
       count += length_count_[j];
     }
   if (count == 0) return {0, -1};
   for (int64_t i = 0; i < n_; ++i)
-    if (over[length_index(seq_len(i))]) return {count, i};
+    if (over[length_index(i, seq_len(i))]) return {count, i};
   return {count, -1};  // not reached
 }
 
@@ -351,18 +341,11 @@ namespace {
 
 // Per distinct length (the table's order), whether a sample of it alone breaks a cap: that
 // depends on its length only, so it is decided once per length, not per sample.
-std::vector<uint8_t> over_caps(const StreamTable& t, const PlanOptions& o) {
+std::vector<uint8_t> over_caps(const StreamTable& t, const Caps& caps) {
   std::vector<uint8_t> over(t.num_lengths());
   for (int64_t j = 0; j < t.num_lengths(); ++j)
-    over[j] = t.exceeds_caps(t.length(j), o.max_tokens, o.max_cost, o.sequence_parallel.max_degree);
+    over[j] = caps.exceeds(t.length(j), t.length_cost(j));
   return over;
-}
-
-[[noreturn]] void refuse(const StreamTable& t, const PlanOptions& o, int64_t i) {
-  invalid("sample " + std::to_string(i) + " has " + std::to_string(t.seq_len(i)) +
-          " tokens and alone exceeds max_tokens = " + std::to_string(o.max_tokens) +
-          " or max_cost = " + std::to_string(o.max_cost) +
-          " (raise the cap, or skip such samples with on_oversize='skip')");
 }
 
 }  // namespace
@@ -388,16 +371,13 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
   // Packing as plan_bucketed packs (pack_groups), counting micro-batches only: each group's
   // open micro-batch, which a sample joins unless that breaks a cap. What a sample's length
   // decides (over a cap, its cost, its group without group ids) is looked up per distinct
-  // length, once.
-  const std::vector<uint8_t> over = over_caps(t, o);
+  // length, once; a length or group id the table was not built from throws DataChanged.
+  const Caps caps = t.caps(o);
+  const std::vector<uint8_t> over = over_caps(t, caps);
   std::vector<double> cost(t.num_lengths());
   for (int64_t j = 0; j < t.num_lengths(); ++j) cost[j] = t.length_cost(j);
   // Per group, with group ids: its open micro-batch.
   std::vector<BatchStats> open(t.has_group_ids() ? t.num_groups() : 0);
-  auto breaks = [&](const BatchStats& grown) {
-    return (o.max_batch_size > 0 && grown.count > o.max_batch_size) ||
-           grown.tokens > o.max_tokens || t.cost_model().batch_cost(grown) > o.max_cost;
-  };
   // Per distinct length, without group ids: the open micro-batch's count, the first count at
   // which one more sample breaks a cap (-1 until met), and the stats of the largest count
   // found within the caps so far.
@@ -418,18 +398,18 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
   seg.length_of.reserve(expected);
   seg.groups.reserve(expected);
   auto take = [&](int64_t i, int64_t len, int64_t g) {
-    const int64_t j = t.length_index(len);
+    const int32_t j = t.length_index(i, len);
     if (over[j]) {
-      if (o.oversize != OversizePolicy::kSkip) refuse(t, o, i);
+      if (o.oversize != OversizePolicy::kSkip) caps.refuse(i, len, cost[j]);
       seg.skipped.push_back(i);
       return;
     }
     seg.samples.push_back(i);
-    seg.length_of.push_back(static_cast<int32_t>(j));
+    seg.length_of.push_back(j);
     if (g < 0) {
       // Without group ids the key is the length: the group's micro-batches hold one length, so
       // whether a sample joins depends only on how many the open one holds (`run`, once known).
-      seg.groups.push_back(static_cast<int32_t>(j));
+      seg.groups.push_back(j);
       int64_t& held = open_count[j];
       if (held == 0 || held == run[j]) {
         ++count;
@@ -439,7 +419,7 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
       if (run[j] < 0 && held == probe[j].count) {
         BatchStats grown = probe[j];
         grown.add(len, cost[j]);
-        if (breaks(grown)) {
+        if (caps.breaks(grown)) {
           run[j] = held;
           ++count;
           held = 1;
@@ -454,7 +434,7 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
     BatchStats& mb = open[g];
     BatchStats grown = mb;
     grown.add(len, cost[j]);
-    if (mb.count == 0 || breaks(grown)) {
+    if (mb.count == 0 || caps.breaks(grown)) {
       ++count;
       mb = BatchStats{};
       mb.add(len, cost[j]);
@@ -468,8 +448,8 @@ Segment next_segment(const StreamTable& t, const PlanOptions& o, const Permutati
     take(prefix[j], t.seq_len(prefix[j]), t.has_group_ids() ? t.group(prefix[j]) : -1);
   }
   // Positions a chunk at a time: the chunk's samples first (the permutation is arithmetic),
-  // then their lengths and groups (independent random reads, which the processor overlaps),
-  // then the packing. Reads past the segment's end are only reads.
+  // then their lengths and groups (independent random reads, which the processor overlaps; the
+  // groups checked as read), then the packing. Reads past the segment's end are only reads.
   constexpr int64_t kChunk = 512;
   int64_t sample[kChunk], length[kChunk], group[kChunk];
   int64_t p = begin;
@@ -541,6 +521,16 @@ EpochPlan plan_kept(const StreamTable& t, const PlanOptions& o, std::vector<int6
 EpochPlan plan_segment(const StreamTable& t, const PlanOptions& o, Segment&& seg, uint64_t key) {
   if (seg.length_of.size() != seg.samples.size() || seg.groups.size() != seg.samples.size())
     invalid("plan_segment: the segment's lengths and groups do not match its samples");
+  // Planning indexes by them: a segment from elsewhere than next_segment over this table is
+  // refused rather than read out of bounds.
+  const auto lengths = static_cast<uint64_t>(t.num_lengths());
+  const auto groups = static_cast<uint64_t>(t.num_groups());
+  for (size_t j = 0; j < seg.samples.size(); ++j)
+    if (static_cast<uint64_t>(seg.samples[j]) >= static_cast<uint64_t>(t.size()) ||
+        static_cast<uint32_t>(seg.length_of[j]) >= lengths ||
+        static_cast<uint32_t>(seg.groups[j]) >= groups)
+      invalid("plan_segment: sample " + std::to_string(j) +
+              " of the segment is not one next_segment cut from this table");
   return plan_kept(t, o, std::move(seg.samples), std::move(seg.length_of), std::move(seg.groups),
                    std::move(seg.skipped), key);
 }
@@ -553,21 +543,23 @@ EpochPlan plan_samples(const StreamTable& t, const PlanOptions& o, const int64_t
   keep.reserve(count);
   length_of.reserve(count);
   group.reserve(count);
-  const std::vector<uint8_t> over = over_caps(t, o);
+  const Caps caps = t.caps(o);
+  const std::vector<uint8_t> over = over_caps(t, caps);
   for (int64_t j = 0; j < count; ++j) {
     const int64_t i = samples[j];
     if (i < 0 || i >= t.size())
       invalid("sample index " + std::to_string(i) + " out of range (" + std::to_string(t.size()) +
               " samples)");
-    const int64_t x = t.length_index(t.seq_len(i));
+    const int64_t len = t.seq_len(i);
+    const int32_t x = t.length_index(i, len);
     if (over[x]) {
-      if (o.oversize != OversizePolicy::kSkip) refuse(t, o, i);
+      if (o.oversize != OversizePolicy::kSkip) caps.refuse(i, len, t.length_cost(x));
       skipped.push_back(i);
       continue;
     }
     keep.push_back(i);
-    length_of.push_back(static_cast<int32_t>(x));
-    group.push_back(t.has_group_ids() ? t.group(i) : static_cast<int32_t>(x));  // x: by length
+    length_of.push_back(x);
+    group.push_back(t.has_group_ids() ? t.group(i) : x);  // x: by length
   }
   return plan_kept(t, o, std::move(keep), std::move(length_of), std::move(group),
                    std::move(skipped), key);

@@ -21,17 +21,34 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
+#include "sampler/caps.h"
 #include "sampler/cost_model.h"
 #include "sampler/planner.h"
 
 namespace adaptiveload {
 
+/// \brief Thrown where planning reads a length or a group id the table was not built from: the
+/// borrowed arrays changed under it (a memory-mapped file rewritten in place). An
+/// std::invalid_argument, so that Python sees a ValueError.
+class DataChanged : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
 /// \brief The dataset as a streamed plan reads it: borrowed arrays of one length and at most one
 /// group id per sample (int32 or int64 each), which must outlive the table. Built with one
 /// sequential pass that validates them and counts per distinct length and per group.
+///
+/// The arrays are read again while planning, and may have changed since (a memory-mapped file
+/// rewritten in place): every value planning reads goes through length_index and group, which
+/// check it against what the table was built from (a length among its distinct lengths, a group
+/// id in [0, num_groups())) and throw DataChanged where it is not, before anything is indexed by
+/// it. A change to values the table holds (one known length for another) is not seen here: the
+/// digest, or the caller's look at the file, tells that.
 class StreamTable {
  public:
   /// \param seq_lens    n lengths, each in [1, kMaxSeqLen], kMaxTokens at most in all
@@ -47,15 +64,32 @@ class StreamTable {
   /// A 64-bit digest of every length and group id, in order (what a resumed state checks).
   uint64_t digest() const { return digest_; }
 
+  /// Sample i's length as stored now, unchecked (see length_index).
   int64_t seq_len(int64_t i) const {
     return lens_width_ == 4 ? static_cast<const int32_t*>(lens_)[i]
                             : static_cast<const int64_t*>(lens_)[i];
   }
-  /// Index of sample i's length among the distinct lengths (increasing).
-  int64_t length_index(int64_t len) const;
-  int32_t group(int64_t i) const;
+  /// The index among the distinct lengths of `len`, sample i's length as read: a lookup in a
+  /// dense table for short lengths, a bisection for long ones. Throws DataChanged where the
+  /// table has no such length.
+  int32_t length_index(int64_t i, int64_t len) const {
+    if (static_cast<uint64_t>(len) < length_slot_.size()) {  // a negative len is not
+      const int32_t j = length_slot_[len];
+      if (j >= 0) return j;
+      length_changed(i, len);
+    }
+    return long_length_index(i, len);
+  }
+  /// Sample i's group: its id (checked to be in [0, num_groups()), else DataChanged), or
+  /// without group ids the index of its length.
+  int32_t group(int64_t i) const {
+    if (!groups_) return length_index(i, seq_len(i));
+    const int64_t g = group_width_ == 4 ? static_cast<const int32_t*>(groups_)[i]
+                                        : static_cast<const int64_t*>(groups_)[i];
+    if (static_cast<uint64_t>(g) >= static_cast<uint64_t>(num_groups_)) group_changed(i, g);
+    return static_cast<int32_t>(g);
+  }
   bool has_group_ids() const { return groups_ != nullptr; }
-  double sample_cost(int64_t len) const { return length_cost_[length_index(len)]; }
   /// The distinct lengths, increasing: how many, the j-th, and its cost f(S).
   int64_t num_lengths() const { return static_cast<int64_t>(lengths_.size()); }
   int64_t length(int64_t j) const { return lengths_[j]; }
@@ -63,16 +97,20 @@ class StreamTable {
   const int64_t* lengths_data() const { return lengths_.data(); }
   const double* length_costs_data() const { return length_cost_.data(); }
 
-  /// As SampleTable::default_max_cost (no memory policy), over the same data.
+  /// The caps of `options` over this table's cost model (caps.h; no memory policy).
+  Caps caps(const PlanOptions& options) const { return Caps(cost_, nullptr, options); }
+  /// The default compute cap (DefaultCap, caps.h), over the distinct lengths.
   double default_max_cost(int64_t max_tokens, int64_t max_batch_size = 0) const;
-  /// As SampleTable::exceeds_caps (no memory policy), for one sample of `len` tokens.
-  bool exceeds_caps(int64_t len, int64_t max_tokens, double max_cost, int64_t max_degree) const;
-  /// (how many samples alone break a cap, the first of them or -1): a pass over the lengths
-  /// only when some distinct length breaks one.
+  /// (how many samples alone break a cap (Caps::exceeds), the first of them or -1): a pass over
+  /// the lengths only when some distinct length breaks one.
   std::pair<int64_t, int64_t> oversize(int64_t max_tokens, double max_cost,
                                        int64_t max_degree) const;
 
  private:
+  int32_t long_length_index(int64_t i, int64_t len) const;
+  [[noreturn]] void length_changed(int64_t i, int64_t len) const;
+  [[noreturn]] void group_changed(int64_t i, int64_t g) const;
+
   const void* lens_;
   int lens_width_;
   int64_t n_;
@@ -82,7 +120,7 @@ class StreamTable {
   std::vector<int64_t> lengths_;        // distinct lengths, increasing
   std::vector<int64_t> length_count_;   // samples per distinct length
   std::vector<double> length_cost_;     // f(S) per distinct length
-  std::vector<int32_t> length_slot_;    // length -> index into lengths_, for short lengths
+  std::vector<int32_t> length_slot_;    // length -> index into lengths_ (-1: none), short lengths
   std::vector<int64_t> group_max_len_;  // per group
   std::vector<int64_t> group_size_;     // per group
   int64_t num_groups_ = 0;
@@ -139,7 +177,8 @@ struct Segment {
 /// samples) come first, before the positions, and count towards its windows: what a resume
 /// under other settings re-plans of a segment of the old ones joins the next (begin may then
 /// be perm.size(): the prefix alone ends the epoch). Throws std::invalid_argument on bad
-/// options and on a sample over a cap under OversizePolicy::kError.
+/// options and on a sample over a cap under OversizePolicy::kError (Caps::refuse), DataChanged
+/// on a length or group id the table was not built from.
 Segment next_segment(const StreamTable& table, const PlanOptions& options, const Permutation& perm,
                      int64_t begin, int64_t min_samples, const int64_t* prefix = nullptr,
                      int64_t prefix_count = 0);
@@ -152,7 +191,8 @@ EpochPlan plan_segment(const StreamTable& table, const PlanOptions& options, Seg
 /// \brief The plan of `count` samples, in the order given (a segment's, or what is left of one
 /// after a resume under other settings), as plan_epoch plans an epoch of them; `key` keys the
 /// shuffle of its micro-batches (with options.epoch and options.seed). Samples over a cap are
-/// skipped or refused per options.oversize. Dataset indices in the plan are the table's.
+/// skipped or refused per options.oversize; DataChanged as next_segment. Dataset indices in the
+/// plan are the table's.
 EpochPlan plan_samples(const StreamTable& table, const PlanOptions& options, const int64_t* samples,
                        int64_t count, uint64_t key);
 
