@@ -14,7 +14,8 @@ import functools
 
 from torch import nn
 
-from adaptiveload.parallel.split import TokenSplit, check_heads
+from adaptiveload.parallel.token_split import TokenSplit, check_heads
+from adaptiveload.parallel.wan import cross_attention_on_head_shards
 
 
 def _blocks(model: nn.Module) -> list:
@@ -52,14 +53,21 @@ class _Split(TokenSplit):
         if self.current is None:
             return None
         x, context, t_mod, freqs, *rest = args
-        self.see_tokens(x.shape[1])
+        self.see_tokens(x, context, t_mod)
         if t_mod.ndim == 4:
             raise NotImplementedError("split_sequence: per-token timesteps are not supported")
-        return (self.share(x, contiguous=True), context, t_mod, self.share(freqs, dim=0), *rest)
+        return (self.share_hidden(x), context, t_mod, self.share(freqs, dim=0), *rest)
+
+    def heads_for_text(self, text_len: int) -> bool:
+        """Whether this forward runs cross-attention on head shards (``parallel.wan``)."""
+        f = self.current
+        return cross_attention_on_head_shards(f.full, text_len, f.degree)
 
 
 def install(model: nn.Module) -> TokenSplit:
     split = _Split()
+    # model_fn_wan_video runs the DiT's parts, not its forward: a forward starts at patchify.
+    model.patch_embedding.register_forward_pre_hook(split.before_forward, with_kwargs=True)
     for block in _blocks(model):
         attn = block.self_attn.attn
         # An instance attribute, as the fused-op patch binds forwards: survives deepcopy.

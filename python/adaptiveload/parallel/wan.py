@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from adaptiveload.parallel.split import TokenSplit, check_heads, check_unfused_projections
+from adaptiveload.parallel.token_split import TokenSplit, check_heads, check_unfused_projections
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -110,16 +110,23 @@ class _Split(TokenSplit):
         if self.current is None:
             return None
         hidden, text, temb, rope = args
-        self.see_tokens(hidden.shape[1])
-        if temb.ndim == 4 and temb.shape[1] == self.full:
+        f = self.see_tokens(hidden, text, temb)
+        if temb.ndim == 4 and temb.shape[1] == f.full:
             raise NotImplementedError("split_sequence: per-token timesteps are not supported")
         if rope is not None:
             rope = (self.share(rope[0]), self.share(rope[1]))
-        return self.share(hidden, contiguous=True), text, temb, rope
+        return self.share_hidden(hidden), text, temb, rope
+
+    def heads_for_text(self, text_len: int) -> bool:
+        """Whether this forward runs cross-attention over ``text_len`` text tokens on head
+        shards (``cross_attention_on_head_shards``)."""
+        f = self.current
+        return cross_attention_on_head_shards(f.full, text_len, f.degree)
 
 
 def install(model: nn.Module) -> TokenSplit:
     split = _Split()
+    model.register_forward_pre_hook(split.before_forward, with_kwargs=True)
     for block in model.blocks:
         block.attn1.processor = _Processor(split, block.attn1.processor)
         block.attn2.processor = _CrossProcessor(split, block.attn2.processor)
