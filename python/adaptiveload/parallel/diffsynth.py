@@ -31,7 +31,7 @@ def check(model: nn.Module, degree: int) -> None:
 
 def _attention(module: nn.Module, split: TokenSplit, q, k, v):
     """DiffSynth's ``AttentionModule.forward`` (``(B, s, H * D)`` in and out), or Ulysses
-    while a split is in force."""
+    in a split forward."""
     if split.current is None:
         return type(module).forward(module, q, k, v)
     q, k, v = (t.unflatten(2, (module.num_heads, -1)) for t in (q, k, v))
@@ -39,7 +39,7 @@ def _attention(module: nn.Module, split: TokenSplit, q, k, v):
 
 
 def _cross_attention(module: nn.Module, split: TokenSplit, x, y):
-    """DiffSynth's ``CrossAttention.forward``, or, while a split is in force, on head shards."""
+    """DiffSynth's ``CrossAttention.forward``, or, in a split forward, on head shards."""
     if split.current is None or module.has_image_input or not split.heads_for_text(y.shape[1]):
         return type(module).forward(module, x, y)
     q = module.norm_q(module.q(x)).unflatten(2, (module.num_heads, -1))

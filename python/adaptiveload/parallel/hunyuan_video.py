@@ -25,7 +25,7 @@ def check(model: nn.Module, degree: int) -> None:
 
 
 class _Processor:
-    """HunyuanVideo's own attention processor, or Ulysses while a split is in force."""
+    """HunyuanVideo's own attention processor, or Ulysses in a split forward."""
 
     def __init__(self, split: TokenSplit, plain):
         self.split, self.plain = split, plain

@@ -20,7 +20,7 @@ def check(model: nn.Module, degree: int) -> None:
 
 
 class _Processor:
-    """LTX's own self-attention processor, or Ulysses while a split is in force."""
+    """LTX's own self-attention processor, or Ulysses in a split forward."""
 
     def __init__(self, split: TokenSplit, plain):
         self.split, self.plain = split, plain

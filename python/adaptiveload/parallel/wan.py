@@ -25,7 +25,7 @@ def check(model: nn.Module, degree: int) -> None:
 
 
 class _Processor:
-    """Wan's own self-attention processor, or Ulysses while a split is in force."""
+    """Wan's own self-attention processor, or Ulysses in a split forward."""
 
     def __init__(self, split: TokenSplit, plain):
         self.split, self.plain = split, plain
@@ -71,8 +71,8 @@ def cross_attention_on_head_shards(seq_len: int, text_len: int, degree: int) -> 
 
 
 class _CrossProcessor:
-    """Wan's own cross-attention processor, on the member's token shard, or, while a split is
-    in force and the samples are short beside the text (``cross_attention_on_head_shards``),
+    """Wan's own cross-attention processor, on the member's token shard, or, in a split
+    forward whose samples are short beside the text (``cross_attention_on_head_shards``),
     cross-attention on head shards: the member's queries go to its heads of all the sample's
     tokens, and it projects the text's keys and values for those heads only. On the token shard
     every member projects the whole text for every head, B x 512 text tokens x 2 x hidden^2 per
