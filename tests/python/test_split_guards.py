@@ -105,52 +105,66 @@ def test_misuse_is_refused_on_every_member(tmp_path):
         torch.testing.assert_close(results[0]["grads"][n], g, rtol=1e-5, atol=1e-6, msg=n)
 
 
-def _checkpointing(model, reentrant: bool):
-    ckpt = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=reentrant)
-    model.enable_gradient_checkpointing(gradient_checkpointing_func=ckpt)
+CHECKPOINTING = ("blocks", "blocks, reentrant", "whole model")
+
+
+def _checkpointed_loss(model, how, inputs, target):
+    """The loss with every block checkpointed (diffusers' own loop: non-reentrant or
+    reentrant), or with one non-reentrant checkpoint around the whole model."""
+    if how == "whole model":
+
+        def whole(**kw):
+            return model(**kw, return_dict=False)[0]
+
+        out = torch.utils.checkpoint.checkpoint(whole, use_reentrant=False, **inputs)
+        return ((out.float() - target) ** 2).mean()
+    if not model.gradient_checkpointing:
+        ckpt = functools.partial(
+            torch.utils.checkpoint.checkpoint, use_reentrant=how == "blocks, reentrant"
+        )
+        model.enable_gradient_checkpointing(gradient_checkpointing_func=ckpt)
+    return _loss("wan", model, inputs, target)
 
 
 def _lifetime_rank(rank, world, seed):
-    """With every block checkpointed (non-reentrant, then reentrant): a split forward in its
-    block; outside the block, a forward and backward of another sample on rank 0 only (whole:
-    no collective), then the split forward's backward (recomputing its blocks on the
-    shares)."""
+    """For each way of checkpointing: a split forward in its block; outside the block, a
+    forward and backward of another sample on rank 0 only (whole: no collective), then the
+    split forward's backward (recomputing its blocks on the shares)."""
     group = dist.group.WORLD
     out = {}
-    for reentrant in (False, True):
+    for how in CHECKPOINTING:
         model = _wan()
-        _checkpointing(model, reentrant)
         inputs, target = _inputs("wan", "odd", seed)
         with split_sequence(model, group, 2, rank):
-            loss = _loss("wan", model, inputs, target)
+            loss = _checkpointed_loss(model, how, inputs, target)
         if rank == 0:
             other, other_target = _inputs("wan", "even", seed + 1)
-            _loss("wan", model, other, other_target).backward()
-            out[reentrant, "whole"] = {n: p.grad.clone() for n, p in model.named_parameters()}
+            _checkpointed_loss(model, how, other, other_target).backward()
+            out[how, "whole"] = {n: p.grad.clone() for n, p in model.named_parameters()}
             model.zero_grad(set_to_none=True)
         loss.backward()
-        out[reentrant, "split"] = _summed_grads(model)
+        out[how, "split"] = _summed_grads(model)
     return out
 
 
 @pytest.mark.distributed
 def test_forward_after_the_block_runs_whole_and_checkpointed_backward_stays_split(tmp_path):
-    """With every block checkpointed, reentrant or not: a forward of the model after the
-    block, on one rank only, runs the whole model (its gradient is the whole sample's; it
-    waits on no other rank), and the split forward's backward after the block recomputes its
-    blocks on the shares (the summed gradient is the whole sample's)."""
+    """With every block checkpointed (reentrant or not), or the whole model: a forward of the
+    model after the block, on one rank only, runs the whole model (its gradient is the whole
+    sample's; it waits on no other rank), and the split forward's backward after the block
+    recomputes on the shares (the summed gradient is the whole sample's)."""
     seed = _seed()
     results = run_on_ranks(_lifetime_rank, 2, tmp_path, "lifetime", seed)
     _, ref_split = _reference("wan", ["odd"], seed)
     _, ref_whole = _reference("wan", ["even"], seed + 1)
-    for reentrant in (False, True):
+    for how in CHECKPOINTING:
         for n, g in ref_whole.items():
-            got = results[0][reentrant, "whole"][n]
-            torch.testing.assert_close(got, g, rtol=1e-5, atol=1e-6, msg=(reentrant, n))
+            got = results[0][how, "whole"][n]
+            torch.testing.assert_close(got, g, rtol=1e-5, atol=1e-6, msg=(how, n))
         for res in results:
             for n, g in ref_split.items():
-                got = res[reentrant, "split"][n]
-                torch.testing.assert_close(got, g, rtol=1e-5, atol=1e-6, msg=(reentrant, n))
+                got = res[how, "split"][n]
+                torch.testing.assert_close(got, g, rtol=1e-5, atol=1e-6, msg=(how, n))
 
 
 def _imports(path: pathlib.Path) -> set[str]:
