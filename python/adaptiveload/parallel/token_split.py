@@ -7,8 +7,11 @@ outside any block (the model as it is). Block hooks read ``TokenSplit.current``:
 forward's, or, inside a backward that recomputes checkpointed blocks, the forward being
 recomputed's. The output of every forward passes through ``_Recompute``, whose backward
 (the first step of that forward's backward, before any of its blocks is recomputed) names
-the forward whose blocks are recomputed next. So a backward after the block recomputes the
-shares of a split forward, while a forward started after the block runs whole.
+the forward whose blocks are recomputed next, and the first block's share passes through
+``_BlocksDone``, whose backward ends it. So a backward after the block recomputes the shares
+of a split forward, while a forward started after the block runs whole. Not covered: a
+reentrant checkpoint around the whole model whose backward runs after the block (it
+recomputes the forward before the output's backward can name it).
 """
 
 from __future__ import annotations
