@@ -159,11 +159,8 @@ def warm_shapes(model, plan, rank, shapes, text_len, device, seen):
     runs them without gradient sync. Gradients are cleared afterwards.
     """
     from adaptiveload.models.wan import random_batch
-    from adaptiveload.parallel import split_sequence
 
     inner = model.module if hasattr(model, "module") else model
-    with split_sequence(inner, None, 1, 0):  # a split stays in force: these run whole
-        pass
     mine = []  # this rank's distinct shapes, in plan order
     for idx in plan.rank_micro_batches(rank):
         key = (len(idx), *(int(v) for v in shapes[idx[0]]))

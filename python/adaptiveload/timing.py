@@ -186,20 +186,15 @@ class ModelTimer(StepTimer):
         from contextlib import nullcontext
 
         from adaptiveload.models.checkpointing import set_checkpointed_blocks
-        from adaptiveload.parallel import ONE_DEVICE, is_split_installed, split_sequence
+        from adaptiveload.parallel import ONE_DEVICE, split_sequence
 
         set_checkpointed_blocks(
             self.model, self.default_checkpointed if checkpointed is None else checkpointed
         )
         self.model.zero_grad(set_to_none=True)
         self._inputs = self.inputs(batch, tuple(shape))
-        # A split stays in force until the next split_sequence: after a share, degree 1 resets.
-        was_split = is_split_installed(self.model)
-        split = (
-            split_sequence(self.model, ONE_DEVICE, degree, 0)
-            if degree > 1 or was_split
-            else nullcontext()
-        )
+        # A split ends with its block: forwards after it run whole.
+        split = split_sequence(self.model, ONE_DEVICE, degree, 0) if degree > 1 else nullcontext()
         try:
             with split:
                 return super().__call__(batch, shape, checkpointed)

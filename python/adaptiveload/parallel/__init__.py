@@ -14,11 +14,17 @@ The sampler (``sequence_parallel=D``) gives each micro-batch a degree d and a gr
   on this member's share, with Ulysses attention over ``group``, and gathers the output so that
   the loop computes its loss on the whole micro-batch as usual. The gather's backward keeps this
   member's own tokens' gradient only, so the members' gradients sum (DDP's all-reduce) to the
-  gradient of the whole micro-batch, each sample once.
+  gradient of the whole micro-batch, each sample once. Forwards started in the context run
+  split (a backward after it recomputes their checkpointed blocks split); forwards started
+  after it run whole. Misuse (a member number that is not the rank's place, a group that is
+  not of ``degree`` ranks, members running different micro-batches) is refused on every
+  member at the first block.
 
 Where things live: ``groups.py`` (shares, groups, ``ONE_DEVICE``), ``collectives.py`` (the
-exchanges, with autograd), ``split.py`` (``split_sequence`` and the state the hooks share), and
-one module per family: ``wan.py`` (diffusers' Wan), ``diffsynth.py`` (DiffSynth-Studio's Wan),
+exchanges, with autograd), ``members.py`` (the members' check that they run the same
+micro-batch), ``token_split.py`` (the state the hooks share, and which forward a hook serves),
+``split.py`` (``split_sequence``, which imports the families by name), and one module per
+family: ``wan.py`` (diffusers' Wan), ``diffsynth.py`` (DiffSynth-Studio's Wan),
 ``ltx_video.py``, ``hunyuan_video.py`` (joint attention: the text is held whole by every member).
 
 Why not diffusers' ``ContextParallelConfig``: it fixes one mesh per model

@@ -14,7 +14,8 @@ import functools
 
 from torch import nn
 
-from adaptiveload.parallel.split import TokenSplit, check_heads
+from adaptiveload.parallel.token_split import TokenSplit, check_heads
+from adaptiveload.parallel.wan import cross_attention_on_head_shards
 
 
 def _blocks(model: nn.Module) -> list:
@@ -30,7 +31,7 @@ def check(model: nn.Module, degree: int) -> None:
 
 def _attention(module: nn.Module, split: TokenSplit, q, k, v):
     """DiffSynth's ``AttentionModule.forward`` (``(B, s, H * D)`` in and out), or Ulysses
-    while a split is in force."""
+    in a split forward."""
     if split.current is None:
         return type(module).forward(module, q, k, v)
     q, k, v = (t.unflatten(2, (module.num_heads, -1)) for t in (q, k, v))
@@ -38,7 +39,7 @@ def _attention(module: nn.Module, split: TokenSplit, q, k, v):
 
 
 def _cross_attention(module: nn.Module, split: TokenSplit, x, y):
-    """DiffSynth's ``CrossAttention.forward``, or, while a split is in force, on head shards."""
+    """DiffSynth's ``CrossAttention.forward``, or, in a split forward, on head shards."""
     if split.current is None or module.has_image_input or not split.heads_for_text(y.shape[1]):
         return type(module).forward(module, x, y)
     q = module.norm_q(module.q(x)).unflatten(2, (module.num_heads, -1))
@@ -52,14 +53,21 @@ class _Split(TokenSplit):
         if self.current is None:
             return None
         x, context, t_mod, freqs, *rest = args
-        self.see_tokens(x.shape[1])
+        self.see_tokens(x, context, t_mod)
         if t_mod.ndim == 4:
             raise NotImplementedError("split_sequence: per-token timesteps are not supported")
-        return (self.share(x, contiguous=True), context, t_mod, self.share(freqs, dim=0), *rest)
+        return (self.share_hidden(x), context, t_mod, self.share(freqs, dim=0), *rest)
+
+    def heads_for_text(self, text_len: int) -> bool:
+        """Whether this forward runs cross-attention on head shards (``parallel.wan``)."""
+        f = self.current
+        return cross_attention_on_head_shards(f.full, text_len, f.degree)
 
 
 def install(model: nn.Module) -> TokenSplit:
     split = _Split()
+    # model_fn_wan_video runs the DiT's parts, not its forward: a forward starts at patchify.
+    model.patch_embedding.register_forward_pre_hook(split.before_forward, with_kwargs=True)
     for block in _blocks(model):
         attn = block.self_attn.attn
         # An instance attribute, as the fused-op patch binds forwards: survives deepcopy.

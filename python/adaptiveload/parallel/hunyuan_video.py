@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from adaptiveload.parallel.split import TokenSplit, check_heads, check_unfused_projections
+from adaptiveload.parallel.token_split import TokenSplit, check_heads, check_unfused_projections
 
 
 def check(model: nn.Module, degree: int) -> None:
@@ -25,7 +25,7 @@ def check(model: nn.Module, degree: int) -> None:
 
 
 class _Processor:
-    """HunyuanVideo's own attention processor, or Ulysses while a split is in force."""
+    """HunyuanVideo's own attention processor, or Ulysses in a split forward."""
 
     def __init__(self, split: TokenSplit, plain):
         self.split, self.plain = split, plain
@@ -76,14 +76,15 @@ class _Split(TokenSplit):
         if self.current is None:
             return None
         hidden, text, temb, mask, rope, *rest = args
-        self.see_tokens(hidden.shape[1])
+        self.see_tokens(hidden, text, temb)
         if rope is not None:
             rope = (self.share(rope[0], dim=0), self.share(rope[1], dim=0))
-        return (self.share(hidden, contiguous=True), text, temb, mask, rope, *rest)
+        return (self.share_hidden(hidden), text, temb, mask, rope, *rest)
 
 
 def install(model: nn.Module) -> TokenSplit:
     split = _Split()
+    model.register_forward_pre_hook(split.before_forward, with_kwargs=True)
     for block in list(model.transformer_blocks) + list(model.single_transformer_blocks):
         block.attn.processor = _Processor(split, block.attn.processor)
         block.register_forward_pre_hook(split.before_block)

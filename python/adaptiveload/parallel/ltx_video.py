@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from adaptiveload.parallel.split import TokenSplit, check_heads, check_unfused_projections
+from adaptiveload.parallel.token_split import TokenSplit, check_heads, check_unfused_projections
 
 # LTXVideoTransformerBlock.forward's arguments, in order (the model passes them by name, its
 # gradient checkpointing by position).
@@ -20,7 +20,7 @@ def check(model: nn.Module, degree: int) -> None:
 
 
 class _Processor:
-    """LTX's own self-attention processor, or Ulysses while a split is in force."""
+    """LTX's own self-attention processor, or Ulysses in a split forward."""
 
     def __init__(self, split: TokenSplit, plain):
         self.split, self.plain = split, plain
@@ -53,10 +53,10 @@ class _Split(TokenSplit):
         args, kwargs = list(args), dict(kwargs)
         values = {n: args[i] if i < len(args) else kwargs.get(n) for i, n in enumerate(_ARGS)}
         hidden, temb, rope = values["hidden_states"], values["temb"], values["image_rotary_emb"]
-        self.see_tokens(hidden.shape[1])
-        if self.full > 1 and temb.shape[1] == self.full:
+        f = self.see_tokens(hidden, values["encoder_hidden_states"], temb)
+        if f.full > 1 and temb.shape[1] == f.full:
             raise NotImplementedError("split_sequence: per-token timesteps are not supported")
-        values["hidden_states"] = self.share(hidden, contiguous=True)
+        values["hidden_states"] = self.share_hidden(hidden)
         if rope is not None:
             values["image_rotary_emb"] = (self.share(rope[0]), self.share(rope[1]))
         for i, name in enumerate(_ARGS):
@@ -69,6 +69,7 @@ class _Split(TokenSplit):
 
 def install(model: nn.Module) -> TokenSplit:
     split = _Split()
+    model.register_forward_pre_hook(split.before_forward, with_kwargs=True)
     for block in model.transformer_blocks:
         block.attn1.processor = _Processor(split, block.attn1.processor)
         block.register_forward_pre_hook(split.before_block, with_kwargs=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from adaptiveload.parallel.split import TokenSplit, check_heads, check_unfused_projections
+from adaptiveload.parallel.token_split import TokenSplit, check_heads, check_unfused_projections
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -25,7 +25,7 @@ def check(model: nn.Module, degree: int) -> None:
 
 
 class _Processor:
-    """Wan's own self-attention processor, or Ulysses while a split is in force."""
+    """Wan's own self-attention processor, or Ulysses in a split forward."""
 
     def __init__(self, split: TokenSplit, plain):
         self.split, self.plain = split, plain
@@ -71,8 +71,8 @@ def cross_attention_on_head_shards(seq_len: int, text_len: int, degree: int) -> 
 
 
 class _CrossProcessor:
-    """Wan's own cross-attention processor, on the member's token shard, or, while a split is
-    in force and the samples are short beside the text (``cross_attention_on_head_shards``),
+    """Wan's own cross-attention processor, on the member's token shard, or, in a split
+    forward whose samples are short beside the text (``cross_attention_on_head_shards``),
     cross-attention on head shards: the member's queries go to its heads of all the sample's
     tokens, and it projects the text's keys and values for those heads only. On the token shard
     every member projects the whole text for every head, B x 512 text tokens x 2 x hidden^2 per
@@ -110,16 +110,23 @@ class _Split(TokenSplit):
         if self.current is None:
             return None
         hidden, text, temb, rope = args
-        self.see_tokens(hidden.shape[1])
-        if temb.ndim == 4 and temb.shape[1] == self.full:
+        f = self.see_tokens(hidden, text, temb)
+        if temb.ndim == 4 and temb.shape[1] == f.full:
             raise NotImplementedError("split_sequence: per-token timesteps are not supported")
         if rope is not None:
             rope = (self.share(rope[0]), self.share(rope[1]))
-        return self.share(hidden, contiguous=True), text, temb, rope
+        return self.share_hidden(hidden), text, temb, rope
+
+    def heads_for_text(self, text_len: int) -> bool:
+        """Whether this forward runs cross-attention over ``text_len`` text tokens on head
+        shards (``cross_attention_on_head_shards``)."""
+        f = self.current
+        return cross_attention_on_head_shards(f.full, text_len, f.degree)
 
 
 def install(model: nn.Module) -> TokenSplit:
     split = _Split()
+    model.register_forward_pre_hook(split.before_forward, with_kwargs=True)
     for block in model.blocks:
         block.attn1.processor = _Processor(split, block.attn1.processor)
         block.attn2.processor = _CrossProcessor(split, block.attn2.processor)
