@@ -152,8 +152,9 @@ class ModelTimer(StepTimer):
         config = self.family.default_config if config is None else config
         fused = fused and self.family.patch is not None
         device = torch.device(device)
-        self.model = self.family.build(config, layers=layers, device=device, dtype=dtype,
-                                       fused=fused)  # fmt: skip
+        self.model = self.family.build(
+            config, layers=layers, device=device, dtype=dtype, fused=fused
+        )
         blocks = len(self.family.blocks(self.model))
         self.default_checkpointed = blocks if activation_checkpointing else 0
         set_checkpointed_blocks(self.model, self.default_checkpointed)
@@ -166,8 +167,9 @@ class ModelTimer(StepTimer):
         }
         if self.family.name != "wan":  # Wan's points files predate families
             meta = {"family": self.family.name, **meta}
-        super().__init__(self._step, device=device, layers=blocks, warmup=warmup,
-                         repeat=repeat, meta=meta)  # fmt: skip
+        super().__init__(
+            self._step, device=device, layers=blocks, warmup=warmup, repeat=repeat, meta=meta
+        )
 
     def inputs(self, batch: int, shape) -> dict:
         return self.family.random_batch(self.model, batch, *shape)
@@ -224,8 +226,15 @@ class WanTimer(ModelTimer):
         self.text_len = TEXT_LEN if text_len is None else text_len
         self.meta = {**self.meta, "text_len": self.text_len}
         # The same keys, in the order Wan's points files were written with.
-        order = ("config", "layers", "dtype", "fused", "activation_checkpointing", "text_len",
-                 "device")  # fmt: skip
+        order = (
+            "config",
+            "layers",
+            "dtype",
+            "fused",
+            "activation_checkpointing",
+            "text_len",
+            "device",
+        )
         self.meta = {k: self.meta[k] for k in order}
 
     def inputs(self, batch: int, shape) -> dict:

@@ -32,11 +32,18 @@ class _Processor:
 
     # Named arguments, not *args/**kwargs: diffusers' Attention passes a processor only the
     # keyword arguments its __call__ names (it drops the rotary table otherwise).
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                 image_rotary_emb=None):  # fmt: skip
+    def __call__(
+        self,
+        attn,
+        hidden_states,
+        encoder_hidden_states=None,
+        attention_mask=None,
+        image_rotary_emb=None,
+    ):
         if self.split.current is None:
-            return self.plain(attn, hidden_states, encoder_hidden_states, attention_mask,
-                              image_rotary_emb)  # fmt: skip
+            return self.plain(
+                attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb
+            )
         if encoder_hidden_states is None:
             raise NotImplementedError("split_sequence: HunyuanVideo attention without text")
         from diffusers.models.embeddings import apply_rotary_emb

@@ -27,11 +27,18 @@ class _Processor:
 
     # Named arguments, not *args/**kwargs: diffusers' Attention passes a processor only the
     # keyword arguments its __call__ names (it drops the rotary table otherwise).
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                 image_rotary_emb=None):  # fmt: skip
+    def __call__(
+        self,
+        attn,
+        hidden_states,
+        encoder_hidden_states=None,
+        attention_mask=None,
+        image_rotary_emb=None,
+    ):
         if self.split.current is None:
-            return self.plain(attn, hidden_states, encoder_hidden_states, attention_mask,
-                              image_rotary_emb)  # fmt: skip
+            return self.plain(
+                attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb
+            )
         if encoder_hidden_states is not None or attention_mask is not None:
             raise NotImplementedError("split_sequence: self-attention without a mask only")
         from diffusers.models.transformers.transformer_ltx import apply_rotary_emb

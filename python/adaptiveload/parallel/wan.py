@@ -32,11 +32,19 @@ class _Processor:
 
     # Named arguments, not *args/**kwargs: diffusers' Attention passes a processor only the
     # keyword arguments its __call__ names (it drops the rotary table otherwise).
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                 rotary_emb=None, **kwargs):  # fmt: skip
+    def __call__(
+        self,
+        attn,
+        hidden_states,
+        encoder_hidden_states=None,
+        attention_mask=None,
+        rotary_emb=None,
+        **kwargs,
+    ):
         if self.split.current is None:
-            return self.plain(attn, hidden_states, encoder_hidden_states, attention_mask,
-                              rotary_emb, **kwargs)  # fmt: skip
+            return self.plain(
+                attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb, **kwargs
+            )
         if encoder_hidden_states is not None or attention_mask is not None:
             raise NotImplementedError("split_sequence: self-attention without a mask only")
         q = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (attn.heads, -1))
@@ -52,10 +60,9 @@ class _Processor:
 #: where a sample holds at most HEAD_SHARDS_UP_TO_TOKENS_PER_TEXT_TOKEN tokens per text token
 #: (8,192 for Wan's 512), else on the token shard. On head shards each member projects the
 #: text for its own heads only, but its queries and output cross the group (2 all-to-alls more)
-#: and attention runs over all the sample's tokens: timed on the H200 (Wan 2.1-14B,
-#: benchmarks/bench_split_share.py; RESULTS.md), at d = 8 13% faster for 96 samples of 1,560
-#: tokens and 6% for 42 of 3,600, 0.5-1% slower from 32,760 tokens up; at d = 2 within 1%
-#: either way. Before the all-to-alls.
+#: and attention runs over all the sample's tokens: that pays for short samples over many ranks
+#: and costs a little for long ones (benchmarks/bench_split_share.py, RESULTS.md). Before the
+#: all-to-alls.
 HEAD_SHARDS_UP_TO_TOKENS_PER_TEXT_TOKEN = 16
 HEAD_SHARDS_FROM_DEGREE = 4
 
@@ -83,8 +90,15 @@ class _CrossProcessor:
     def __init__(self, split: TokenSplit, plain):
         self.split, self.plain = split, plain
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                 rotary_emb=None, **kwargs):  # fmt: skip
+    def __call__(
+        self,
+        attn,
+        hidden_states,
+        encoder_hidden_states=None,
+        attention_mask=None,
+        rotary_emb=None,
+        **kwargs,
+    ):
         plain = (
             self.split.current is None
             or attention_mask is not None
@@ -94,8 +108,9 @@ class _CrossProcessor:
             or not self.split.heads_for_text(encoder_hidden_states.shape[1])
         )
         if plain:
-            return self.plain(attn, hidden_states, encoder_hidden_states, attention_mask,
-                              rotary_emb, **kwargs)  # fmt: skip
+            return self.plain(
+                attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb, **kwargs
+            )
         q = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (attn.heads, -1))
         k = self.split.own_heads(attn.to_k, encoder_hidden_states, attn.heads)
         if isinstance(attn.norm_k, nn.RMSNorm):
