@@ -58,11 +58,11 @@ def _import_build_deps():
         _fail(
             f"""
 no torch is importable by this build ({sys.executable}).
-AdaptiveLoad compiles its ops against the torch of the environment it installs into, so
-install torch first (any version >= {MIN_TORCH[0]}.{MIN_TORCH[1]}; the tested one:
-`pip install -r requirements/torch.txt`), then build with
-`pip install --no-build-isolation .` (a plain `pip install .` builds in an isolated
-environment, which has no torch)."""
+AdaptiveLoad compiles its ops against the torch of the environment it installs into.
+- If torch is installed there, this is an isolated build (a plain `pip install .`), which
+  cannot see it: build with `pip install --no-build-isolation .`
+- Otherwise install torch first ({MIN_TORCH[0]}.{MIN_TORCH[1]} to {TORCH_NOT_YET[0]}.{TORCH_NOT_YET[1] - 1}; the tested one:
+  `pip install -r requirements/torch.txt`), then `pip install --no-build-isolation .`"""
         )
     try:
         import pybind11  # noqa: F401
