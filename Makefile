@@ -1,11 +1,14 @@
 # The few targets a person needs. `make test` is what CI runs (.ci/run).
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
-JOBS ?= 2
+# Parallel compile jobs (MAX_JOBS for the extensions, -j for the C++ tests): all cores.
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: install develop demo test test-fast test-cpp test-python lint format gpu-check bench-sampler clean
+.PHONY: install develop demo test test-fast test-oldest-torch test-cpp test-python lint format \
+	gpu-check bench-sampler clean
 
-install:  ## build and install the package (CPU and CUDA ops when torch has CUDA)
+install:  ## build and install against the torch already installed (the tested one if none)
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -r requirements/torch.txt
 	$(PIP) install -r requirements/build.txt
 	MAX_JOBS=$(JOBS) $(PIP) install --no-build-isolation .
 
@@ -26,14 +29,18 @@ test-python:  ## pytest against the installed package
 test-fast:  ## day-to-day lane: the Python tests that start no other process and are not slow
 	$(PYTHON) -m pytest tests/python -m "not distributed and not slow" -q --durations=20
 
-test:  ## install what the tests need, then run C++ and Python tests
-	$(PIP) install -r requirements/test.txt
+test-oldest-torch:  ## fast tests against the oldest supported torch: fresh venv, CPU ops only
+	PYTHON=$(PYTHON) bash scripts/test_oldest_torch.sh
+
+test:  ## whole suite against the tested torch, then the fast tests against the oldest torch
+	$(PIP) install -r requirements/torch.txt -r requirements/test.txt
 # DiffSynth-Studio's Wan model (tests/python/test_diffsynth.py) without its declared
 # dependencies, which it does not need for that: about 350 MB and 55 s on a fresh machine.
 	$(PIP) install --no-deps -r requirements/diffsynth.txt
 	MAX_JOBS=$(JOBS) $(PIP) install --no-build-isolation .
 	$(MAKE) test-cpp
 	$(MAKE) test-python
+	$(MAKE) test-oldest-torch
 
 lint:
 	ruff check python tests benchmarks examples
