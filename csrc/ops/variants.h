@@ -25,6 +25,12 @@
 // and the gated rows add (Tensor residual, Tensor h, Tensor gate) in place of x, the output r
 // and, in the backward, Tensor? dr first and the gradients dresidual, dh and dgate. The schemas
 // of all eight ops are pinned in tests/python/test_ops_schemas.py.
+//
+// What runs for op X (row I): under autograd AutogradOp<I>::call (autograd/autograd.cpp), then
+// on a device ForwardOp<I, kernels>::call (entry_points.h), which runs forward_entry, the host
+// prologue, and then the backend's kernels: norm_modulate_fwd_cpu (cpu/norm_modulate.cpp) or
+// fwd_cuda (cuda/dispatch.cu, which picks a row of the tuning tables). The backward likewise:
+// the node's apply (autograd/nodes.h), BackwardOp<I, kernels>::call, backward_entry.
 #pragma once
 
 namespace adaptiveload {
