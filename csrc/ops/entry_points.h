@@ -1,18 +1,24 @@
 // The ops' entry points, shared by every backend: validation, outputs, broadcast operands and
-// gradient targets (the host prologue), then the backend's kernels. Each backend registers
-// these templates instantiated with its two kernel functions:
+// gradient targets (the host prologue), then the backend's kernels. Each backend registers the
+// op templates below for every variant of kVariants (variants.h) with its two kernel functions:
 //
-//   m.impl("layer_norm_modulate", &layer_norm_modulate_op<fwd_cpu, nullptr>);
+//   TORCH_LIBRARY_IMPL(adaptiveload, CPU, m) {
+//     register_kernels<norm_modulate_fwd_cpu, norm_modulate_bwd_cpu>(m);
+//   }
 //
 // `Config`: the explicit configuration a private *_with_config op passes through (CUDA's
 // tuning-table rows), nullptr for the ops themselves.
 #pragma once
 
+#include <torch/library.h>
+
 #include <array>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "problem.h"
+#include "signatures.h"
 
 namespace adaptiveload {
 
@@ -140,99 +146,86 @@ inline Bwd7 backward_entry(BackwardKernels kernels, const char* op, bool rms,
   return {dx, dh, dgate.out, dshift.out, dscale.out, dweight.out, dbias.out};
 }
 
-// ---- the ops, for m.impl ----
+// ---- the ops, for m.impl: variant I of kVariants (variants.h) with a backend's kernels ----
 
-template <ForwardKernels K>
-Fwd3 layer_norm_modulate_op(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
-                            const std::optional<at::Tensor>& weight,
-                            const std::optional<at::Tensor>& bias, double eps,
-                            std::optional<at::ScalarType> out_dtype) {
-  auto [r, y, mean, rstd] =
-      forward_entry(K, "layer_norm_modulate", false, x, std::nullopt, std::nullopt, shift, scale,
-                    weight, bias, eps, out_dtype, nullptr);
-  return {y, mean, rstd};
+inline const OptTensor& no_tensor() {
+  static const OptTensor none;
+  return none;
 }
 
-template <BackwardKernels K>
-Bwd5 layer_norm_modulate_backward_op(const at::Tensor& dy, const at::Tensor& x,
-                                     const at::Tensor& shift, const at::Tensor& scale,
-                                     const std::optional<at::Tensor>& weight,
-                                     const std::optional<at::Tensor>& bias, const at::Tensor& mean,
-                                     const at::Tensor& rstd, std::array<bool, 5> mask) {
-  const std::array<bool, 7> m7{mask[0], false, false, mask[1], mask[2], mask[3], mask[4]};
-  auto g =
-      backward_entry(K, "_layer_norm_modulate_backward", false, std::nullopt, dy, x, std::nullopt,
-                     std::nullopt, shift, scale, weight, bias, mean, rstd, m7, nullptr);
-  return {std::get<0>(g), std::get<3>(g), std::get<4>(g), std::get<5>(g), std::get<6>(g)};
+inline const at::Tensor& undefined_tensor() {
+  static const at::Tensor undefined;
+  return undefined;
 }
 
-template <ForwardKernels K>
-Fwd4 gated_residual_layer_norm_modulate_op(const at::Tensor& residual, const at::Tensor& h,
-                                           const at::Tensor& gate, const at::Tensor& shift,
-                                           const at::Tensor& scale,
-                                           const std::optional<at::Tensor>& weight,
-                                           const std::optional<at::Tensor>& bias, double eps,
-                                           std::optional<at::ScalarType> out_dtype) {
-  return forward_entry(K, "gated_residual_layer_norm_modulate", false, residual, h, gate, shift,
-                       scale, weight, bias, eps, out_dtype, nullptr);
+// The variant's results, picked from forward_entry's (r, y, mean, rstd).
+template <int I, size_t... K>
+ForwardResult<I> forward_results(Fwd4&& all, std::index_sequence<K...>) {
+  return ForwardResult<I>(std::move(std::get<forward_outputs(kVariants[I]).at[K]>(all))...);
 }
 
-template <BackwardKernels K>
-Bwd7 gated_residual_layer_norm_modulate_backward_op(
-    const std::optional<at::Tensor>& dr, const at::Tensor& dy, const at::Tensor& r,
-    const at::Tensor& h, const at::Tensor& gate, const at::Tensor& shift, const at::Tensor& scale,
-    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-    const at::Tensor& mean, const at::Tensor& rstd, std::array<bool, 7> mask) {
-  return backward_entry(K, "_gated_residual_layer_norm_modulate_backward", false, dr, dy, r, h,
-                        gate, shift, scale, weight, bias, mean, rstd, mask, nullptr);
+// The variant's gradients, picked from backward_entry's (dx, dh, dgate, ..., dbias).
+template <int I, size_t... K>
+BackwardResult<I> backward_results(Bwd7&& all, std::index_sequence<K...>) {
+  return BackwardResult<I>(
+      std::move(std::get<grad_position(grad_inputs(kVariants[I]).at[K])>(all))...);
 }
 
-// The RMSNorm ops: the same entry points with rms set, no bias and no mean.
+template <int I, ForwardKernels K, typename A = ForwardArgs<I>>
+struct ForwardOp;
 
-template <ForwardKernels K>
-Fwd2 rms_norm_modulate_op(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
-                          const std::optional<at::Tensor>& weight, double eps,
-                          std::optional<at::ScalarType> out_dtype) {
-  auto [r, y, mean, rstd] =
-      forward_entry(K, "rms_norm_modulate", true, x, std::nullopt, std::nullopt, shift, scale,
-                    weight, std::nullopt, eps, out_dtype, nullptr);
-  return {y, rstd};
+// The op: forward_entry for the variant's norm, with h and gate when it is gated.
+template <int I, ForwardKernels K, Arg... A>
+struct ForwardOp<I, K, Args<A...>> {
+  static ForwardResult<I> call(ArgT<I, A>... args) {
+    constexpr Variant v = kVariants[I];
+    OpArgs o;
+    (put<A>(o, args), ...);
+    OptTensor h, gate;
+    if constexpr (v.gated) h = *o.h, gate = *o.gate;
+    return forward_results<I>(
+        forward_entry(K, v.name, is_rms(v), *o.x, h, gate, *o.shift, *o.scale, *o.weight,
+                      o.bias != nullptr ? *o.bias : no_tensor(), o.eps, o.out_dtype, nullptr),
+        std::make_index_sequence<forward_outputs(v).size>{});
+  }
+};
+
+template <int I, BackwardKernels K, typename A = BackwardArgs<I>>
+struct BackwardOp;
+
+// The op's backward: backward_entry with the variant's mask spread over the seven gradients.
+template <int I, BackwardKernels K, Arg... A>
+struct BackwardOp<I, K, Args<A...>> {
+  static BackwardResult<I> call(ArgT<I, A>... args) {
+    constexpr Variant v = kVariants[I];
+    constexpr SmallList<Arg> grads = grad_inputs(v);
+    static const std::string name = backward_name(v);
+    OpArgs o;
+    (put<A>(o, args), ...);
+    std::array<bool, 7> mask{};
+    for (int k = 0; k < grads.size; ++k) mask[grad_position(grads.at[k])] = o.mask[k];
+    OptTensor h, gate;
+    if constexpr (v.gated) h = *o.h, gate = *o.gate;
+    return backward_results<I>(
+        backward_entry(K, name.c_str(), is_rms(v), o.dr != nullptr ? *o.dr : no_tensor(), *o.dy,
+                       *o.x, h, gate, *o.shift, *o.scale, *o.weight,
+                       o.bias != nullptr ? *o.bias : no_tensor(),
+                       o.mean != nullptr ? *o.mean : undefined_tensor(), *o.rstd, mask, nullptr),
+        std::make_index_sequence<grads.size>{});
+  }
+};
+
+template <ForwardKernels F, BackwardKernels B, int... I>
+void register_kernels(torch::Library& m, std::integer_sequence<int, I...>) {
+  (m.impl(kVariants[I].name, &ForwardOp<I, F>::call), ...);
+  (m.impl(backward_name(kVariants[I]).c_str(), &BackwardOp<I, B>::call), ...);
 }
 
-template <BackwardKernels K>
-Bwd4 rms_norm_modulate_backward_op(const at::Tensor& dy, const at::Tensor& x,
-                                   const at::Tensor& shift, const at::Tensor& scale,
-                                   const std::optional<at::Tensor>& weight, const at::Tensor& rstd,
-                                   std::array<bool, 4> mask) {
-  const std::array<bool, 7> m7{mask[0], false, false, mask[1], mask[2], mask[3], false};
-  auto g = backward_entry(K, "_rms_norm_modulate_backward", true, std::nullopt, dy, x, std::nullopt,
-                          std::nullopt, shift, scale, weight, std::nullopt, at::Tensor(), rstd, m7,
-                          nullptr);
-  return {std::get<0>(g), std::get<3>(g), std::get<4>(g), std::get<5>(g)};
-}
-
-template <ForwardKernels K>
-Fwd3 gated_residual_rms_norm_modulate_op(const at::Tensor& residual, const at::Tensor& h,
-                                         const at::Tensor& gate, const at::Tensor& shift,
-                                         const at::Tensor& scale,
-                                         const std::optional<at::Tensor>& weight, double eps,
-                                         std::optional<at::ScalarType> out_dtype) {
-  auto [r, y, mean, rstd] =
-      forward_entry(K, "gated_residual_rms_norm_modulate", true, residual, h, gate, shift, scale,
-                    weight, std::nullopt, eps, out_dtype, nullptr);
-  return {r, y, rstd};
-}
-
-template <BackwardKernels K>
-Bwd6 gated_residual_rms_norm_modulate_backward_op(
-    const std::optional<at::Tensor>& dr, const at::Tensor& dy, const at::Tensor& r,
-    const at::Tensor& h, const at::Tensor& gate, const at::Tensor& shift, const at::Tensor& scale,
-    const std::optional<at::Tensor>& weight, const at::Tensor& rstd, std::array<bool, 6> mask) {
-  const std::array<bool, 7> m7{mask[0], mask[1], mask[2], mask[3], mask[4], mask[5], false};
-  auto g = backward_entry(K, "_gated_residual_rms_norm_modulate_backward", true, dr, dy, r, h, gate,
-                          shift, scale, weight, std::nullopt, at::Tensor(), rstd, m7, nullptr);
-  return {std::get<0>(g), std::get<1>(g), std::get<2>(g),
-          std::get<3>(g), std::get<4>(g), std::get<5>(g)};
+// Registers every variant's op and backward with a backend's kernels (in its
+// TORCH_LIBRARY_IMPL block).
+template <ForwardKernels F, BackwardKernels B>
+void register_kernels(torch::Library& m) {
+  register_kernels<F, B>(m, std::make_integer_sequence<int, kNumVariants>{});
 }
 
 }  // namespace adaptiveload

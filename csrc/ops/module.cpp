@@ -1,66 +1,63 @@
 // adaptiveload._C: importing it loads this shared library, whose static TORCH_LIBRARY
 // registrations make the ops available under torch.ops.adaptiveload. It also holds direct
-// callers of the four forward ops, which adaptiveload.ops uses outside torch.compile: they call
-// the same dispatcher ops (autograd, CUDA graphs and dispatch modes included), but skip the
-// boxed argument conversion of torch.ops, a large part of a small call's host time. CUDA builds
-// also expose the tuning tables as structured rows (_tuning_table).
+// callers of the forward ops (one per variant of kVariants, variants.h), which adaptiveload.ops
+// uses outside torch.compile: they call the same dispatcher ops (autograd, CUDA graphs and
+// dispatch modes included), but skip the boxed argument conversion of torch.ops, a large part of
+// a small call's host time. It lists the variants for Python (_variants), and CUDA builds expose
+// the tuning tables as structured rows (_tuning_table).
 #include <torch/extension.h>
 
-#include <optional>
 #include <tuple>
+#include <utility>
 
-#include "gated_residual_layer_norm_modulate.h"
-#include "gated_residual_rms_norm_modulate.h"
-#include "layer_norm_modulate.h"
-#include "rms_norm_modulate.h"
+#include "signatures.h"
 #ifdef ADAPTIVELOAD_WITH_CUDA
 #include "tuning_table.h"
 #endif
 
 namespace {
 
-using adaptiveload::OptTensor;
+using adaptiveload::Arg;
+using adaptiveload::Args;
+using adaptiveload::ArgT;
+using adaptiveload::ForwardArgs;
+using adaptiveload::kVariants;
 
-at::Tensor layer_norm_modulate(const at::Tensor& x, const at::Tensor& shift,
-                               const at::Tensor& scale, const OptTensor& weight,
-                               const OptTensor& bias, double eps,
-                               std::optional<at::ScalarType> out_dtype) {
-  const auto& op = adaptiveload::layer_norm_modulate_handle();
-  return std::get<0>(op.call(x, shift, scale, weight, bias, eps, out_dtype));
-}
+template <int I, typename A = ForwardArgs<I>>
+struct DirectCaller;
 
-std::tuple<at::Tensor, at::Tensor> gated_residual_layer_norm_modulate(
-    const at::Tensor& residual, const at::Tensor& h, const at::Tensor& gate,
-    const at::Tensor& shift, const at::Tensor& scale, const OptTensor& weight,
-    const OptTensor& bias, double eps, std::optional<at::ScalarType> out_dtype) {
-  const auto& op = adaptiveload::gated_residual_layer_norm_modulate_handle();
-  auto [r, y, mean, rstd] = op.call(residual, h, gate, shift, scale, weight, bias, eps, out_dtype);
-  return {r, y};
-}
+// _C.<op>(the op's arguments): y for a plain op, (r, y) for a gated one.
+template <int I, Arg... A>
+struct DirectCaller<I, Args<A...>> {
+  static auto call(ArgT<I, A>... args) {
+    auto out = adaptiveload::forward_handle<I>().call(args...);
+    if constexpr (kVariants[I].gated) {
+      return std::make_tuple(std::move(std::get<0>(out)), std::move(std::get<1>(out)));
+    } else {
+      return std::move(std::get<0>(out));
+    }
+  }
+};
 
-at::Tensor rms_norm_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
-                             const OptTensor& weight, double eps,
-                             std::optional<at::ScalarType> out_dtype) {
-  const auto& op = adaptiveload::rms_norm_modulate_handle();
-  return std::get<0>(op.call(x, shift, scale, weight, eps, out_dtype));
-}
-
-std::tuple<at::Tensor, at::Tensor> gated_residual_rms_norm_modulate(
-    const at::Tensor& residual, const at::Tensor& h, const at::Tensor& gate,
-    const at::Tensor& shift, const at::Tensor& scale, const OptTensor& weight, double eps,
-    std::optional<at::ScalarType> out_dtype) {
-  const auto& op = adaptiveload::gated_residual_rms_norm_modulate_handle();
-  auto [r, y, rstd] = op.call(residual, h, gate, shift, scale, weight, eps, out_dtype);
-  return {r, y};
+template <int... I>
+void def_direct_callers(pybind11::module_& m, std::integer_sequence<int, I...>) {
+  (m.def(kVariants[I].name, &DirectCaller<I>::call), ...);
 }
 
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
-  m.def("layer_norm_modulate", &layer_norm_modulate);
-  m.def("gated_residual_layer_norm_modulate", &gated_residual_layer_norm_modulate);
-  m.def("rms_norm_modulate", &rms_norm_modulate);
-  m.def("gated_residual_rms_norm_modulate", &gated_residual_rms_norm_modulate);
+  def_direct_callers(m, std::make_integer_sequence<int, adaptiveload::kNumVariants>{});
+  // Private: the rows of kVariants as (name, norm, gated), norm "layer" or "rms", for the fake
+  // kernels of adaptiveload.ops.
+  m.def("_variants", [] {
+    pybind11::list rows;
+    for (const adaptiveload::Variant& v : kVariants) {
+      const char* norm = adaptiveload::is_rms(v) ? "rms" : "layer";
+      rows.append(pybind11::make_tuple(v.name, norm, v.gated));
+    }
+    return rows;
+  });
 #ifdef ADAPTIVELOAD_WITH_CUDA
   // Private: the CUDA tuning tables, one dict of named fields per row, in table order.
   m.def("_tuning_table", [] {

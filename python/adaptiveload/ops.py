@@ -10,23 +10,33 @@ See ``docs/ops.md`` for the math, the supported broadcast patterns and the kerne
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from adaptiveload import _C  # loads the TORCH_LIBRARY registrations
 
-__all__ = [
-    "layer_norm_modulate",
-    "gated_residual_layer_norm_modulate",
-    "rms_norm_modulate",
-    "gated_residual_rms_norm_modulate",
-]
+
+class _Variant(NamedTuple):
+    """One op of the family, a row of csrc/ops/variants.h: its name, its norm (``"layer"``:
+    LayerNorm, weight and bias, saves mean and rstd; ``"rms"``: RMSNorm, weight only, saves rstd)
+    and whether it is gated (``r = residual + gate * h`` first, then the norm of ``r``; returns
+    ``(r, y)``)."""
+
+    name: str
+    norm: str
+    gated: bool
+
+
+# The ops, as the C++ declares them (one row each): each gets its fake kernels from its row
+# (below), and has its public function here.
+_VARIANTS = tuple(_Variant(*row) for row in _C._variants())
+
+__all__ = [v.name for v in _VARIANTS]
 
 # Outside torch.compile the public functions call _C's direct callers of the same ops (see
 # csrc/ops/module.cpp: no boxed argument conversion); torch.compile traces the torch.ops.
-_LAYER_NORM_MODULATE = torch.ops.adaptiveload.layer_norm_modulate.default
-_GATED = torch.ops.adaptiveload.gated_residual_layer_norm_modulate.default
-_RMS_NORM_MODULATE = torch.ops.adaptiveload.rms_norm_modulate.default
-_GATED_RMS = torch.ops.adaptiveload.gated_residual_rms_norm_modulate.default
+_OPS = {v.name: getattr(torch.ops.adaptiveload, v.name).default for v in _VARIANTS}
 _is_compiling = torch.compiler.is_compiling
 _has_torch_function = torch.overrides.has_torch_function
 
@@ -74,7 +84,7 @@ def layer_norm_modulate(
     """
     if _plain(x, shift, scale):
         return _C.layer_norm_modulate(x, shift, scale, weight, bias, eps, out_dtype)
-    return _LAYER_NORM_MODULATE(x, shift, scale, weight, bias, eps, out_dtype)[0]
+    return _OPS["layer_norm_modulate"](x, shift, scale, weight, bias, eps, out_dtype)[0]
 
 
 def gated_residual_layer_norm_modulate(
@@ -108,7 +118,8 @@ def gated_residual_layer_norm_modulate(
         return _C.gated_residual_layer_norm_modulate(
             residual, h, gate, shift, scale, weight, bias, eps, out_dtype
         )
-    r, y, _, _ = _GATED(residual, h, gate, shift, scale, weight, bias, eps, out_dtype)
+    op = _OPS["gated_residual_layer_norm_modulate"]
+    r, y, _, _ = op(residual, h, gate, shift, scale, weight, bias, eps, out_dtype)
     return r, y
 
 
@@ -142,7 +153,7 @@ def rms_norm_modulate(
     """
     if _plain(x, shift, scale):
         return _C.rms_norm_modulate(x, shift, scale, weight, eps, out_dtype)
-    return _RMS_NORM_MODULATE(x, shift, scale, weight, eps, out_dtype)[0]
+    return _OPS["rms_norm_modulate"](x, shift, scale, weight, eps, out_dtype)[0]
 
 
 def gated_residual_rms_norm_modulate(
@@ -175,7 +186,8 @@ def gated_residual_rms_norm_modulate(
         return _C.gated_residual_rms_norm_modulate(
             residual, h, gate, shift, scale, weight, eps, out_dtype
         )
-    r, y, _ = _GATED_RMS(residual, h, gate, shift, scale, weight, eps, out_dtype)
+    op = _OPS["gated_residual_rms_norm_modulate"]
+    r, y, _ = op(residual, h, gate, shift, scale, weight, eps, out_dtype)
     return r, y
 
 
@@ -244,52 +256,46 @@ def _backward_fake(grads, mask, x):
     return tuple(_grad_like(t, m, x if t is None else t) for t, m in zip(grads, mask, strict=True))
 
 
-@torch.library.register_fake("adaptiveload::layer_norm_modulate")
-def _layer_norm_modulate_fake(x, shift, scale, weight, bias, eps, out_dtype):
-    return _forward_fake(
-        "layer_norm_modulate", x, None, None, shift, scale, weight, bias, out_dtype, rms=False
-    )
+def _inputs(v: _Variant, backward: bool) -> tuple[str, ...]:
+    """The differentiable inputs of ``v``'s op, in its backward's gradient order, by their names
+    in the op's schema or in its backward's (where a gated op's residual is r)."""
+    x = ("r" if backward else "residual", "h", "gate") if v.gated else ("x",)
+    return (*x, "shift", "scale", "weight", *(() if v.norm == "rms" else ("bias",)))
 
 
-@torch.library.register_fake("adaptiveload::_layer_norm_modulate_backward")
-def _layer_norm_modulate_backward_fake(dy, x, shift, scale, weight, bias, mean, rstd, mask):
-    _require(dy.shape == x.shape, lambda: "_layer_norm_modulate_backward: dy must match x")
-    return _backward_fake((x, shift, scale, weight, bias), mask, x)
+def _arg_names(v: _Variant, backward: bool) -> tuple[str, ...]:
+    """The argument names of ``v``'s op or of its backward (as csrc/ops/signatures.h builds
+    the schemas)."""
+    if not backward:
+        return (*_inputs(v, False), "eps", "out_dtype")
+    stats = ("rstd",) if v.norm == "rms" else ("mean", "rstd")
+    dr = ("dr",) if v.gated else ()
+    return (*dr, "dy", *_inputs(v, True), *stats, "output_mask")
 
 
-@torch.library.register_fake("adaptiveload::gated_residual_layer_norm_modulate")
-def _gated_fake(residual, h, gate, shift, scale, weight, bias, eps, out_dtype):
-    op = "gated_residual_layer_norm_modulate"
-    return _forward_fake(op, residual, h, gate, shift, scale, weight, bias, out_dtype, rms=False)
+def _register_fakes(v: _Variant) -> None:
+    """The fake kernels of ``v``'s op and of its backward."""
+    rms, backward = v.norm == "rms", f"_{v.name}_backward"
+    fwd_names, bwd_names, grad_names = _arg_names(v, False), _arg_names(v, True), _inputs(v, True)
+
+    def forward_fake(*args):
+        a = dict(zip(fwd_names, args, strict=True))
+        x, h, gate, bias = a[fwd_names[0]], a.get("h"), a.get("gate"), a.get("bias")
+        mods = (a["shift"], a["scale"], a["weight"])
+        return _forward_fake(v.name, x, h, gate, *mods, bias, a["out_dtype"], rms=rms)
+
+    def backward_fake(*args):
+        a = dict(zip(bwd_names, args, strict=True))
+        x = a[grad_names[0]]
+        _require(a["dy"].shape == x.shape, lambda: f"{backward}: dy must match {grad_names[0]}")
+        return _backward_fake(tuple(a.get(n) for n in grad_names), a["output_mask"], x)
+
+    torch.library.register_fake(f"adaptiveload::{v.name}")(forward_fake)
+    torch.library.register_fake(f"adaptiveload::{backward}")(backward_fake)
 
 
-@torch.library.register_fake("adaptiveload::_gated_residual_layer_norm_modulate_backward")
-def _gated_backward_fake(dr, dy, r, h, gate, shift, scale, weight, bias, mean, rstd, mask):
-    return _backward_fake((r, h, gate, shift, scale, weight, bias), mask, r)
-
-
-@torch.library.register_fake("adaptiveload::rms_norm_modulate")
-def _rms_norm_modulate_fake(x, shift, scale, weight, eps, out_dtype):
-    return _forward_fake(
-        "rms_norm_modulate", x, None, None, shift, scale, weight, None, out_dtype, rms=True
-    )
-
-
-@torch.library.register_fake("adaptiveload::_rms_norm_modulate_backward")
-def _rms_norm_modulate_backward_fake(dy, x, shift, scale, weight, rstd, mask):
-    _require(dy.shape == x.shape, lambda: "_rms_norm_modulate_backward: dy must match x")
-    return _backward_fake((x, shift, scale, weight), mask, x)
-
-
-@torch.library.register_fake("adaptiveload::gated_residual_rms_norm_modulate")
-def _gated_rms_fake(residual, h, gate, shift, scale, weight, eps, out_dtype):
-    op = "gated_residual_rms_norm_modulate"
-    return _forward_fake(op, residual, h, gate, shift, scale, weight, None, out_dtype, rms=True)
-
-
-@torch.library.register_fake("adaptiveload::_gated_residual_rms_norm_modulate_backward")
-def _gated_rms_backward_fake(dr, dy, r, h, gate, shift, scale, weight, rstd, mask):
-    return _backward_fake((r, h, gate, shift, scale, weight), mask, r)
+for _v in _VARIANTS:
+    _register_fakes(_v)
 
 
 # ---- the CUDA tuning tables (private; CUDA builds only) ----

@@ -1,8 +1,8 @@
 // Autograd of the ops (LayerNorm and RMSNorm, plain and gated), in C++ (the Autograd dispatch
-// key), written as ATen writes its own. This header holds what the four share: the graph nodes
-// (one template for the plain ops, one for the gated, each for either norm) and the double
-// backward's formulas; autograd/<op>.cpp holds an op's forward (what it saves) and its
-// registration. each forward creates a graph node (a
+// key), written as ATen writes its own. This header holds what every variant shares: the graph
+// nodes (one template for the plain ops, one for the gated, each over the variant's index in
+// kVariants) and the double backward's formulas; autograd/autograd.cpp holds the forward of
+// every variant (what it saves) and their registration. Each forward creates a graph node (a
 // torch::autograd::Node) when an input requires grad, saves its input (or r, for the gated ops),
 // the small operands and the per-row statistics (mean and rstd; rstd alone for RMSNorm), and the
 // node's backward calls the op's registered backward (_layer_norm_modulate_backward, ...) with
@@ -28,10 +28,7 @@
 #include <tuple>
 #include <utility>
 
-#include "../gated_residual_layer_norm_modulate.h"
-#include "../gated_residual_rms_norm_modulate.h"
-#include "../layer_norm_modulate.h"
-#include "../rms_norm_modulate.h"
+#include "../signatures.h"
 
 namespace adaptiveload {
 namespace autograd_detail {
@@ -121,12 +118,14 @@ inline void gated_graph(variable_list& out, const bool* mask, const at::Tensor& 
 
 // ---- the graph nodes ----
 
-// The plain ops' node, LayerNorm or RMSNorm (kRms). Next edges: x, shift, scale, weight, and
-// for LayerNorm bias (an empty edge where weight or bias is absent). Saved: x, the operands and
-// the per-row statistics (mean for LayerNorm only, rstd).
-template <bool kRms>
+// The plain ops' node (variant I of kVariants), LayerNorm or RMSNorm. Next edges: x, shift,
+// scale, weight, and for LayerNorm bias (an empty edge where weight or bias is absent). Saved: x,
+// the operands and the per-row statistics (mean for LayerNorm only, rstd).
+template <int I>
 struct ModulateBackward final : public Node {
-  static constexpr int kOutputs = kRms ? 4 : 5;  // dx, dshift, dscale, dweight[, dbias]
+  static constexpr bool kRms = is_rms(kVariants[I]);
+  // dx, dshift, dscale, dweight[, dbias]
+  static constexpr int kOutputs = grad_inputs(kVariants[I]).size;
   SavedVariable x, shift, scale, weight, bias, mean, rstd;
   double eps = 0.0;
 
@@ -161,31 +160,26 @@ struct ModulateBackward final : public Node {
       if (std::none_of(mask.begin(), mask.end(), [](bool m) { return m; })) return out;
     }
     at::AutoDispatchBelowADInplaceOrView below;
-    std::array<at::Tensor, kOutputs> g;
-    if constexpr (kRms) {
-      auto [dx, dshift, dscale, dweight] = rms_norm_modulate_backward_handle().call(
-          grads[0], x_, shift_, scale_, as_optional(weight_), rstd.unpack(), mask);
-      g = {std::move(dx), std::move(dshift), std::move(dscale), std::move(dweight)};
-    } else {
-      auto [dx, dshift, dscale, dweight, dbias] = layer_norm_modulate_backward_handle().call(
-          grads[0], x_, shift_, scale_, as_optional(weight_), as_optional(bias_), mean.unpack(),
-          rstd.unpack(), mask);
-      g = {std::move(dx), std::move(dshift), std::move(dscale), std::move(dweight),
-           std::move(dbias)};
-    }
+    const OptTensor w = as_optional(weight_), b = as_optional(bias_);
+    const at::Tensor mean_ = kRms ? at::Tensor() : mean.unpack(), rstd_ = rstd.unpack();
+    OpArgs o;
+    o.dy = &grads[0], o.x = &x_, o.shift = &shift_, o.scale = &scale_;
+    o.weight = &w, o.bias = &b, o.mean = &mean_, o.rstd = &rstd_, o.mask = mask.data();
+    std::array<at::Tensor, kOutputs> g = as_array(call_backward<I>(o));
     for (int i = 0; i < kOutputs; ++i)
       if (mask[i]) out[i] = std::move(g[i]);
     return out;
   }
 };
 
-// The gated ops' node, LayerNorm or RMSNorm (kRms). Next edges: residual, h, gate, shift,
-// scale, weight, and for LayerNorm bias. Inputs: dr, dy (either may be undefined when its
-// output is unused). r, an output, is saved in place of residual.
-template <bool kRms>
+// The gated ops' node (variant I of kVariants), LayerNorm or RMSNorm. Next edges: residual, h,
+// gate, shift, scale, weight, and for LayerNorm bias. Inputs: dr, dy (either may be undefined
+// when its output is unused). r, an output, is saved in place of residual.
+template <int I>
 struct GatedModulateBackward final : public Node {
+  static constexpr bool kRms = is_rms(kVariants[I]);
   // dresidual, dh, dgate, dshift, dscale, dweight[, dbias]
-  static constexpr int kOutputs = kRms ? 6 : 7;
+  static constexpr int kOutputs = grad_inputs(kVariants[I]).size;
   SavedVariable r, h, gate, shift, scale, weight, bias, mean, rstd;
   double eps = 0.0;
 
@@ -222,16 +216,13 @@ struct GatedModulateBackward final : public Node {
       return out;
     }
     at::AutoDispatchBelowADInplaceOrView below;
-    std::array<at::Tensor, kOutputs> g;
-    if constexpr (kRms) {
-      g = as_array(gated_residual_rms_norm_modulate_backward_handle().call(
-          as_optional(dr_in), dy, r_, h_, gate_, shift_, scale_, as_optional(weight_),
-          rstd.unpack(), mask));
-    } else {
-      g = as_array(gated_residual_layer_norm_modulate_backward_handle().call(
-          as_optional(dr_in), dy, r_, h_, gate_, shift_, scale_, as_optional(weight_),
-          as_optional(bias_), mean.unpack(), rstd.unpack(), mask));
-    }
+    const OptTensor dr = as_optional(dr_in), w = as_optional(weight_), b = as_optional(bias_);
+    const at::Tensor mean_ = kRms ? at::Tensor() : mean.unpack(), rstd_ = rstd.unpack();
+    OpArgs o;
+    o.dr = &dr, o.dy = &dy, o.x = &r_, o.h = &h_, o.gate = &gate_, o.shift = &shift_;
+    o.scale = &scale_, o.weight = &w, o.bias = &b, o.mean = &mean_, o.rstd = &rstd_;
+    o.mask = mask.data();
+    std::array<at::Tensor, kOutputs> g = as_array(call_backward<I>(o));
     for (int i = 0; i < kOutputs; ++i)
       if (mask[i]) out[i] = std::move(g[i]);
     return out;

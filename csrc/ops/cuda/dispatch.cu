@@ -676,18 +676,10 @@ TORCH_LIBRARY_FRAGMENT(adaptiveload, m) {
 }
 
 TORCH_LIBRARY_IMPL(adaptiveload, CUDA, m) {
-  m.impl("layer_norm_modulate", &layer_norm_modulate_op<fwd_cuda>);
-  m.impl("_layer_norm_modulate_backward", &layer_norm_modulate_backward_op<bwd_cuda>);
-  m.impl("gated_residual_layer_norm_modulate", &gated_residual_layer_norm_modulate_op<fwd_cuda>);
-  m.impl("_gated_residual_layer_norm_modulate_backward",
-         &gated_residual_layer_norm_modulate_backward_op<bwd_cuda>);
+  // Every op of kVariants (variants.h) and its backward.
+  register_kernels<fwd_cuda, bwd_cuda>(m);
   m.impl("_layer_norm_modulate_with_config", &forward_with_config);
   m.impl("_layer_norm_modulate_backward_with_config", &backward_with_config);
-  m.impl("rms_norm_modulate", &rms_norm_modulate_op<fwd_cuda>);
-  m.impl("_rms_norm_modulate_backward", &rms_norm_modulate_backward_op<bwd_cuda>);
-  m.impl("gated_residual_rms_norm_modulate", &gated_residual_rms_norm_modulate_op<fwd_cuda>);
-  m.impl("_gated_residual_rms_norm_modulate_backward",
-         &gated_residual_rms_norm_modulate_backward_op<bwd_cuda>);
   m.impl("_rms_norm_modulate_with_config", &rms_forward_with_config);
   m.impl("_rms_norm_modulate_backward_with_config", &rms_backward_with_config);
 }
