@@ -22,7 +22,14 @@ from adaptiveload.cost import CostModel
 from adaptiveload.demo import MIXES, demo_metadata, demo_shapes
 from adaptiveload.figure import draw_plans, figure_groups
 from adaptiveload.metadata import Metadata, read_metadata
-from adaptiveload.report import balance_report, merge_reports
+from adaptiveload.report import (
+    balance_report,
+    degrees_line,
+    merge_reports,
+    print_reports,
+    steps_line,
+    uneven_line,
+)
 from adaptiveload.sampler import MIX_TOLERANCE
 from adaptiveload.wan import CONFIGS, TEXT_LEN, ShapeError
 
@@ -98,32 +105,6 @@ def _print_bucket_table(rows: list[dict], limit: int = 30) -> None:
             f"{'':>15} ... and {len(rows) - len(shown)} more groups ({rest} samples); "
             "the largest shown, --json lists all"
         )
-
-
-def _print_reports(reports: dict, no_image: dict) -> None:
-    """The balance and composition table, one row per sampler (``no_image``: the share of
-    steps without an image per sampler, or empty when unknown)."""
-    base = reports["equal-token buckets"][1].epoch_time
-    print(
-        f"\n{'sampler':<34} {'steps':>6} {'imbalance':>10} {'spread':>8} {'epoch time':>12} {'speedup':>8} {'token use':>10}"
-        f" {'mix vs shuffle':>15} {'missing (shuffle)':>18}"
-        + (f" {'no image':>9}" if no_image else "")
-    )
-    for name, (_, rep) in reports.items():
-        comp = rep.composition
-        print(
-            f"{name:<34} {rep.num_steps:>6} {rep.imbalance:>10.1%} {rep.spread:>8.1%} "
-            f"{rep.epoch_time:>12.5g} {base / rep.epoch_time:>7.2f}x {rep.token_utilization:>10.1%} "
-            f"{f'{comp.tokens_ratio:.2f}/{comp.samples_ratio:.2f}x':>15} "
-            f"{f'{comp.missing:.0%} ({comp.shuffle_missing:.0%})':>18}"
-            + (f" {no_image[name]:>9.0%}" if no_image else "")
-        )
-    print(
-        "mix vs shuffle: distance of each step's share of tokens/samples per group from the "
-        "epoch's, over a shuffle's of the same micro-batches (1.00x: as representative as a "
-        f"shuffle); missing: steps without a group holding over {comp.min_share:.0%} of the epoch"
-        + ("; no image: steps without an image (num_frames 1)" if no_image else "")
-    )
 
 
 def _write_outputs(args, meta: Metadata, rows: list[dict], reports: dict, no_image: dict):
@@ -223,6 +204,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         max_batch_size=args.max_batch_size,
         mix_tolerance=args.mix_tolerance,
         sequence_parallel=args.sequence_parallel,
+        uneven_counts=args.uneven_counts,
     )
     ours = compared["AdaptiveLoad"].sampler
     equal = compared["equal-token buckets"].sampler
@@ -245,7 +227,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     no_image = (
         {n: steps_without(p, images) for n, (p, _) in reports.items()} if images.any() else {}
     )
-    _print_reports(reports, no_image)
+    print_reports(reports, no_image)
     rep = reports["AdaptiveLoad"][1]
     strata = reports["AdaptiveLoad"][0].window_strata
     strata_note = (
@@ -260,22 +242,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"to fill the last step; {rep.over_token_cap + rep.over_cost_cap} micro-batches over a cap"
         f"{strata_note}"
     )
+    if args.uneven_counts and args.sequence_parallel == 1:
+        print(uneven_line(reports["AdaptiveLoad"][0]))
     if args.sequence_parallel > 1:
-        print(_degrees_line(reports["AdaptiveLoad"][0], args.sequence_parallel))
-    print(_steps_line(rep.composition, no_image.get("AdaptiveLoad"), ours.mix_tolerance))
+        print(degrees_line(reports["AdaptiveLoad"][0], args.sequence_parallel))
+    print(steps_line(rep.composition, no_image.get("AdaptiveLoad"), ours.mix_tolerance))
     _write_outputs(args, meta, rows, reports, no_image)
     return 0
-
-
-def _degrees_line(plan, D: int) -> str:
-    """How AdaptiveLoad's plan splits its micro-batches (each counted once, not per member)."""
-    degrees = plan.degrees[plan.members == 0]
-    split, n = np.unique(degrees[degrees > 1], return_counts=True)
-    counts = ", ".join(f"{c} over {d} ranks" for d, c in zip(split, n, strict=True))
-    return (
-        f"sequence parallelism (up to {D} ranks per micro-batch): {np.mean(degrees > 1):.0%} of "
-        f"{len(degrees)} micro-batches split" + (f" ({counts})" if counts else "")
-    )
 
 
 def _plan_streamed(args, meta: Metadata, source: str, cost, max_tokens: int) -> int:
@@ -297,6 +270,7 @@ def _plan_streamed(args, meta: Metadata, source: str, cost, max_tokens: int) -> 
         mix_tolerance=MIX_TOLERANCE if args.mix_tolerance is None else args.mix_tolerance,
         max_batch_size=args.max_batch_size,
         segment_samples=args.segment_samples,
+        uneven_counts=args.uneven_counts,
     )
     from adaptiveload.sampler.stream import default_workers
 
@@ -325,29 +299,6 @@ def _plan_streamed(args, meta: Metadata, source: str, cost, max_tokens: int) -> 
         with open(args.json, "w") as f:
             json.dump({"AdaptiveLoad (streamed)": rep.to_dict()}, f, indent=2)
     return 0
-
-
-# A plan's steps count as representative within these of a shuffle of its micro-batches.
-REPRESENTATIVE_RATIO, REPRESENTATIVE_MISSING = 1.10, 0.03
-
-
-def _steps_line(comp, no_image: float | None, mix_tolerance: float) -> str:
-    """One line: are this plan's steps as representative as a shuffle, or segregated?"""
-    figures = (
-        f"{comp.tokens_ratio:.2f}x a shuffle's distance from the epoch's mix, "
-        f"{comp.missing:.0%} of steps miss a group against a shuffle's {comp.shuffle_missing:.0%}"
-        + ("" if no_image is None else f", {no_image:.0%} of steps hold no image")
-    )
-    if (
-        comp.tokens_ratio <= REPRESENTATIVE_RATIO
-        and comp.missing <= comp.shuffle_missing + REPRESENTATIVE_MISSING
-    ):
-        return f"Steps: as representative as a shuffle ({figures})."
-    return (
-        f"Steps: segregated ({figures}): mixing them would cost more balance than "
-        f"--mix-tolerance {mix_tolerance:g} allows. What that does to training and what to "
-        'change (K, batch size, --mix-tolerance): docs/sampler.md, "Representative steps".'
-    )
 
 
 def _option_type(convert, noun: str, ok, rule: str, shown=lambda text, value: value):
@@ -430,6 +381,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="AdaptiveLoad may split a micro-batch over up to this many ranks "
         "(sequence_parallel=D, uneven_counts=True; a power of two dividing --num-replicas)",
+    )
+    p.add_argument(
+        "--uneven-counts",
+        action="store_true",
+        help="AdaptiveLoad's ranks may take any number >= 1 of a step's W x K micro-batches "
+        "(uneven_counts=True, for loops that synchronize gradients once per step; the "
+        "compared samplers unchanged)",
     )
     p.add_argument(
         "--max-batch-size",
