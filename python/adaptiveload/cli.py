@@ -25,6 +25,7 @@ from adaptiveload.metadata import Metadata, read_metadata
 from adaptiveload.report import (
     balance_report,
     degrees_line,
+    halved_line,
     merge_reports,
     print_reports,
     steps_line,
@@ -242,6 +243,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"to fill the last step; {rep.over_token_cap + rep.over_cost_cap} micro-batches over a cap"
         f"{strata_note}"
     )
+    if halved := halved_line(reports["AdaptiveLoad"][0]):
+        print(halved)
     if args.uneven_counts and args.sequence_parallel == 1:
         print(uneven_line(reports["AdaptiveLoad"][0]))
     if args.sequence_parallel > 1:

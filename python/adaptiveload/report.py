@@ -223,6 +223,18 @@ def degrees_line(plan, D: int) -> str:
     )
 
 
+def halved_line(plan) -> str:
+    """What a plan's halved micro-batches are, in one sentence ('' when it halves none)."""
+    if not plan.num_split_micro_batches:
+        return ""
+    W, K = plan.num_replicas, plan.micro_batches_per_step
+    return (
+        f"Halved micro-batches: at the epoch's end the micro-batches of most samples were cut "
+        f"in two, each half a micro-batch of its own, so that the epoch fills whole steps of "
+        f"{W} ranks x {K} micro-batch(es); no sample is lost or repeated."
+    )
+
+
 def uneven_line(plan) -> str:
     """How many steps of a plan of uneven counts give the ranks other than K each."""
     W, K = plan.num_replicas, plan.micro_batches_per_step

@@ -48,3 +48,18 @@ def test_plan_with_uneven_counts_plans_adaptiveload_alone_so(tmp_path, capsys):
     assert n > 0, "the test needs steps of uneven counts"
     line = next(x for x in out.splitlines() if x.startswith("uneven counts: "))
     assert f"in {n} of {plan.num_steps} steps the ranks take other than 4" in line
+
+
+def test_the_report_says_what_halved_micro_batches_are(tmp_path, capsys):
+    halved = plan_json(tmp_path)["AdaptiveLoad"]["num_split_micro_batches"]
+    out = capsys.readouterr().out
+    assert halved > 0, "the test needs a plan with halved micro-batches"
+    assert f"{halved} micro-batches halved" in out
+    line = next(x for x in out.splitlines() if x.startswith("Halved micro-batches"))
+    assert "at the epoch's end" in line and "each half a micro-batch of its own" in line
+    assert "no sample is lost or repeated" in line and "8 ranks x 1" in line
+    # A plan that halves none has no such line (K = 1 and W = 1: every count is whole).
+    assert (
+        plan_json(tmp_path, "--num-replicas", "1")["AdaptiveLoad"]["num_split_micro_batches"] == 0
+    )
+    assert "Halved micro-batches" not in capsys.readouterr().out
