@@ -108,8 +108,9 @@ def _print_bucket_table(rows: list[dict], limit: int = 30) -> None:
         )
 
 
-def _write_outputs(args, meta: Metadata, rows: list[dict], reports: dict, no_image: dict):
-    """The plan command's JSON report and figure, where asked for."""
+def _write_outputs(args, meta: Metadata, rows: list[dict], reports: dict, no_image: dict, unit):
+    """The plan command's JSON report and figure (costs in the cost model's ``unit``), where
+    asked for."""
     if args.json:
         out = {n: r.to_dict() for n, (_, r) in reports.items()}
         for n, share in no_image.items():
@@ -128,6 +129,7 @@ def _write_outputs(args, meta: Metadata, rows: list[dict], reports: dict, no_ima
                 figure_groups(meta, labels),
                 meta.seq_lens,
                 mixed=("AdaptiveLoad", "equal-token buckets"),
+                unit=unit,
             )
             print(f"figure: {args.figure}")
         except ImportError as e:
@@ -250,7 +252,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.sequence_parallel > 1:
         print(degrees_line(reports["AdaptiveLoad"][0], args.sequence_parallel))
     print(steps_line(rep.composition, no_image.get("AdaptiveLoad"), ours.mix_tolerance))
-    _write_outputs(args, meta, rows, reports, no_image)
+    _write_outputs(args, meta, rows, reports, no_image, cost.unit)
     return 0
 
 

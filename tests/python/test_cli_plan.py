@@ -63,3 +63,77 @@ def test_the_report_says_what_halved_micro_batches_are(tmp_path, capsys):
         plan_json(tmp_path, "--num-replicas", "1")["AdaptiveLoad"]["num_split_micro_batches"] == 0
     )
     assert "Halved micro-batches" not in capsys.readouterr().out
+
+
+def many_groups(n=4000, seed=2):
+    """40% images of one shape, the rest videos of 14 shapes, all with more tokens."""
+    from adaptiveload.metadata import Metadata
+
+    rng = np.random.default_rng(seed)
+    videos = [(f, h, 832) for f in (17, 33, 49, 65, 81, 97, 113) for h in (480, 720)]
+    shapes = [(1, 480, 832)] * int(0.4 * n) + [videos[i] for i in rng.integers(0, 14, n)]
+    shapes = np.array(shapes[:n], dtype=np.int64)
+    lens = (shapes[:, 0] // 4 + 1) * (shapes[:, 1] // 16) * (shapes[:, 2] // 16)
+    return Metadata(seq_lens=lens, shapes=shapes)
+
+
+def test_figure_names_the_largest_groups_by_samples_or_tokens():
+    from adaptiveload.figure import _DRAWN_GROUPS, figure_groups
+
+    meta = many_groups()
+    keys = meta.group_keys()
+    ids, names = figure_groups(meta, keys)
+    assert len(names) == _DRAWN_GROUPS + 1 and names[-1].startswith("other (6 groups): ")
+    # The images: 40% of the samples, the fewest tokens per sample, named first.
+    image_tokens = meta.seq_lens[:1600].sum() / meta.seq_lens.sum()
+    assert names[0] == f"1x480x832: 40% of samples, {image_tokens:.0%} of tokens"
+    assert image_tokens < 0.05
+    assert set(ids[:1600].tolist()) == {0}
+    # Every named group holds a larger share (of samples or tokens) than any in "other".
+    _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    tokens = np.bincount(inverse, weights=meta.seq_lens) / meta.seq_lens.sum()
+    size = np.maximum(counts / counts.sum(), tokens)[inverse]
+    assert size[ids < _DRAWN_GROUPS].min() >= size[ids == _DRAWN_GROUPS].max()
+    for g, name in enumerate(names[:-1]):
+        shape = "x".join(map(str, meta.shapes[np.flatnonzero(ids == g)[0]]))
+        assert name.startswith(shape + ": ") and np.all(keys[ids == g] == keys[ids == g][0])
+
+
+def figure_texts(fig):
+    axes = fig.get_axes()
+    return (
+        [ax.get_title() for ax in axes],
+        [ax.get_ylabel() for ax in axes],
+        [t.get_text() for legend in fig.legends for t in legend.get_texts()],
+    )
+
+
+def test_figure_gives_the_cost_models_unit_and_names_the_groups():
+    import matplotlib.pyplot as plt
+
+    from adaptiveload.compare import compare_samplers
+    from adaptiveload.figure import figure_groups, plan_figure
+
+    meta = many_groups(1500)
+    groups = figure_groups(meta, meta.group_keys())
+    for cost, unit, label, epoch in (
+        (CostModel.wan21_h200("14B"), "ms", "predicted ms", " ms ("),
+        (CostModel.power(2.0), "token^2", "predicted cost, token^2", " token^2"),
+    ):
+        assert cost.unit == unit
+        compared = compare_samplers(
+            meta.seq_lens,
+            2 * int(meta.seq_lens.max()),
+            cost_model=cost,
+            group_keys=meta.group_keys(),
+            num_replicas=4,
+        )
+        reports = {name: (c.plan, c.report) for name, c in compared.items()}
+        fig = plan_figure(reports, 20, groups, meta.seq_lens, ("AdaptiveLoad",), unit)
+        titles, ylabels, legend = figure_texts(fig)
+        plt.close(fig)
+        for name, (_, rep) in reports.items():
+            title = next(t for t in titles if t.startswith(f"{name}: imbalance"))
+            assert f"predicted epoch time {rep.epoch_time:.4g}{epoch}" in title
+        assert ylabels[:3] == [f"rank load\n({label})"] * 3 and ylabels[3] == "token share"
+        assert legend == groups[1]
