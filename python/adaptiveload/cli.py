@@ -231,11 +231,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
         {n: steps_without(p, images) for n, (p, _) in reports.items()} if images.any() else {}
     )
     print_reports(reports, no_image)
-    rep = reports["AdaptiveLoad"][1]
-    strata = reports["AdaptiveLoad"][0].window_strata
+    _print_adaptive(args, reports, ours.mix_tolerance, no_image)
+    _write_outputs(args, meta, rows, reports, no_image, cost.unit)
+    return 0
+
+
+def _print_adaptive(args, reports: dict, mix_tolerance: float, no_image: dict) -> None:
+    """The closing lines on AdaptiveLoad's plan: its bound, how it filled the last step,
+    uneven counts or sequence parallelism, and whether its steps are representative."""
+    plan, rep = reports["AdaptiveLoad"]
+    strata = plan.window_strata
     strata_note = (
         f"; {int(np.sum(strata == 1))} of {len(strata)} windows of steps fully mixed "
-        f"(--mix-tolerance {ours.mix_tolerance:g})"
+        f"(--mix-tolerance {mix_tolerance:g})"
         if strata is not None and len(strata)
         else ""
     )
@@ -245,15 +253,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"to fill the last step; {rep.over_token_cap + rep.over_cost_cap} micro-batches over a cap"
         f"{strata_note}"
     )
-    if halved := halved_line(reports["AdaptiveLoad"][0]):
+    if halved := halved_line(plan):
         print(halved)
     if args.uneven_counts and args.sequence_parallel == 1:
-        print(uneven_line(reports["AdaptiveLoad"][0]))
+        print(uneven_line(plan))
     if args.sequence_parallel > 1:
-        print(degrees_line(reports["AdaptiveLoad"][0], args.sequence_parallel))
-    print(steps_line(rep.composition, no_image.get("AdaptiveLoad"), ours.mix_tolerance))
-    _write_outputs(args, meta, rows, reports, no_image, cost.unit)
-    return 0
+        print(degrees_line(plan, args.sequence_parallel))
+    print(steps_line(rep.composition, no_image.get("AdaptiveLoad"), mix_tolerance))
 
 
 def _plan_streamed(args, meta: Metadata, source: str, cost, max_tokens: int) -> int:
