@@ -53,6 +53,47 @@ def _cost_model(spec: str) -> CostModel:
     )
 
 
+# The built-in cost model of a family's configuration (--cost-model's names), where there is
+# one; the default of a plan without --model, or of a configuration without its own.
+_BUILTIN_COST_MODELS = {("wan", "wan2.1-1.3B"): "wan21-1.3b", ("wan", "wan2.1-14B"): "wan21-14b"}
+_DEFAULT_COST_MODEL = "wan21-14b"
+
+
+def _cost_model_of_args(args: argparse.Namespace, family, config: str) -> tuple[CostModel, str]:
+    """The plan's cost model: ``--cost-model``, else the built-in profile of ``--model``'s
+    configuration, else Wan 2.1 14B's; and the words that say which and why."""
+    if args.cost_model is not None:
+        return _cost_model(args.cost_model), f"{args.cost_model} (--cost-model)"
+    if not args.model:
+        why = "the default (Wan 2.1 14B on an H200; --model or --cost-model for another)"
+        return _cost_model(_DEFAULT_COST_MODEL), f"{_DEFAULT_COST_MODEL}, {why}"
+    name = f"{family.name}/{config}"
+    own = _BUILTIN_COST_MODELS.get((family.name, config))
+    if own is not None:
+        return _cost_model(own), f"{own}, the built-in profile of --model {name}"
+    return _cost_model(_DEFAULT_COST_MODEL), (
+        f"{_DEFAULT_COST_MODEL}, the default: there is no built-in profile of {name} (fit one: "
+        f"adaptiveload calibrate --model {name} --out cost.json, then --cost-model cost.json)"
+    )
+
+
+def _check_heads(args: argparse.Namespace, family, config: str) -> None:
+    """Refuse a ``--sequence-parallel`` degree that does not divide ``--model``'s attention
+    heads: Ulysses attention gives each of a micro-batch's ranks ``heads / degree`` heads."""
+    heads = family.configs[config].get("num_attention_heads")
+    D = args.sequence_parallel
+    if not args.model or D == 1 or heads is None or heads % D == 0:
+        return
+    can = [d for d in (2**i for i in range(1, 31)) if d <= args.num_replicas]
+    can = [str(d) for d in can if heads % d == 0 and args.num_replicas % d == 0]
+    took = (", ".join(can[:-1]) + " or " + can[-1] if len(can) > 1 else "".join(can)) or "none"
+    raise SystemExit(
+        f"adaptiveload plan: --sequence-parallel {D} does not divide the {heads} attention heads "
+        f"of {family.name}/{config} (sequence parallelism gives each of a micro-batch's ranks "
+        f"heads / degree of them); with --num-replicas {args.num_replicas} it can take {took}"
+    )
+
+
 def bucket_table(meta: Metadata, ours, equal) -> list[dict]:
     """One row per group (shape, or sequence length without shapes): its samples, the
     largest micro-batch the plan makes of it, that micro-batch's predicted cost, and the
@@ -176,13 +217,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not (args.demo or args.metadata):
         print("adaptiveload plan: give --metadata PATH or --demo", file=sys.stderr)
         return 2
-    family, _ = model_of_args(args)
+    family, config = model_of_args(args)
+    _check_heads(args, family, config)
     if args.demo:
         meta, source = _demo_of_args(args, family)
     else:
         meta = read_metadata(args.metadata, family.seq_len)
         source = args.metadata
-    cost = _cost_model(args.cost_model)
+    cost, cost_why = _cost_model_of_args(args, family, config)
     max_tokens = args.max_tokens if args.max_tokens is not None else int(2 * meta.seq_lens.max())
     if args.stream and args.sequence_parallel > 1:
         print(
@@ -192,7 +234,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
         return 2
     if args.stream:
-        return _plan_streamed(args, meta, source, cost, max_tokens)
+        return _plan_streamed(args, meta, source, (cost, cost_why), max_tokens)
     compared = compare_samplers(
         meta.seq_lens,
         max_tokens,
@@ -214,7 +256,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     reports = {name: (c.plan, c.report) for name, c in compared.items()}
 
     unit = f" [{cost.unit}]" if cost.unit else ""
-    print(f"data: {source}; {len(meta.seq_lens)} samples; cost model {cost!r}")
+    print(f"data: {source}; {len(meta.seq_lens)} samples")
+    print(f"cost model: {cost_why}: {cost!r}")
     if meta.seq_len_column and meta.shapes is not None:
         print(
             f"token counts from the seq_len column, shapes used as group keys{_note(meta, family)}"
@@ -262,9 +305,11 @@ def _print_adaptive(args, reports: dict, mix_tolerance: float, no_image: dict) -
     print(steps_line(rep.composition, no_image.get("AdaptiveLoad"), mix_tolerance))
 
 
-def _plan_streamed(args, meta: Metadata, source: str, cost, max_tokens: int) -> int:
+def _plan_streamed(args, meta: Metadata, source: str, costed, max_tokens: int) -> int:
     """``plan --stream``: the epoch as StreamingBatchSampler plans it, segment by segment, and
-    its merged report (no comparison: equal-token buckets plan whole epochs)."""
+    its merged report (no comparison: equal-token buckets plan whole epochs); ``costed``: the
+    cost model and the words naming it."""
+    cost, cost_why = costed
     from adaptiveload import StreamingBatchSampler
 
     s = StreamingBatchSampler(
@@ -292,7 +337,8 @@ def _plan_streamed(args, meta: Metadata, source: str, cost, max_tokens: int) -> 
     ]
     rep, segments = merge_reports(reports), len(reports)
     comp = rep.composition
-    print(f"data: {source}; {len(meta.seq_lens)} samples; cost model {cost!r}")
+    print(f"data: {source}; {len(meta.seq_lens)} samples")
+    print(f"cost model: {cost_why}: {cost!r}")
     print(
         f"streamed: {segments} segments of at least {s.segment_samples} samples; "
         f"max_tokens = {max_tokens}, max_cost = {s.max_cost:.6g}; "
@@ -373,7 +419,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-cost", type=_positive_number, default=None, help="compute cap (default: see docs)"
     )
     p.add_argument(
-        "--cost-model", default="wan21-14b", help="wan21-14b, wan21-1.3b, power:P or a JSON file"
+        "--cost-model",
+        default=None,
+        help="wan21-14b, wan21-1.3b, power:P or a JSON file (default: the built-in profile of "
+        "--model's configuration where there is one, else wan21-14b)",
     )
     p.add_argument("--num-replicas", type=_positive_int, default=8)
     p.add_argument("--micro-batches-per-step", type=_positive_int, default=1)

@@ -4,6 +4,7 @@ the figure's labels, and the model's own cost model and attention heads (--model
 import json
 
 import numpy as np
+import pytest
 
 from adaptiveload import AdaptiveBatchSampler
 from adaptiveload.cli import main
@@ -137,3 +138,52 @@ def test_figure_gives_the_cost_models_unit_and_names_the_groups():
             assert f"predicted epoch time {rep.epoch_time:.4g}{epoch}" in title
         assert ylabels[:3] == [f"rank load\n({label})"] * 3 and ylabels[3] == "token share"
         assert legend == groups[1]
+
+
+def cost_line(out):
+    return next(x for x in out.splitlines() if x.startswith("cost model: "))
+
+
+def test_plan_model_uses_the_configs_own_cost_model(tmp_path, capsys):
+    """``--model wan/wan2.1-1.3B`` plans with the built-in 1.3B profile, as ``--cost-model
+    wan21-1.3b`` does; without ``--model`` (or with a config that has no built-in profile)
+    the 14B profile stays the default, and the report says which model it used and why."""
+    small = plan_json(tmp_path, "--model", "wan/wan2.1-1.3B")
+    line = cost_line(capsys.readouterr().out)
+    assert line.startswith("cost model: wan21-1.3b, ") and "--model wan/wan2.1-1.3B" in line
+    assert small == plan_json(tmp_path, "--cost-model", "wan21-1.3b")
+    assert cost_line(capsys.readouterr().out).startswith("cost model: wan21-1.3b (--cost-model)")
+    assert plan_json(tmp_path, "--model", "wan")["AdaptiveLoad"] == small["AdaptiveLoad"]
+    capsys.readouterr()
+    big = plan_json(tmp_path, "--model", "wan/wan2.1-14B")
+    assert cost_line(capsys.readouterr().out).startswith("cost model: wan21-14b, ")
+    assert big == plan_json(tmp_path)  # the default without --model
+    assert cost_line(capsys.readouterr().out).startswith("cost model: wan21-14b, the default")
+    assert small["AdaptiveLoad"]["epoch_time"] < big["AdaptiveLoad"]["epoch_time"]
+    mochi = plan_json(tmp_path, "--model", "mochi")  # tokens counted as Mochi does
+    line = cost_line(capsys.readouterr().out)
+    assert mochi == plan_json(tmp_path, "--model", "mochi", "--cost-model", "wan21-14b")
+    assert "no built-in profile of mochi/mochi-10B" in line
+    assert "adaptiveload calibrate --model mochi/mochi-10B" in line
+    # An explicit --cost-model wins over the config's own.
+    assert plan_json(tmp_path, "--model", "wan/wan2.1-1.3B", "--cost-model", "wan21-14b") == big
+
+
+def test_plan_model_refuses_a_degree_that_does_not_divide_its_heads(tmp_path, capsys):
+    demo = ["plan", "--demo", "--demo-samples", "300", "--figure", "none"]
+    for model, heads, can in (
+        ("wan/wan2.1-1.3B", 12, "2 or 4"),
+        ("wan/wan2.1-14B", 40, "2, 4 or 8"),
+        ("hunyuanvideo", 24, "2, 4 or 8"),
+    ):
+        for degree in (8, 16):
+            args = [*demo, "--model", model, "--num-replicas", "16"]
+            if heads % degree == 0:
+                assert main([*args, "--sequence-parallel", str(degree)]) == 0
+                continue
+            with pytest.raises(SystemExit) as e:
+                main([*args, "--sequence-parallel", str(degree)])
+            says = str(e.value)
+            assert f"--sequence-parallel {degree}" in says and f"{heads} attention heads" in says
+            assert f"{model.split('/')[-1]}" in says and f"it can take {can}" in says
+    assert main([*demo, "--model", "wan/wan2.1-1.3B", "--sequence-parallel", "4"]) == 0
