@@ -210,7 +210,9 @@ def main(argv=None):
             # from (seed, epoch, sample), so that a resumed run draws what this run would have.
             torch.manual_seed(args.seed * 1_000_003 + epoch * 7_919 + index)
             with accelerator.accumulate(model):
-                loss = model(data_item)
+                loss = model(data_item)  # the mean over one sample's elements
+                # accelerate divides by K and DDP averages over W: the gradient of the mean
+                # over the step's W x K samples, as MicroBatch.loss_scale(W, per="sample").
                 accelerator.backward(loss)
                 optimizer.step()  # accelerate steps only when gradients are synchronized
                 optimizer.zero_grad()

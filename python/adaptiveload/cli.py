@@ -22,7 +22,15 @@ from adaptiveload.cost import CostModel
 from adaptiveload.demo import MIXES, demo_metadata, demo_shapes
 from adaptiveload.figure import draw_plans, figure_groups
 from adaptiveload.metadata import Metadata, read_metadata
-from adaptiveload.report import balance_report, merge_reports
+from adaptiveload.report import (
+    balance_report,
+    degrees_line,
+    halved_line,
+    merge_reports,
+    print_reports,
+    steps_line,
+    uneven_line,
+)
 from adaptiveload.sampler import MIX_TOLERANCE
 from adaptiveload.wan import CONFIGS, TEXT_LEN, ShapeError
 
@@ -42,6 +50,47 @@ def _cost_model(spec: str) -> CostModel:
         return CostModel.from_json(spec)
     raise SystemExit(
         f"adaptiveload: --cost-model must be wan21-14b, wan21-1.3b, power:P or a JSON file; got {spec!r}"
+    )
+
+
+# The built-in cost model of a family's configuration (--cost-model's names), where there is
+# one; the default of a plan without --model, or of a configuration without its own.
+_BUILTIN_COST_MODELS = {("wan", "wan2.1-1.3B"): "wan21-1.3b", ("wan", "wan2.1-14B"): "wan21-14b"}
+_DEFAULT_COST_MODEL = "wan21-14b"
+
+
+def _cost_model_of_args(args: argparse.Namespace, family, config: str) -> tuple[CostModel, str]:
+    """The plan's cost model: ``--cost-model``, else the built-in profile of ``--model``'s
+    configuration, else Wan 2.1 14B's; and the words that say which and why."""
+    if args.cost_model is not None:
+        return _cost_model(args.cost_model), f"{args.cost_model} (--cost-model)"
+    if not args.model:
+        why = "the default (Wan 2.1 14B on an H200; --model or --cost-model for another)"
+        return _cost_model(_DEFAULT_COST_MODEL), f"{_DEFAULT_COST_MODEL}, {why}"
+    name = f"{family.name}/{config}"
+    own = _BUILTIN_COST_MODELS.get((family.name, config))
+    if own is not None:
+        return _cost_model(own), f"{own}, the built-in profile of --model {name}"
+    return _cost_model(_DEFAULT_COST_MODEL), (
+        f"{_DEFAULT_COST_MODEL}, the default: there is no built-in profile of {name} (fit one: "
+        f"adaptiveload calibrate --model {name} --out cost.json, then --cost-model cost.json)"
+    )
+
+
+def _check_heads(args: argparse.Namespace, family, config: str) -> None:
+    """Refuse a ``--sequence-parallel`` degree that does not divide ``--model``'s attention
+    heads: Ulysses attention gives each of a micro-batch's ranks ``heads / degree`` heads."""
+    heads = family.configs[config].get("num_attention_heads")
+    D = args.sequence_parallel
+    if not args.model or D == 1 or heads is None or heads % D == 0:
+        return
+    can = [d for d in (2**i for i in range(1, 31)) if d <= args.num_replicas]
+    can = [str(d) for d in can if heads % d == 0 and args.num_replicas % d == 0]
+    took = (", ".join(can[:-1]) + " or " + can[-1] if len(can) > 1 else "".join(can)) or "none"
+    raise SystemExit(
+        f"adaptiveload plan: --sequence-parallel {D} does not divide the {heads} attention heads "
+        f"of {family.name}/{config} (sequence parallelism gives each of a micro-batch's ranks "
+        f"heads / degree of them); with --num-replicas {args.num_replicas} it can take {took}"
     )
 
 
@@ -100,34 +149,9 @@ def _print_bucket_table(rows: list[dict], limit: int = 30) -> None:
         )
 
 
-def _print_reports(reports: dict, no_image: dict) -> None:
-    """The balance and composition table, one row per sampler (``no_image``: the share of
-    steps without an image per sampler, or empty when unknown)."""
-    base = reports["equal-token buckets"][1].epoch_time
-    print(
-        f"\n{'sampler':<34} {'steps':>6} {'imbalance':>10} {'spread':>8} {'epoch time':>12} {'speedup':>8} {'token use':>10}"
-        f" {'mix vs shuffle':>15} {'missing (shuffle)':>18}"
-        + (f" {'no image':>9}" if no_image else "")
-    )
-    for name, (_, rep) in reports.items():
-        comp = rep.composition
-        print(
-            f"{name:<34} {rep.num_steps:>6} {rep.imbalance:>10.1%} {rep.spread:>8.1%} "
-            f"{rep.epoch_time:>12.5g} {base / rep.epoch_time:>7.2f}x {rep.token_utilization:>10.1%} "
-            f"{f'{comp.tokens_ratio:.2f}/{comp.samples_ratio:.2f}x':>15} "
-            f"{f'{comp.missing:.0%} ({comp.shuffle_missing:.0%})':>18}"
-            + (f" {no_image[name]:>9.0%}" if no_image else "")
-        )
-    print(
-        "mix vs shuffle: distance of each step's share of tokens/samples per group from the "
-        "epoch's, over a shuffle's of the same micro-batches (1.00x: as representative as a "
-        f"shuffle); missing: steps without a group holding over {comp.min_share:.0%} of the epoch"
-        + ("; no image: steps without an image (num_frames 1)" if no_image else "")
-    )
-
-
-def _write_outputs(args, meta: Metadata, rows: list[dict], reports: dict, no_image: dict):
-    """The plan command's JSON report and figure, where asked for."""
+def _write_outputs(args, meta: Metadata, rows: list[dict], reports: dict, no_image: dict, unit):
+    """The plan command's JSON report and figure (costs in the cost model's ``unit``), where
+    asked for."""
     if args.json:
         out = {n: r.to_dict() for n, (_, r) in reports.items()}
         for n, share in no_image.items():
@@ -146,6 +170,7 @@ def _write_outputs(args, meta: Metadata, rows: list[dict], reports: dict, no_ima
                 figure_groups(meta, labels),
                 meta.seq_lens,
                 mixed=("AdaptiveLoad", "equal-token buckets"),
+                unit=unit,
             )
             print(f"figure: {args.figure}")
         except ImportError as e:
@@ -192,13 +217,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not (args.demo or args.metadata):
         print("adaptiveload plan: give --metadata PATH or --demo", file=sys.stderr)
         return 2
-    family, _ = model_of_args(args)
+    family, config = model_of_args(args)
+    _check_heads(args, family, config)
     if args.demo:
         meta, source = _demo_of_args(args, family)
     else:
         meta = read_metadata(args.metadata, family.seq_len)
         source = args.metadata
-    cost = _cost_model(args.cost_model)
+    cost, cost_why = _cost_model_of_args(args, family, config)
     max_tokens = args.max_tokens if args.max_tokens is not None else int(2 * meta.seq_lens.max())
     if args.stream and args.sequence_parallel > 1:
         print(
@@ -208,7 +234,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
         return 2
     if args.stream:
-        return _plan_streamed(args, meta, source, cost, max_tokens)
+        return _plan_streamed(args, meta, source, (cost, cost_why), max_tokens)
     compared = compare_samplers(
         meta.seq_lens,
         max_tokens,
@@ -223,13 +249,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         max_batch_size=args.max_batch_size,
         mix_tolerance=args.mix_tolerance,
         sequence_parallel=args.sequence_parallel,
+        uneven_counts=args.uneven_counts,
     )
     ours = compared["AdaptiveLoad"].sampler
     equal = compared["equal-token buckets"].sampler
     reports = {name: (c.plan, c.report) for name, c in compared.items()}
 
     unit = f" [{cost.unit}]" if cost.unit else ""
-    print(f"data: {source}; {len(meta.seq_lens)} samples; cost model {cost!r}")
+    print(f"data: {source}; {len(meta.seq_lens)} samples")
+    print(f"cost model: {cost_why}: {cost!r}")
     if meta.seq_len_column and meta.shapes is not None:
         print(
             f"token counts from the seq_len column, shapes used as group keys{_note(meta, family)}"
@@ -245,12 +273,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     no_image = (
         {n: steps_without(p, images) for n, (p, _) in reports.items()} if images.any() else {}
     )
-    _print_reports(reports, no_image)
-    rep = reports["AdaptiveLoad"][1]
-    strata = reports["AdaptiveLoad"][0].window_strata
+    print_reports(reports, no_image)
+    _print_adaptive(args, reports, ours.mix_tolerance, no_image)
+    _write_outputs(args, meta, rows, reports, no_image, cost.unit)
+    return 0
+
+
+def _print_adaptive(args, reports: dict, mix_tolerance: float, no_image: dict) -> None:
+    """The closing lines on AdaptiveLoad's plan: its bound, how it filled the last step,
+    uneven counts or sequence parallelism, and whether its steps are representative."""
+    plan, rep = reports["AdaptiveLoad"]
+    strata = plan.window_strata
     strata_note = (
         f"; {int(np.sum(strata == 1))} of {len(strata)} windows of steps fully mixed "
-        f"(--mix-tolerance {ours.mix_tolerance:g})"
+        f"(--mix-tolerance {mix_tolerance:g})"
         if strata is not None and len(strata)
         else ""
     )
@@ -260,27 +296,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"to fill the last step; {rep.over_token_cap + rep.over_cost_cap} micro-batches over a cap"
         f"{strata_note}"
     )
+    if halved := halved_line(plan):
+        print(halved)
+    if args.uneven_counts and args.sequence_parallel == 1:
+        print(uneven_line(plan))
     if args.sequence_parallel > 1:
-        print(_degrees_line(reports["AdaptiveLoad"][0], args.sequence_parallel))
-    print(_steps_line(rep.composition, no_image.get("AdaptiveLoad"), ours.mix_tolerance))
-    _write_outputs(args, meta, rows, reports, no_image)
-    return 0
+        print(degrees_line(plan, args.sequence_parallel))
+    print(steps_line(rep.composition, no_image.get("AdaptiveLoad"), mix_tolerance))
 
 
-def _degrees_line(plan, D: int) -> str:
-    """How AdaptiveLoad's plan splits its micro-batches (each counted once, not per member)."""
-    degrees = plan.degrees[plan.members == 0]
-    split, n = np.unique(degrees[degrees > 1], return_counts=True)
-    counts = ", ".join(f"{c} over {d} ranks" for d, c in zip(split, n, strict=True))
-    return (
-        f"sequence parallelism (up to {D} ranks per micro-batch): {np.mean(degrees > 1):.0%} of "
-        f"{len(degrees)} micro-batches split" + (f" ({counts})" if counts else "")
-    )
-
-
-def _plan_streamed(args, meta: Metadata, source: str, cost, max_tokens: int) -> int:
+def _plan_streamed(args, meta: Metadata, source: str, costed, max_tokens: int) -> int:
     """``plan --stream``: the epoch as StreamingBatchSampler plans it, segment by segment, and
-    its merged report (no comparison: equal-token buckets plan whole epochs)."""
+    its merged report (no comparison: equal-token buckets plan whole epochs); ``costed``: the
+    cost model and the words naming it."""
+    cost, cost_why = costed
     from adaptiveload import StreamingBatchSampler
 
     s = StreamingBatchSampler(
@@ -297,6 +326,7 @@ def _plan_streamed(args, meta: Metadata, source: str, cost, max_tokens: int) -> 
         mix_tolerance=MIX_TOLERANCE if args.mix_tolerance is None else args.mix_tolerance,
         max_batch_size=args.max_batch_size,
         segment_samples=args.segment_samples,
+        uneven_counts=args.uneven_counts,
     )
     from adaptiveload.sampler.stream import default_workers
 
@@ -307,7 +337,8 @@ def _plan_streamed(args, meta: Metadata, source: str, cost, max_tokens: int) -> 
     ]
     rep, segments = merge_reports(reports), len(reports)
     comp = rep.composition
-    print(f"data: {source}; {len(meta.seq_lens)} samples; cost model {cost!r}")
+    print(f"data: {source}; {len(meta.seq_lens)} samples")
+    print(f"cost model: {cost_why}: {cost!r}")
     print(
         f"streamed: {segments} segments of at least {s.segment_samples} samples; "
         f"max_tokens = {max_tokens}, max_cost = {s.max_cost:.6g}; "
@@ -325,29 +356,6 @@ def _plan_streamed(args, meta: Metadata, source: str, cost, max_tokens: int) -> 
         with open(args.json, "w") as f:
             json.dump({"AdaptiveLoad (streamed)": rep.to_dict()}, f, indent=2)
     return 0
-
-
-# A plan's steps count as representative within these of a shuffle of its micro-batches.
-REPRESENTATIVE_RATIO, REPRESENTATIVE_MISSING = 1.10, 0.03
-
-
-def _steps_line(comp, no_image: float | None, mix_tolerance: float) -> str:
-    """One line: are this plan's steps as representative as a shuffle, or segregated?"""
-    figures = (
-        f"{comp.tokens_ratio:.2f}x a shuffle's distance from the epoch's mix, "
-        f"{comp.missing:.0%} of steps miss a group against a shuffle's {comp.shuffle_missing:.0%}"
-        + ("" if no_image is None else f", {no_image:.0%} of steps hold no image")
-    )
-    if (
-        comp.tokens_ratio <= REPRESENTATIVE_RATIO
-        and comp.missing <= comp.shuffle_missing + REPRESENTATIVE_MISSING
-    ):
-        return f"Steps: as representative as a shuffle ({figures})."
-    return (
-        f"Steps: segregated ({figures}): mixing them would cost more balance than "
-        f"--mix-tolerance {mix_tolerance:g} allows. What that does to training and what to "
-        'change (K, batch size, --mix-tolerance): docs/sampler.md, "Representative steps".'
-    )
 
 
 def _option_type(convert, noun: str, ok, rule: str, shown=lambda text, value: value):
@@ -411,7 +419,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-cost", type=_positive_number, default=None, help="compute cap (default: see docs)"
     )
     p.add_argument(
-        "--cost-model", default="wan21-14b", help="wan21-14b, wan21-1.3b, power:P or a JSON file"
+        "--cost-model",
+        default=None,
+        help="wan21-14b, wan21-1.3b, power:P or a JSON file (default: the built-in profile of "
+        "--model's configuration where there is one, else wan21-14b)",
     )
     p.add_argument("--num-replicas", type=_positive_int, default=8)
     p.add_argument("--micro-batches-per-step", type=_positive_int, default=1)
@@ -430,6 +441,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="AdaptiveLoad may split a micro-batch over up to this many ranks "
         "(sequence_parallel=D, uneven_counts=True; a power of two dividing --num-replicas)",
+    )
+    p.add_argument(
+        "--uneven-counts",
+        action="store_true",
+        help="AdaptiveLoad's ranks may take any number >= 1 of a step's W x K micro-batches "
+        "(uneven_counts=True, for loops that synchronize gradients once per step; the "
+        "compared samplers unchanged)",
     )
     p.add_argument(
         "--max-batch-size",

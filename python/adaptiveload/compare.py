@@ -42,6 +42,7 @@ def compare_samplers(
     max_batch_size: int | None = None,
     mix_tolerance: float | None = None,
     sequence_parallel: int = 1,
+    uneven_counts: bool = False,
 ) -> dict[str, Compared]:
     """Plan one epoch (rank 0's view; plans are the same on every rank) with three samplers
     at the same ``max_tokens``, all costed with ``cost_model``:
@@ -49,7 +50,7 @@ def compare_samplers(
     - "AdaptiveLoad": ``AdaptiveBatchSampler`` with ``cost_model``, ``max_cost``,
       ``lookahead_steps`` and ``mix_tolerance`` (None: the setup's default), and with
       ``sequence_parallel`` > 1 micro-batches split over up to that many ranks
-      (``uneven_counts=True``, as sequence parallelism needs);
+      (``uneven_counts=True``, as sequence parallelism needs), and ``uneven_counts``;
     - "equal-token buckets": ``EqualTokenBatchSampler`` (``floor(max_tokens / S)`` samples
       per micro-batch, ranks draw independently);
     - "paper rule (S^1.5, no balancing)": ``AdaptiveBatchSampler`` with
@@ -80,11 +81,8 @@ def compare_samplers(
         cost_model=cost_model,
         lookahead_steps=lookahead_steps,
         mix_tolerance=mix_tolerance,
-        **(
-            dict(sequence_parallel=sequence_parallel, uneven_counts=True)
-            if sequence_parallel > 1
-            else {}
-        ),
+        uneven_counts=uneven_counts or sequence_parallel > 1,
+        **(dict(sequence_parallel=sequence_parallel) if sequence_parallel > 1 else {}),
         **common,
     )
     equal = EqualTokenBatchSampler(seq_lens, max_tokens, cost_model=cost_model, **common)

@@ -181,3 +181,90 @@ def rescore(plan, seq_lens, cost_model, max_cost: float | None = None):
     (to compare plans made with different models under one yardstick)."""
     costs = cost_model.batch_costs(np.asarray(seq_lens)[plan.samples], plan.offsets)
     return dataclasses.replace(plan, costs=costs, max_cost=max_cost)
+
+
+# -- the lines `adaptiveload plan` prints --------------------------------------------------
+
+
+def print_reports(reports: dict, no_image: dict) -> None:
+    """The balance and composition table, one row per sampler (``no_image``: the share of
+    steps without an image per sampler, or empty when unknown)."""
+    base = reports["equal-token buckets"][1].epoch_time
+    print(
+        f"\n{'sampler':<34} {'steps':>6} {'imbalance':>10} {'spread':>8} {'epoch time':>12} {'speedup':>8} {'token use':>10}"
+        f" {'mix vs shuffle':>15} {'missing (shuffle)':>18}"
+        + (f" {'no image':>9}" if no_image else "")
+    )
+    for name, (_, rep) in reports.items():
+        comp = rep.composition
+        print(
+            f"{name:<34} {rep.num_steps:>6} {rep.imbalance:>10.1%} {rep.spread:>8.1%} "
+            f"{rep.epoch_time:>12.5g} {base / rep.epoch_time:>7.2f}x {rep.token_utilization:>10.1%} "
+            f"{f'{comp.tokens_ratio:.2f}/{comp.samples_ratio:.2f}x':>15} "
+            f"{f'{comp.missing:.0%} ({comp.shuffle_missing:.0%})':>18}"
+            + (f" {no_image[name]:>9.0%}" if no_image else "")
+        )
+    print(
+        "mix vs shuffle: distance of each step's share of tokens/samples per group from the "
+        "epoch's, over a shuffle's of the same micro-batches (1.00x: as representative as a "
+        f"shuffle); missing: steps without a group holding over {comp.min_share:.0%} of the epoch"
+        + ("; no image: steps without an image (num_frames 1)" if no_image else "")
+    )
+
+
+def degrees_line(plan, D: int) -> str:
+    """How AdaptiveLoad's plan splits its micro-batches (each counted once, not per member)."""
+    degrees = plan.degrees[plan.members == 0]
+    split, n = np.unique(degrees[degrees > 1], return_counts=True)
+    counts = ", ".join(f"{c} over {d} ranks" for d, c in zip(split, n, strict=True))
+    return (
+        f"sequence parallelism (up to {D} ranks per micro-batch): {np.mean(degrees > 1):.0%} of "
+        f"{len(degrees)} micro-batches split" + (f" ({counts})" if counts else "")
+    )
+
+
+def halved_line(plan) -> str:
+    """What a plan's halved micro-batches are, in one sentence ('' when it halves none)."""
+    if not plan.num_split_micro_batches:
+        return ""
+    W, K = plan.num_replicas, plan.micro_batches_per_step
+    return (
+        f"Halved micro-batches: at the epoch's end the micro-batches of most samples were cut "
+        f"in two, each half a micro-batch of its own, so that the epoch fills whole steps of "
+        f"{W} ranks x {K} micro-batch(es); no sample is lost or repeated."
+    )
+
+
+def uneven_line(plan) -> str:
+    """How many steps of a plan of uneven counts give the ranks other than K each."""
+    W, K = plan.num_replicas, plan.micro_batches_per_step
+    counts = np.diff(plan.rank_offsets).reshape(plan.num_steps, W)
+    uneven = int(np.sum((counts != K).any(axis=1)))
+    return (
+        f"uneven counts: in {uneven} of {plan.num_steps} steps the ranks take other than "
+        f"{K} micro-batch(es) each (each rank 1 to {int(counts.max())}; the step's {W * K} "
+        "micro-batches unchanged)"
+    )
+
+
+# A plan's steps count as representative within these of a shuffle of its micro-batches.
+REPRESENTATIVE_RATIO, REPRESENTATIVE_MISSING = 1.10, 0.03
+
+
+def steps_line(comp, no_image: float | None, mix_tolerance: float) -> str:
+    """One line: are this plan's steps as representative as a shuffle, or segregated?"""
+    figures = (
+        f"{comp.tokens_ratio:.2f}x a shuffle's distance from the epoch's mix, "
+        f"{comp.missing:.0%} of steps miss a group against a shuffle's {comp.shuffle_missing:.0%}"
+        + ("" if no_image is None else f", {no_image:.0%} of steps hold no image")
+    )
+    if (
+        comp.tokens_ratio <= REPRESENTATIVE_RATIO
+        and comp.missing <= comp.shuffle_missing + REPRESENTATIVE_MISSING
+    ):
+        return f"Steps: as representative as a shuffle ({figures})."
+    return (
+        f"Steps: segregated ({figures}): mixing them would cost more balance than "
+        f"--mix-tolerance {mix_tolerance:g} allows. What that does to training and what to "
+        'change (K, batch size, --mix-tolerance): docs/sampler.md, "Representative steps".'
+    )

@@ -292,9 +292,9 @@ def grad_worker(rank, world, wrap):
             wrapped.set_requires_gradient_sync(mb.last)
             wrapped.set_reshard_after_backward(mb.last)
             sync = contextlib.nullcontext()
-        # The step's tokens over all ranks; DDP and FSDP2 average over ranks, so * world.
+        # world / step_tokens: DDP and FSDP2 average over ranks.
         with sync:
-            (token_loss(wrapped, x, y) * (world / mb.step_tokens)).backward()
+            (token_loss(wrapped, x, y) * mb.loss_scale(world)).backward()
         if mb.last:
             grads.append(full_grads(model))
             counts.append(mb.count)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -28,6 +29,7 @@ class MicroBatch(NamedTuple):
     #: this rank's micro-batches in the step: K, or any count >= 1 with uneven counts
     count: int
     #: tokens and samples of the step over all ranks: the normalizers of a summed loss
+    #: (``loss_scale`` gives the factor under DDP's or FSDP2's averaging)
     step_tokens: int
     step_samples: int
     #: sequence parallelism: the ranks that process this micro-batch together (1: this rank
@@ -41,6 +43,30 @@ class MicroBatch(NamedTuple):
     def last(self) -> bool:
         """The rank's last micro-batch of the step: synchronize gradients and step here."""
         return self.index == self.count - 1
+
+    def loss_scale(self, world_size: int, per: str = "token") -> float:
+        """The factor by which to multiply this micro-batch's loss, summed over its tokens
+        (``per="token"``) or samples (``per="sample"``), before ``backward()``:
+        ``world_size / step_tokens`` (or ``/ step_samples``).
+
+        DDP and FSDP2 average gradients over the ``world_size`` ranks; with this factor that
+        average is the gradient of the step's mean loss over all ranks' tokens (samples), as
+        one process over the whole step would get, however unevenly the ranks' micro-batches
+        are filled. A loop that sums gradients itself (an all-reduce with ``SUM``) divides
+        by ``step_tokens`` (``step_samples``) alone. With sequence parallelism each member
+        sums the loss of its share of the tokens, so the members' gradients add up to the
+        micro-batch's; per sample, each member's loss must likewise be its share of every
+        sample's loss, not that loss in full."""
+        if isinstance(world_size, bool) or not isinstance(world_size, Integral) or world_size < 1:
+            raise ValueError(
+                f"world_size must be the number of ranks gradients are averaged over (an int "
+                f">= 1), got {world_size!r}"
+            )
+        if per == "token":
+            return int(world_size) / self.step_tokens
+        if per == "sample":
+            return int(world_size) / self.step_samples
+        raise ValueError(f"per must be 'token' or 'sample', got {per!r}")
 
     @property
     def group_ranks(self) -> range:
