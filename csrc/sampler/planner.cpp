@@ -143,15 +143,64 @@ std::vector<MicroBatch> pack_groups(const SampleTable& table, const Caps& caps,
   return mbs;
 }
 
+// Halves micro-batches, the largest first, until `deficit` more are made or none is left to halve
+// (returns what is left of it); see fit_to_steps for which ones and where their halves go.
+int64_t halve_largest(const SampleTable& table, const std::vector<int64_t>& bucketed,
+                      std::vector<MicroBatch>& mbs, int64_t deficit, EpochPlan& plan) {
+  const int64_t m = static_cast<int64_t>(mbs.size());
+  std::vector<int64_t> place(m);  // per micro-batch: the position of the one it was cut from
+  std::iota(place.begin(), place.end(), 0);
+  // In the epoch's order: by the place of the micro-batch cut from, then by first sample.
+  auto before = [&](int64_t a, int64_t b) {
+    return place[a] != place[b] ? place[a] < place[b] : mbs[a].begin < mbs[b].begin;
+  };
+  std::vector<int64_t> largest;
+  int64_t halved = 0;
+  while (deficit > 0) {
+    // The micro-batches of the most samples, in order; q of them, evenly spaced, are halved.
+    int64_t top = 2;
+    for (const MicroBatch& mb : mbs) top = std::max(top, mb.count());
+    largest.clear();
+    for (int64_t i = 0; i < static_cast<int64_t>(mbs.size()); ++i)
+      if (mbs[i].count() == top) largest.push_back(i);
+    if (largest.empty()) break;
+    std::sort(largest.begin(), largest.end(), before);
+    const int64_t c = static_cast<int64_t>(largest.size()), q = std::min(deficit, c);
+    for (int64_t j = 0; j < q; ++j) {
+      const int64_t i = largest[(2 * j + 1) * c / (2 * q)];
+      const MicroBatch whole = mbs[i];
+      const int64_t mid = whole.begin + whole.count() / 2;
+      mbs[i] = make_micro_batch(table, bucketed, whole.begin, mid, false);
+      mbs.push_back(make_micro_batch(table, bucketed, mid, whole.end, false));
+      place.push_back(place[i]);
+    }
+    halved += q;
+    deficit -= q;
+  }
+  plan.num_split_micro_batches += halved;
+  if (halved > 0) {
+    // The pieces of one micro-batch in its place, in their samples' order.
+    std::vector<int64_t> order(mbs.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), before);
+    std::vector<MicroBatch> placed(mbs.size());
+    for (size_t j = 0; j < order.size(); ++j) placed[j] = mbs[order[j]];
+    mbs.swap(placed);
+  }
+  return deficit;
+}
+
 // Makes the micro-batch count a multiple of W*K. drop_last drops the smallest
 // micro-batches; otherwise the largest ones are halved (no sample repeated), and only
 // when nothing is left to halve are single-sample micro-batches of the cheapest
 // samples repeated (at the end).
 //
-// Note: without balancing, steps are cut from this order as it stands, so each micro-batch's
-// halves take its place in it; appended, the halves of the largest micro-batches (images, in a
-// video mix) would fill the last step. Balancing sorts each window by cost anyway: there the
-// halves stay appended, which keeps balanced plans as they were.
+// The halves are what makes an epoch's steps unlike one another: the largest micro-batches are
+// all of one kind (images, in a video mix), and a step or a window that receives many of their
+// halves holds several times the samples of the others. So among micro-batches of equal size the
+// ones halved are spread evenly over the epoch's order, and each micro-batch's halves take its
+// place in it, balanced or not: every window of lookahead steps (every step, without balancing)
+// receives about its share of halves, and the last one no more than the others.
 void fit_to_steps(const SampleTable& table, const PlanOptions& o, std::vector<int64_t>& bucketed,
                   std::vector<MicroBatch>& mbs, EpochPlan& plan) {
   const int64_t per_step = o.num_replicas * o.micro_batches_per_step;
@@ -179,42 +228,7 @@ void fit_to_steps(const SampleTable& table, const PlanOptions& o, std::vector<in
     return;
   }
 
-  int64_t deficit = per_step - rem;
-  // Max-heap on sample count; ties go to the earlier micro-batch.
-  auto less = [&](int64_t a, int64_t b) {
-    if (mbs[a].count() != mbs[b].count()) return mbs[a].count() < mbs[b].count();
-    return a > b;
-  };
-  std::priority_queue<int64_t, std::vector<int64_t>, decltype(less)> heap(less);
-  for (int64_t i = 0; i < m; ++i)
-    if (mbs[i].count() >= 2) heap.push(i);
-  std::vector<int64_t> place(m);  // per micro-batch: the position of the one it was cut from
-  std::iota(place.begin(), place.end(), 0);
-  while (deficit > 0 && !heap.empty()) {
-    const int64_t i = heap.top();
-    heap.pop();
-    const MicroBatch whole = mbs[i];
-    const int64_t mid = whole.begin + whole.count() / 2;
-    mbs[i] = make_micro_batch(table, bucketed, whole.begin, mid, false);
-    mbs.push_back(make_micro_batch(table, bucketed, mid, whole.end, false));
-    place.push_back(place[i]);
-    ++plan.num_split_micro_batches;
-    --deficit;
-    const int64_t j = static_cast<int64_t>(mbs.size()) - 1;
-    if (mbs[i].count() >= 2) heap.push(i);
-    if (mbs[j].count() >= 2) heap.push(j);
-  }
-  if (!o.balance && plan.num_split_micro_batches > 0) {
-    // The pieces of one micro-batch in its place, in their samples' order.
-    std::vector<int64_t> order(mbs.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-      return place[a] != place[b] ? place[a] < place[b] : mbs[a].begin < mbs[b].begin;
-    });
-    std::vector<MicroBatch> placed(mbs.size());
-    for (size_t j = 0; j < order.size(); ++j) placed[j] = mbs[order[j]];
-    mbs.swap(placed);
-  }
+  const int64_t deficit = halve_largest(table, bucketed, mbs, per_step - rem, plan);
   if (deficit == 0) return;
 
   // Every micro-batch holds one sample: repeat the cheapest samples.

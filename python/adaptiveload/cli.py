@@ -293,7 +293,7 @@ def _print_adaptive(args, reports: dict, mix_tolerance: float, no_image: dict) -
     print(
         f"\nAdaptiveLoad: perfect-balance bound {rep.ideal_time:.5g} ({rep.balance_efficiency:.1%} reached); "
         f"{rep.num_split_micro_batches} micro-batches halved and {rep.num_padded_samples} samples repeated "
-        f"to fill the last step; {rep.over_token_cap + rep.over_cost_cap} micro-batches over a cap"
+        f"to fill whole steps; {rep.over_token_cap + rep.over_cost_cap} micro-batches over a cap"
         f"{strata_note}"
     )
     if halved := halved_line(plan):

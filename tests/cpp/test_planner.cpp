@@ -615,6 +615,41 @@ TEST_P(UnbalancedLastStep, HalvesStayWhereTheirMicroBatchWas) {
 INSTANTIATE_TEST_SUITE_P(EqualTokenAndUnbalanced, UnbalancedLastStep,
                          ::testing::Combine(::testing::Values(1, 4), ::testing::Bool()));
 
+// With balancing the micro-batches halved to fill whole steps are spread over the epoch and
+// their halves stay in its order, so each window of lookahead steps holds about its share of
+// them: the last window no longer gathers every half (W * K - 1 at most) of the largest
+// micro-batches, the images.
+TEST(PlanEpochTest, BalancedHalvesAreSpreadOverTheWindows) {
+  PlanOptions o;
+  o.max_tokens = 151200;
+  o.num_replicas = 8;
+  o.micro_batches_per_step = 4;
+  o.lookahead_steps = 4;
+  o.seed = 5;
+  const std::vector<int64_t> lens = mix_that_halves(o, 16000, 0.0);
+  SampleTable table(lens.data(), static_cast<int64_t>(lens.size()), nullptr, wan14b());
+  o.max_cost = table.default_max_cost(o.max_tokens);
+  const EpochPlan p = plan_epoch(table, o);
+  for (int s : check_plan(table, o, p)) EXPECT_EQ(s, 1);
+  const int64_t halved = p.num_split_micro_batches, per_step = 8 * 4;
+  ASSERT_GE(halved, per_step / 2);
+  int64_t full = 0;  // the most images a micro-batch holds
+  for (int64_t m = 0; m + 1 < static_cast<int64_t>(p.offsets.size()); ++m)
+    if (lens[p.samples[p.offsets[m]]] == 1560)
+      full = std::max(full, p.offsets[m + 1] - p.offsets[m]);
+  // Per window: its image micro-batches short of full (halves, and the group's one remainder).
+  for (int64_t t0 = 0; t0 < p.num_steps; t0 += o.lookahead_steps) {
+    const int64_t t1 = std::min(t0 + o.lookahead_steps, p.num_steps);
+    int64_t short_of_full = 0;
+    for (int64_t m = t0 * per_step; m < t1 * per_step; ++m)
+      short_of_full +=
+          lens[p.samples[p.offsets[m]]] == 1560 && p.offsets[m + 1] - p.offsets[m] < full;
+    const int64_t share = (halved * (t1 - t0) + p.num_steps - 1) / p.num_steps;
+    EXPECT_LE(short_of_full, 2 * (share + 2) + 1)
+        << "window at step " << t0 << " of " << p.num_steps;
+  }
+}
+
 TEST(PlanEpochTest, ExcludedSamplesNeverAppear) {
   const std::vector<int64_t> lens = wan_mix(500, 4);
   SampleTable table(lens.data(), 500, nullptr, wan14b());

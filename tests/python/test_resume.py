@@ -222,6 +222,28 @@ def test_states_from_before_halves_stayed_in_place_replan_their_unconsumed_sampl
     resume_without_key(lens, first, rest, "halves_in_place")
 
 
+@pytest.mark.parametrize(
+    "cls,kw",
+    [
+        (EqualTokenBatchSampler, {}),
+        (AdaptiveBatchSampler, dict(balance=False)),
+        (AdaptiveBatchSampler, {}),
+        (AdaptiveBatchSampler, dict(uneven_counts=True)),
+    ],
+)
+def test_states_from_before_halves_were_spread_replan_their_unconsumed_samples(cls, kw):
+    # The earliest of the largest micro-batches were once halved (and their halves appended
+    # where balanced); the halved ones are now spread over the epoch, in place. A state saved
+    # before (its fingerprint had no such key) re-plans what it did not consume.
+    lens = random_mix(2300, seed=12)
+    first = [make(cls, lens, 3, r, **BASE, **kw) for r in range(3)]
+    assert first[0].plan().num_split_micro_batches > 0
+    assert first[0]._fingerprint()["halves_spread"] is True
+    assert "halves_spread" not in make(cls, lens, 3, 0, drop_last=True)._fingerprint()
+    rest = [make(cls, lens, 3, r, **BASE, **kw) for r in range(3)]
+    resume_without_key(lens, first, rest, "halves_spread")
+
+
 def test_mixed_plans_resume_exactly_on_the_same_settings():
     lens = random_mix(2300, seed=15)
     full = make(AdaptiveBatchSampler, lens, 2, 1, **BASE)

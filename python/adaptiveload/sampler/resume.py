@@ -26,6 +26,7 @@ _OPTIONAL = {
     "uneven_counts",
     "mix_tolerance",
     "halves_in_place",
+    "halves_spread",
     "sequence_parallel",
     "sequence_parallel_comm",
 }
@@ -58,6 +59,10 @@ def fingerprint(kind: str, options: Options, num_samples: int, data: str, cost_m
         # Without balancing, a halved micro-batch's halves take its place (they were appended
         # once): states saved before, without the key, re-plan what they did not consume.
         **({"halves_in_place": True} if not o.balance else {}),
+        # The micro-batches halved are spread over the epoch and their halves take their place,
+        # balanced or not (the earliest were halved once, appended where balanced): states saved
+        # before, without the key, re-plan what they did not consume.
+        **({"halves_spread": True} if not o.drop_last else {}),
         **(
             {
                 "sequence_parallel": o.sequence_parallel,
