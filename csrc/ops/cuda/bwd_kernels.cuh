@@ -325,9 +325,9 @@ __global__ void __maxnreg__((bwd_max_registers<VPT, FUSED || AFFINE>()))
 // elements of a row per thread. Same teams, ring and row dealing as the general kernel. Pass 1
 // keeps xhat and g = dy * (1 + scale) in registers and accumulates dshift and dscale, which need
 // no row statistic but the saved ones; pass 2 only forms dx.
-// Note: the general kernel ran about 38 instructions per element at D = 1536 (its SM issuing
-// 61% of cycles, memory barely stalled): two passes over the ring with the gradient modes and
-// operand kinds decided per vector at run time, and 64-bit index math per vector.
+// Note: the general kernel is bound by instructions, not memory, at small D: two passes over
+// the ring with the gradient modes and operand kinds decided per vector at run time, and 64-bit
+// index math per vector (benchmarks/RESULTS.md, "Kernel tuning notes").
 // Note: at 96 registers a block holds up to 640 threads (two teams of 320 at D = 5120, the
 // default there); uncapped it took 122, which allows one team of 320 per block and one block
 // per SM, so every team_sum2 barrier left the SM idle.

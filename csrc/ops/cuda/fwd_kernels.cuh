@@ -324,7 +324,8 @@ __device__ __forceinline__ void normalize_rows(const FwdParams& p,
 template <int VPW, int R>
 constexpr int fwd_warp_min_blocks() {
   // Note: two rows of D = 1536 capped at 85 registers (three blocks, 24 warps per SM) spilled
-  // 8 bytes and ran at 74% of copy bandwidth against 83% at 108 registers and two blocks.
+  // and ran slower than two blocks at 108 registers (benchmarks/RESULTS.md, "Kernel tuning
+  // notes").
   return R * VPW * 4 <= 24 ? 3 : 2;  // registers per thread: <= 85 or <= 128 at 256 threads
 }
 

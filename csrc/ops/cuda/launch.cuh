@@ -274,10 +274,9 @@ bool launch_bwd_vector(BwdParams& p, const BwdSettings& s, BwdGrid& grid, cudaSt
   // Ring depth: two rows (one in flight while one is reduced) when two blocks still fit on an
   // SM, else one; the lean kernel two whenever they fit one block. Settings that do not fit
   // one block are lowered, stages first.
-  // Note: a third row in flight measured no faster for 16-bit rows and slower for fp32 rows
-  // (D = 5120: 75% against 80% of copy bandwidth), its larger ring halving the blocks per SM;
-  // for the lean kernel at fp32 x, D = 3072 and 5120, the two-block rule gave one row (82% and
-  // 86% of copy bandwidth) against 87-93% with two.
+  // Note: a third row in flight measured no faster for 16-bit rows and slower for fp32 rows,
+  // its larger ring halving the blocks per SM; the lean kernel keeps two rows where the
+  // two-block rule would give it one (benchmarks/RESULTS.md, "Kernel tuning notes").
   const int64_t per_sm = static_cast<int64_t>(props->sharedMemPerMultiprocessor) - 4096;
   int stages = 2;
   while (!LEAN && stages > 1 && smem_for(stages, teams) * 2 > per_sm) --stages;
