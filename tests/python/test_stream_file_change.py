@@ -15,6 +15,8 @@ import textwrap
 import numpy as np
 import pytest
 
+import adaptiveload
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LENGTHS = [256, 512, 1024, 2048]  # the table's distinct lengths; its dense lookup covers < 4096
 MAX_TOKENS = 8192
@@ -146,7 +148,10 @@ def outcomes(tmp_path_factory):
         manifest.append(entry)
     path = folder / "cases.json"
     path.write_text(json.dumps(manifest))
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    # The subprocess imports the package this test imports (installed, or built in place).
+    here = os.path.dirname(os.path.dirname(adaptiveload.__file__))
+    paths = [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     command = [sys.executable, "-c", SCRIPT, str(path)]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     results = {}
