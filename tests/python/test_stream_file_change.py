@@ -17,7 +17,6 @@ import pytest
 
 import adaptiveload
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LENGTHS = [256, 512, 1024, 2048]  # the table's distinct lengths; its dense lookup covers < 4096
 MAX_TOKENS = 8192
 
