@@ -19,10 +19,12 @@ import torch.distributed as dist
 INPUTS = ("hidden states", "text", "timestep embedding")
 _HEAD = 5  # degree, member, place in the group, group size, model accepted
 _SHAPE = 5  # per input: ndim (-1: None), 3 leading dims, the product of the others
-# Frequencies of the fixed weight sequences cos(f * row) the per-row sums are projected on: two
-# other inputs agree within RTOL on one projection about once in 60, on all four almost never.
+# Frequencies of the fixed weight sequences cos(f * i) the per-row sums (over i, the rows) and
+# the per-column sums (over i, the last dimension) are projected on: two other inputs agree
+# within RTOL on one projection about once in 60, on all eight almost never. The column sums
+# see an input of few rows (a timestep embedding) change within its rows.
 _FREQUENCIES = (0.7549, 1.3247, 2.2370, 2.9155)
-_SUMS = 1 + len(_FREQUENCIES)  # per input: L2 norm, projections of the per-row sums
+_SUMS = 1 + 2 * len(_FREQUENCIES)  # per input: L2 norm, projections of its row and column sums
 #: Values each member sends: the exchange is FINGERPRINT * 8 bytes per member per forward.
 FINGERPRINT = _HEAD + (_SHAPE + _SUMS) * len(INPUTS)
 #: Checksums of the same inputs agree to float rounding (kernels that are not bitwise
@@ -57,15 +59,17 @@ def _shape_of(t: torch.Tensor | None) -> list[int]:
 
 
 def _sums_of(t: torch.Tensor | None, device) -> torch.Tensor:
-    """The L2 norm of ``t`` and its per-row sums projected on fixed sequences in [-1, 1]
-    (which see a change of any row, and of their order), on ``t``'s device."""
+    """The L2 norm of ``t`` and its per-row and per-column sums projected on fixed sequences in
+    [-1, 1] (which see a change of any row or column, and of their order), on ``t``'s
+    device."""
     if t is None:
         return torch.zeros(_SUMS, dtype=torch.float64, device=device)
     t = t.detach()
     rows = t.reshape(-1, t.shape[-1]) if t.ndim else t.reshape(1, 1)
-    sums = rows.sum(-1, dtype=torch.float32)
-    row = torch.arange(sums.numel(), device=t.device, dtype=torch.float32)
-    projections = [(sums * torch.cos(row * f)).sum() for f in _FREQUENCIES]
+    projections = []
+    for sums in (rows.sum(-1, dtype=torch.float32), rows.sum(0, dtype=torch.float32)):
+        i = torch.arange(sums.numel(), device=t.device, dtype=torch.float32)
+        projections += [(sums * torch.cos(i * f)).sum() for f in _FREQUENCIES]
     norm = torch.linalg.vector_norm(t, dtype=torch.float32)
     return torch.stack([norm, *projections]).to(device, torch.float64)
 
