@@ -44,7 +44,7 @@ def adaptive(meta, max_tokens, w, k, b, model, tol):
     return AdaptiveBatchSampler(
         meta.seq_lens, max_tokens, cost_model=model, group_keys=meta.group_keys(),
         num_replicas=w, rank=0, micro_batches_per_step=k, max_batch_size=b,
-        on_oversize="skip", mix_tolerance=tol,
+        on_oversize="skip", **({} if tol is None else {"mix_tolerance": tol}),
     )  # fmt: skip
 
 
@@ -108,6 +108,9 @@ def main(argv=None) -> int:
                         max_batch_size=b,
                     )  # fmt: skip
                 }
+                # The library's defaults (composition="representative"), then the tolerance's
+                # rule (composition="balanced") at each tolerance.
+                arms["default"] = adaptive(meta, max_tokens, w, k, b, cal.cost_model, None)
                 for tol in tolerances:
                     arms[f"tol {tol:g}"] = adaptive(meta, max_tokens, w, k, b, cal.cost_model, tol)
                 for arm, s in arms.items():

@@ -282,6 +282,7 @@ void bind_planning(py::module_& m) {
       .def_readwrite("lookahead_steps", &PlanOptions::lookahead_steps)
       .def_readwrite("uneven_counts", &PlanOptions::uneven_counts)
       .def_readwrite("mix_tolerance", &PlanOptions::mix_tolerance)
+      .def_readwrite("representative", &PlanOptions::representative)
       .def_property(
           "sequence_parallel", [](const PlanOptions& o) { return o.sequence_parallel.max_degree; },
           [](PlanOptions& o, int64_t d) { o.sequence_parallel.max_degree = d; })

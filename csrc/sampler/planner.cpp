@@ -12,6 +12,7 @@
 
 #include "sampler/exchanges.h"
 #include "sampler/rng.h"
+#include "sampler/window_mix.h"
 
 namespace adaptiveload {
 
@@ -244,8 +245,8 @@ void fit_to_steps(const SampleTable& table, const PlanOptions& o, std::vector<in
   }
 }
 
-// A micro-batch of a window: (predicted cost, index into the epoch's micro-batches).
-using Item = std::pair<double, int64_t>;
+// A micro-batch of a window, Item (window_mix.h): (predicted cost, index into the epoch's
+// micro-batches).
 
 bool by_decreasing_cost(const Item& a, const Item& b) {
   return a.first > b.first || (a.first == b.first && a.second < b.second);
@@ -446,10 +447,11 @@ SpItem sp_item(const SampleTable& table, const PlanOptions& o, const std::vector
 // assign_window with sequence parallelism: each step's degrees, groups and rank lists (`out`),
 // and the steps' mean predicted loss, the share of rank time spent waiting or on what splitting
 // adds (SpStep::lost): a window whose steps mix only by splitting everything balances well and
-// still runs slower, so the tolerance bounds both.
+// still runs slower, so the tolerance bounds both. `limit` > 0: as assign_window's (a step's
+// loss is >= 0 but for rounding).
 double assign_window_sp(const std::vector<Item>& arranged, int64_t steps, int64_t W,
                         int64_t per_step, const std::vector<SpItem>& info,
-                        const SequenceParallel& sp, std::vector<SpStep>& out) {
+                        const SequenceParallel& sp, std::vector<SpStep>& out, double limit = 0.0) {
   out.resize(steps);
   std::vector<SpItem> step_items(per_step);
   double lost = 0.0;
@@ -457,8 +459,103 @@ double assign_window_sp(const std::vector<Item>& arranged, int64_t steps, int64_
     for (int64_t j = 0; j < per_step; ++j) step_items[j] = info[arranged[c * per_step + j].second];
     out[c] = assign_with_degrees(step_items, W, sp);
     lost += out[c].lost(W);
+    if (limit > 0.0 && lost > limit * static_cast<double>(steps) + 1e-9) return limit + 1.0;
   }
   return steps > 0 ? lost / static_cast<double>(steps) : 0.0;
+}
+
+// The window's arrangement under the representative rule (PlanOptions::representative). The
+// candidates: the window's cost strata 1, 2, 4, ... and one per step, mixed (mix_window), and
+// kShuffleDraws uniform shuffles of its micro-batches cut into steps; the shuffles' mean measure
+// is the bar (window_mix.h). Those within the bar (and one stratum, the most representative
+// arrangement, always) are tried from the most representative on, and a less representative one
+// is taken only where it lowers the predicted imbalance by kBalanceStep or more: at about equal
+// speed, the closer mix. Returns the strata (0: a shuffle won); `arranged` holds the steps (each
+// in decreasing cost) and `ranks` / `sp_steps` their ranks, as the tolerance's trial does.
+int64_t representative_window(const std::vector<Item>& sorted,
+                              const std::vector<int32_t>& item_group,
+                              const std::vector<MicroBatch>& mbs, const PlanOptions& o, int64_t t0,
+                              int64_t steps, const std::vector<SpItem>& sp_info,
+                              std::vector<Item>& arranged, std::vector<int64_t>& ranks,
+                              std::vector<SpStep>& sp_steps) {
+  constexpr int kShuffleDraws = 8;
+  constexpr double kBalanceStep = 0.005;
+  const int64_t W = o.num_replicas, K = o.micro_batches_per_step, per_step = W * K;
+  const int64_t first = t0 * per_step, n = steps * per_step;
+  std::vector<int32_t> group(n);
+  std::vector<int64_t> tokens(n), samples(n);
+  for (int64_t i = 0; i < n; ++i) {
+    group[i] = item_group[first + i];
+    tokens[i] = mbs[first + i].tokens;
+    samples[i] = mbs[first + i].count();
+  }
+  WindowMix window(first, group, tokens, samples);
+  struct Candidate {
+    std::vector<Item> steps;
+    StepMix mix;
+    int64_t strata;  // 0: a shuffle
+  };
+  std::vector<Candidate> candidates;
+  // The shuffles have a stream of their own, so that the plan's other draws stay those of the
+  // tolerance's rule.
+  Rng rng(o.seed ^ 0x9e3779b97f4a7c15ULL, (static_cast<uint64_t>(o.epoch) << 32) + t0);
+  StepMix bar;
+  for (int d = 0; d < kShuffleDraws; ++d) {
+    Candidate c{sorted, {}, 0};
+    shuffle_in_place(c.steps, rng);
+    for (int64_t t = 0; t < steps; ++t)
+      std::sort(c.steps.begin() + t * per_step, c.steps.begin() + (t + 1) * per_step,
+                by_decreasing_cost);
+    c.mix = window.measure(c.steps, steps, per_step);
+    bar.add(c.mix, 1.0 / kShuffleDraws);
+    candidates.push_back(std::move(c));
+  }
+  int64_t top = 1;
+  while (top * 2 < steps) top *= 2;
+  for (int64_t s = steps; s >= 1; s = (s == steps ? top : s / 2)) {
+    Candidate c{{}, {}, s};
+    if (s == steps && steps > 1) {
+      c.steps = sorted;
+    } else {
+      mix_window(sorted, item_group, steps, s, per_step, c.steps);
+    }
+    c.mix = window.measure(c.steps, steps, per_step);
+    candidates.push_back(std::move(c));
+    if (s == 1) break;
+  }
+  // The most representative first: distance relative to the bar's, by tokens and by samples.
+  auto distance = [&](const StepMix& m) {
+    return m.tokens / std::max(bar.tokens, 1e-12) + m.samples / std::max(bar.samples, 1e-12);
+  };
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < static_cast<int64_t>(candidates.size()); ++i)
+    if (candidates[i].strata == 1 || candidates[i].mix.within(bar)) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return distance(candidates[a].mix) < distance(candidates[b].mix);
+  });
+  const bool sp_on = o.sequence_parallel.enabled();
+  std::vector<int64_t> trial_ranks;
+  std::vector<SpStep> trial_sp;
+  double best = std::numeric_limits<double>::infinity();
+  int64_t strata = 1;
+  for (int64_t i : order) {
+    Candidate& c = candidates[i];
+    const double limit = std::isfinite(best) ? best - kBalanceStep : 0.0;
+    if (std::isfinite(best) && limit <= 0.0) break;     // nothing can buy kBalanceStep more
+    const bool whole = c.strata == steps && steps > 1;  // as sorted: exchanges do not pay
+    const double imbalance =
+        sp_on ? assign_window_sp(c.steps, steps, W, per_step, sp_info, o.sequence_parallel,
+                                 trial_sp, limit)
+              : assign_window(c.steps, steps, W, K, o.uneven_counts, !whole, trial_ranks, limit);
+    if (!std::isfinite(best) || imbalance <= limit) {
+      best = imbalance;
+      strata = c.strata;
+      arranged.swap(c.steps);
+      ranks.swap(trial_ranks);
+      sp_steps.swap(trial_sp);
+    }
+  }
+  return strata;
 }
 
 // Flattens a plan with sequence parallelism: the steps' listings in order, each with its
@@ -934,7 +1031,11 @@ void plan_bucketed(const SampleTable& table, const PlanOptions& o, std::vector<i
       // imbalance within the tolerance; the fewest such strata are taken.
       int64_t strata = steps;
       const std::vector<Item>* arranged = &items;
-      if (o.mix_tolerance > 0.0) {
+      if (o.representative) {
+        strata = representative_window(items, item_group, mbs, o, t0, steps, sp_info, mixed, ranks,
+                                       sp_steps);
+        arranged = &mixed;
+      } else if (o.mix_tolerance > 0.0) {
         for (int64_t s = 1; s < steps; s *= 2) {
           mix_window(items, item_group, steps, s, per_step, mixed);
           const double imbalance = sp_on ? assign_window_sp(mixed, steps, W, per_step, sp_info,
@@ -950,7 +1051,7 @@ void plan_bucketed(const SampleTable& table, const PlanOptions& o, std::vector<i
           }
         }
       }
-      if (strata == steps) {
+      if (strata == steps && !o.representative) {
         if (sp_on) {
           assign_window_sp(items, steps, W, per_step, sp_info, o.sequence_parallel, sp_steps);
         } else {

@@ -172,6 +172,13 @@ struct PlanOptions {
   /// hold one or two groups). 1: every window fully mixed. The Python sampler's default is
   /// MIX_TOLERANCE in python/adaptiveload/sampler/samplers.py.
   double mix_tolerance = 0.0;
+  /// Steps at least as representative as a shuffle (window_mix.h): each window takes, of the
+  /// arrangements of its micro-batches into steps (cost strata dealt round-robin by group, 1 to
+  /// the window's step count), the best balanced among those whose steps are as close to the
+  /// window's mix of groups as uniform shuffles of the same micro-batches are, by tokens, by
+  /// samples and in steps missing a major group (one stratum where none is). mix_tolerance is
+  /// then unused. The Python samplers' default (composition="representative").
+  bool representative = false;
   /// Sequence parallelism chosen per micro-batch (sequence_parallel.h): off by default. On, each
   /// step's micro-batches get degrees and groups that lower its slowest rank, a micro-batch of
   /// degree d is listed once per member rank (its share), and max_tokens bounds each share.

@@ -43,12 +43,13 @@ def compare_samplers(
     mix_tolerance: float | None = None,
     sequence_parallel: int = 1,
     uneven_counts: bool = False,
+    composition: str | None = None,
 ) -> dict[str, Compared]:
     """Plan one epoch (rank 0's view; plans are the same on every rank) with three samplers
     at the same ``max_tokens``, all costed with ``cost_model``:
 
     - "AdaptiveLoad": ``AdaptiveBatchSampler`` with ``cost_model``, ``max_cost``,
-      ``lookahead_steps`` and ``mix_tolerance`` (None: the setup's default), and with
+      ``lookahead_steps``, ``composition`` and ``mix_tolerance`` (None: the defaults), and with
       ``sequence_parallel`` > 1 micro-batches split over up to that many ranks
       (``uneven_counts=True``, as sequence parallelism needs), and ``uneven_counts``;
     - "equal-token buckets": ``EqualTokenBatchSampler`` (``floor(max_tokens / S)`` samples
@@ -81,6 +82,7 @@ def compare_samplers(
         cost_model=cost_model,
         lookahead_steps=lookahead_steps,
         mix_tolerance=mix_tolerance,
+        composition=composition,
         uneven_counts=uneven_counts or sequence_parallel > 1,
         **(dict(sequence_parallel=sequence_parallel) if sequence_parallel > 1 else {}),
         **common,

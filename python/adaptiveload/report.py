@@ -251,20 +251,33 @@ def uneven_line(plan) -> str:
 REPRESENTATIVE_RATIO, REPRESENTATIVE_MISSING = 1.10, 0.03
 
 
-def steps_line(comp, no_image: float | None, mix_tolerance: float) -> str:
-    """One line: are this plan's steps as representative as a shuffle, or segregated?"""
+def representative(comp) -> bool:
+    """Whether steps of this composition are as representative as a shuffle's."""
+    return (
+        comp.tokens_ratio <= REPRESENTATIVE_RATIO
+        and comp.missing <= comp.shuffle_missing + REPRESENTATIVE_MISSING
+    )
+
+
+def steps_line(comp, no_image: float | None, sampler) -> str:
+    """One line: are this plan's steps as representative as a shuffle, or segregated, and
+    where segregated, by which choice (``sampler``: its composition and mix_tolerance)?"""
     figures = (
         f"{comp.tokens_ratio:.2f}x a shuffle's distance from the epoch's mix, "
         f"{comp.missing:.0%} of steps miss a group against a shuffle's {comp.shuffle_missing:.0%}"
         + ("" if no_image is None else f", {no_image:.0%} of steps hold no image")
     )
-    if (
-        comp.tokens_ratio <= REPRESENTATIVE_RATIO
-        and comp.missing <= comp.shuffle_missing + REPRESENTATIVE_MISSING
-    ):
+    if representative(comp):
         return f"Steps: as representative as a shuffle ({figures})."
+    if sampler.composition == "balanced":
+        return (
+            f"Steps: segregated, by choice ({figures}): --composition balanced (speed over "
+            f"fidelity) mixes them only as far as --mix-tolerance {sampler.mix_tolerance:g} "
+            "allows, so each optimizer step learns from one or two shapes instead of the data's "
+            'mix. What that does to training: docs/sampler.md, "Representative steps".'
+        )
     return (
-        f"Steps: segregated ({figures}): mixing them would cost more balance than "
-        f"--mix-tolerance {mix_tolerance:g} allows. What that does to training and what to "
-        'change (K, batch size, --mix-tolerance): docs/sampler.md, "Representative steps".'
+        f"Steps: less representative than a shuffle ({figures}): the window's micro-batches "
+        "allow no closer mix (a few groups per window, or steps of one micro-batch); see "
+        'docs/sampler.md, "Representative steps".'
     )

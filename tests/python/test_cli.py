@@ -240,7 +240,7 @@ def test_bucket_table_is_compact_with_thousands_of_groups(tmp_path, capsys):
 
 
 def test_bucket_table_values_match_the_plan(tmp_path):
-    from adaptiveload.cli import bucket_table
+    from adaptiveload.cli_plan import bucket_table
     from adaptiveload.sampler import AdaptiveBatchSampler, EqualTokenBatchSampler
 
     meta = demo_metadata(3000, "wan-mix", seed=5)
@@ -329,7 +329,9 @@ def test_plan_reports_composition_beside_balance(tmp_path, capsys):
     header = next(line for line in out.splitlines() if line.startswith("sampler"))
     for column in ("imbalance", "speedup", "mix vs shuffle", "missing (shuffle)", "no image"):
         assert column in header
-    assert "windows of steps fully mixed (--mix-tolerance 0.02)" in out
+    assert "windows of steps fully mixed" not in out  # the tolerance's rule only
+    plan_json(tmp_path, "--composition", "balanced")
+    assert "windows of steps fully mixed (--mix-tolerance 0.02)" in capsys.readouterr().out
     for name, rep in reports.items():
         comp = rep["composition"]
         row = next(line for line in out.splitlines() if line.startswith(name))
@@ -356,11 +358,12 @@ def test_mix_tolerance_reaches_the_adaptive_sampler(tmp_path, capsys):
 
 
 def test_plan_with_sequence_parallelism_mixes_the_steps_whole_samples_cannot(tmp_path, capsys):
-    """``plan --sequence-parallel 8``: the demo at K = 4, segregated without splitting (the
-    built-in 14B profile), mixes with it at about the same predicted epoch time; the report
-    says how many micro-batches are split over how many ranks, each counted once."""
+    """``plan --sequence-parallel 8``: the demo at K = 4, segregated by the tolerance's rule
+    without splitting (the built-in 14B profile), mixes by default with it at about the same
+    predicted epoch time; the report says how many micro-batches are split over how many
+    ranks, each counted once."""
     demo = ("--demo-samples", "20000", "--micro-batches-per-step", "4")
-    whole = plan_json(tmp_path, *demo)["AdaptiveLoad"]
+    whole = plan_json(tmp_path, *demo, "--composition", "balanced")["AdaptiveLoad"]
     capsys.readouterr()
     split = plan_json(tmp_path, *demo, "--sequence-parallel", "8")
     out = capsys.readouterr().out
@@ -370,7 +373,7 @@ def test_plan_with_sequence_parallelism_mixes_the_steps_whole_samples_cannot(tmp
     assert ours["epoch_time"] <= whole["epoch_time"] * 1.03
     line = next(x for x in out.splitlines() if x.startswith("sequence parallelism"))
     assert "up to 8 ranks per micro-batch" in line and " over 4 ranks" in line
-    assert "(--mix-tolerance 0.05)" in out  # the setup's default reached the sampler
+    assert "Steps: as representative as a shuffle" in out
     for bad, says in ((["--sequence-parallel", "3"], "power of two"),
                       (["--sequence-parallel", "2", "--stream"], "--stream")):  # fmt: skip
         assert main(["plan", "--demo", "--demo-samples", "300", "--figure", "none", *bad]) == 2
@@ -395,6 +398,29 @@ def test_the_report_says_in_one_line_whether_this_plan_segregates(tmp_path, caps
     line = steps_line(capsys.readouterr().out)
     assert line.startswith("Steps: as representative as a shuffle")
     assert f"{mixed['composition']['tokens_ratio']:.2f}x a shuffle's distance" in line
+
+
+def test_the_demo_plans_the_recommended_setup_and_names_the_alternatives(capsys):
+    """plan --demo: the defaults' steps are representative, and one line per alternative says
+    its speed, whether its steps are representative, and what it trades."""
+    assert main(["plan", "--demo", "--demo-samples", "6000", "--figure", "none"]) == 0
+    out = capsys.readouterr().out
+    assert steps_line(out).startswith("Steps: as representative as a shuffle")
+    lines = out.split("Alternatives (each alone, against equal-token buckets at its K):\n")[1]
+    lines = lines.strip().splitlines()
+    assert [line.split(":")[0].strip() for line in lines] == [
+        "--composition balanced",
+        "--micro-batches-per-step 4",
+        "--sequence-parallel 8",
+    ]
+    assert "steps segregated" in lines[0] and "speed over fidelity" in lines[0]
+    assert "steps representative" in lines[2]
+    # An alternative the command line already chose is not offered again.
+    assert main(["plan", "--demo", "--demo-samples", "6000", "--figure", "none",
+                 "--composition", "balanced"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert steps_line(out).startswith("Steps: segregated, by choice")
+    assert "  --composition balanced:" not in out
 
 
 def test_no_image_column_needs_shapes(tmp_path, capsys):

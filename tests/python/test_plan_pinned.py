@@ -28,10 +28,22 @@ def memory():
 
 CASES = {
     "adaptive_k4": lambda lens: AdaptiveBatchSampler(
-        lens, 160_000, num_replicas=8, rank=0, micro_batches_per_step=4, seed=3
+        lens,
+        160_000,
+        num_replicas=8,
+        rank=0,
+        micro_batches_per_step=4,
+        seed=3,
+        composition="balanced",
     ),
     "adaptive_mixed": lambda lens: AdaptiveBatchSampler(
-        lens, 160_000, num_replicas=2, rank=0, micro_batches_per_step=4, lookahead_steps=16
+        lens,
+        160_000,
+        num_replicas=2,
+        rank=0,
+        micro_batches_per_step=4,
+        lookahead_steps=16,
+        composition="balanced",
     ),
     "adaptive_mix0": lambda lens: AdaptiveBatchSampler(
         lens,
@@ -43,13 +55,32 @@ CASES = {
         mix_tolerance=0,
     ),
     "adaptive_k1_drop": lambda lens: AdaptiveBatchSampler(
-        lens, 100_000, num_replicas=4, rank=0, seed=9, drop_last=True, lookahead_steps=8
+        lens,
+        100_000,
+        num_replicas=4,
+        rank=0,
+        seed=9,
+        drop_last=True,
+        lookahead_steps=8,
+        composition="balanced",
     ),
     "adaptive_bs1": lambda lens: AdaptiveBatchSampler(
-        lens, 160_000, num_replicas=8, rank=0, micro_batches_per_step=4, max_batch_size=1
+        lens,
+        160_000,
+        num_replicas=8,
+        rank=0,
+        micro_batches_per_step=4,
+        max_batch_size=1,
+        composition="balanced",
     ),
     "adaptive_uneven": lambda lens: AdaptiveBatchSampler(
-        lens, 160_000, num_replicas=8, rank=0, micro_batches_per_step=4, uneven_counts=True
+        lens,
+        160_000,
+        num_replicas=8,
+        rank=0,
+        micro_batches_per_step=4,
+        uneven_counts=True,
+        composition="balanced",
     ),
     "adaptive_groups": lambda lens: AdaptiveBatchSampler(
         lens,
@@ -58,6 +89,7 @@ CASES = {
         rank=0,
         micro_batches_per_step=2,
         group_keys=[(int(s) % 7, int(s) > 20000) for s in lens],
+        composition="balanced",
     ),
     "adaptive_memory": lambda lens: AdaptiveBatchSampler(
         lens,
@@ -67,9 +99,23 @@ CASES = {
         micro_batches_per_step=2,
         memory_model=memory(),
         memory_budget_gib=60.0,
+        composition="balanced",
     ),
     "adaptive_unbalanced": lambda lens: AdaptiveBatchSampler(
         lens, 160_000, num_replicas=4, rank=0, balance=False, shuffle=False
+    ),
+    # The default rule since 2026-12-07: steps as representative as a shuffle.
+    "representative_k1": lambda lens: AdaptiveBatchSampler(
+        lens, 100_000, num_replicas=4, rank=0, seed=9, lookahead_steps=8
+    ),
+    "representative_k4": lambda lens: AdaptiveBatchSampler(
+        lens, 160_000, num_replicas=8, rank=0, micro_batches_per_step=4, seed=3
+    ),
+    "representative_bs1": lambda lens: AdaptiveBatchSampler(
+        lens, 160_000, num_replicas=8, rank=0, micro_batches_per_step=4, max_batch_size=1
+    ),
+    "representative_uneven": lambda lens: AdaptiveBatchSampler(
+        lens, 160_000, num_replicas=8, rank=0, micro_batches_per_step=4, uneven_counts=True
     ),
     "equal_token": lambda lens: EqualTokenBatchSampler(
         lens, 160_000, num_replicas=8, rank=0, micro_batches_per_step=4, seed=3
@@ -88,6 +134,9 @@ CASES = {
 # each half in its micro-batch's place, balanced or not (equal-size micro-batches halved
 # instead of the earliest: the same samples and micro-batch sizes, the halves elsewhere; the
 # plans after a resume hold what the changed first half left).
+# When composition="representative" became the default (2026-12-07), the cases that planned
+# with the default rule were given composition="balanced" and kept their digests (the rule of
+# the tolerance plans as before, bit for bit); the representative_* cases were recorded then.
 PINNED = {
     "adaptive_bs1": [
         "c3f5d7f90b03d796704ed674",
@@ -133,6 +182,26 @@ PINNED = {
         "a8b9936521008087890c4715",
         "4fdcdce2064f2589c4af4719",
         "2e40ce770cc3acddafa729cc",
+    ],
+    "representative_bs1": [
+        "831f1e4fe98226e417709f3b",
+        "4100e43ac5d8dbad5b1b6e52",
+        "334f69d75ef4e83bf8fb0cf8",
+    ],
+    "representative_k1": [
+        "a2a9f2cfa3b489bb70799a05",
+        "f47d381daca81c728a1d1fda",
+        "c934cb4e675169ae3c548c19",
+    ],
+    "representative_k4": [
+        "d5d7f643de7c856dec6e054b",
+        "95d55821e3e8d62ada9b0413",
+        "c3254687dd4d0b166b99b3a0",
+    ],
+    "representative_uneven": [
+        "07dbaf34082bf9f60deffc53",
+        "df51a7f15cf6e1f2f67a4707",
+        "0648cade396d22fbda53d2e2",
     ],
     "equal_token": [
         "71b37c1088cc184a344d7f24",

@@ -108,7 +108,11 @@ def test_sampler_plans_with_measured_kinds():
 def test_max_batch_size_one_balances_single_sample_steps(k, mix_seed):
     meta = demo_metadata(4000, "wan-mix", seed=mix_seed)
     common = dict(group_keys=meta.group_keys(), num_replicas=8, rank=0, micro_batches_per_step=k)
-    ours = AdaptiveBatchSampler(meta.seq_lens, 151_200, max_batch_size=1, **common)
+    # The tolerance's rule (speed over fidelity): steps of single samples balance only as
+    # steps of one shape.
+    ours = AdaptiveBatchSampler(
+        meta.seq_lens, 151_200, max_batch_size=1, composition="balanced", **common
+    )
     base = EqualTokenBatchSampler(
         meta.seq_lens, 151_200, max_batch_size=1, cost_model=ours.cost_model, **common
     )
@@ -256,7 +260,8 @@ def test_batch_sizes_follow_both_caps():
 
 def test_balanced_plan_beats_equal_token_buckets():
     lens = random_mix(20000, seed=1)
-    ours = balance_report(AdaptiveBatchSampler(lens, 151200, num_replicas=8, rank=0).plan())
+    ours = AdaptiveBatchSampler(lens, 151200, num_replicas=8, rank=0, composition="balanced")
+    ours = balance_report(ours.plan())
     base = balance_report(EqualTokenBatchSampler(lens, 151200, num_replicas=8, rank=0).plan())
     assert ours.imbalance < 0.03
     assert base.imbalance > 0.2

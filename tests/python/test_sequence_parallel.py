@@ -87,7 +87,7 @@ def test_representative_and_balanced_where_whole_samples_cannot_be():
     degrees the steps are as representative as a shuffle and balanced."""
     lens = random_mix(4000, seed=3)
     image = lens == 1560
-    whole = make(lens, max_batch_size=1, sequence_parallel=1)
+    whole = make(lens, max_batch_size=1, sequence_parallel=1, composition="balanced")
     split = make(lens, max_batch_size=1)
     out = {}
     for name, s in (("whole", whole), ("split", split)):
@@ -468,7 +468,7 @@ def test_split_kept_prices_each_share_and_steers_the_degrees():
 
     def plan(model):
         return make(lens, cost_model=model, sequence_parallel_comm=0.0, max_tokens=151200,
-                    micro_batches_per_step=1).plan()  # fmt: skip
+                    micro_batches_per_step=1, composition="balanced").plan()  # fmt: skip
 
     p = plan(kept)
     split = 0

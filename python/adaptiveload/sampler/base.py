@@ -64,6 +64,7 @@ class BatchSampler(Sampler[list[int]]):
     max_batch_size = Setting()
     uneven_counts = Setting()
     mix_tolerance = Setting()
+    composition = Setting()
     drawn_is_trained = Setting()
     segment_samples = Setting()
 

@@ -138,6 +138,9 @@ class Options:
     #: streamed plans only: the least positions of a segment (None: not streamed, or the
     #: streaming sampler's default)
     segment_samples: int | None = None
+    #: "representative" (steps as representative as a shuffle) or "balanced" (mix_tolerance's
+    #: rule); sampler/defaults.py
+    composition: str = "representative"
 
 
 def _memory_options(memory_model, memory_budget_gib, max_tokens) -> tuple:
@@ -223,6 +226,10 @@ def check_options(max_tokens, *, max_cost, cost_model, num_replicas, rank, **fla
     mix = flags.pop("mix_tolerance")
     if not (isinstance(mix, numbers.Real) and not isinstance(mix, bool) and 0.0 <= mix <= 1.0):
         raise ValueError(f"mix_tolerance must be a number in [0, 1], got {mix!r}")
+    if flags.get("composition", "representative") not in ("representative", "balanced"):
+        raise ValueError(
+            f"composition must be 'representative' or 'balanced', got {flags['composition']!r}"
+        )
     _check_sequence_parallel(flags, out, num_replicas)
     segment = flags.pop("segment_samples", None)
     out["segment_samples"] = None if segment is None else int_arg("segment_samples", segment, 1)

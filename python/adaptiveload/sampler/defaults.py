@@ -4,7 +4,15 @@ behind each value are in benchmarks/RESULTS.md and docs/sampler.md ("Representat
 
 from __future__ import annotations
 
-# The default mix_tolerance: the predicted imbalance a window's steps may take on to mix the
+# How each window's micro-batches form its steps, by default: "representative" (steps at least
+# as representative of the data as a shuffle of the same micro-batches, balanced as well as that
+# allows) or "balanced" (the tolerance's rule below: steps mix only as far as mix_tolerance
+# allows, else they hold one or two shapes: speed over fidelity). docs/sampler.md,
+# "Representative steps", says what each does to training.
+COMPOSITION = "representative"
+COMPOSITIONS = ("representative", "balanced")
+
+# The default mix_tolerance of composition="balanced": the predicted imbalance a window's steps may take on to mix the
 # data's groups.
 MIX_TOLERANCE = 0.02
 # The default mix_tolerance by (sequence parallelism, one sample per micro-batch, K = 1), for
@@ -30,6 +38,31 @@ def default_mix_tolerance(sequence_parallel, max_batch_size, micro_batches_per_s
         micro_batches_per_step == 1,
     )
     return MIX_TOLERANCE_BY_SETUP.get(key, MIX_TOLERANCE)
+
+
+def resolve_composition(
+    composition, mix_tolerance, sequence_parallel, max_batch_size, micro_batches_per_step
+) -> tuple:
+    """``(composition, mix_tolerance)`` as a sampler takes them: a ``mix_tolerance`` given alone
+    asks for the tolerance's rule ("balanced"); neither: ``COMPOSITION``; the tolerance
+    defaults to the setup's (``default_mix_tolerance``), used by "balanced" only."""
+    if composition is None:
+        composition = COMPOSITION if mix_tolerance is None else "balanced"
+    if composition not in COMPOSITIONS:
+        raise ValueError(
+            f"composition must be one of {', '.join(map(repr, COMPOSITIONS))}, got {composition!r}"
+        )
+    if composition == "representative" and mix_tolerance is not None:
+        raise ValueError(
+            f"mix_tolerance={mix_tolerance!r} applies to composition='balanced' (steps mix only as "
+            "far as the tolerance allows); composition='representative' keeps every step as "
+            "representative as a shuffle: give one or the other"
+        )
+    if mix_tolerance is None:
+        mix_tolerance = default_mix_tolerance(
+            sequence_parallel, max_batch_size, micro_batches_per_step
+        )
+    return composition, mix_tolerance
 
 
 # The least positions of a streamed segment: the larger of this and 4 * lookahead_steps * W * K

@@ -150,6 +150,7 @@ class PlannedBatchSampler(BatchSampler):
         p.seed, p.epoch, p.drop_last, p.balance = s.seed, epoch, s.drop_last, s.balance
         p.lookahead_steps, p.uneven_counts = s.lookahead_steps, s.uneven_counts
         p.mix_tolerance, p.skip_oversize = s.mix_tolerance, s.on_oversize == "skip"
+        p.representative = s.balance and s.composition == "representative"
         if s.sequence_parallel > 1:
             p.sequence_parallel = s.sequence_parallel
             comm = s.sequence_parallel_comm

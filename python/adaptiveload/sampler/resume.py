@@ -25,6 +25,7 @@ _OPTIONAL = {
     "memory_budget_gib",
     "uneven_counts",
     "mix_tolerance",
+    "composition",
     "halves_in_place",
     "halves_spread",
     "sequence_parallel",
@@ -35,6 +36,7 @@ _OPTIONAL = {
 def fingerprint(kind: str, options: Options, num_samples: int, data: str, cost_model, max_cost):
     """Everything that shapes a plan, except the epoch and the position in it."""
     o = options
+    representative = o.balance and o.composition == "representative"
     cost = cost_model.to_dict()
     cost.pop("meta", None)
     return {
@@ -55,7 +57,10 @@ def fingerprint(kind: str, options: Options, num_samples: int, data: str, cost_m
         # Only when set, so that states saved before the options still match.
         **({"max_batch_size": o.max_batch_size} if o.max_batch_size else {}),
         **({"uneven_counts": True} if o.uneven_counts else {}),
-        **({"mix_tolerance": o.mix_tolerance} if o.balance else {}),
+        # The tolerance where it shapes the plan; the representative rule (from 2026-12-07)
+        # by name, so that states saved before, without it, re-plan what they did not consume.
+        **({"mix_tolerance": o.mix_tolerance} if o.balance and not representative else {}),
+        **({"composition": "representative"} if representative else {}),
         # Without balancing, a halved micro-batch's halves take its place (they were appended
         # once): states saved before, without the key, re-plan what they did not consume.
         **({"halves_in_place": True} if not o.balance else {}),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from adaptiveload.cost import CostModel
 from adaptiveload.memory import MemoryModel
-from adaptiveload.sampler.defaults import MIX_TOLERANCE, default_mix_tolerance
+from adaptiveload.sampler.defaults import MIX_TOLERANCE, resolve_composition
 from adaptiveload.sampler.planned import PlannedBatchSampler
 
 __all__ = ["MIX_TOLERANCE", "AdaptiveBatchSampler", "EqualTokenBatchSampler"]
@@ -21,9 +21,9 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
     Each micro-batch obeys ``sum_i S_i <= max_tokens`` (memory, M_mem) and
     ``cost_model(batch) <= max_cost`` (compute, M_comp) and never mixes ``group_keys``.
     Each optimizer step's ``W x K`` micro-batches come from a window of
-    ``lookahead_steps`` steps, mixed so that each step holds the window's groups in
-    proportion as far as the predicted imbalance stays within ``mix_tolerance`` (else steps of
-    similar cost), and are assigned to ranks (K each) by longest-processing-time first.
+    ``lookahead_steps`` steps, arranged so that every step is at least as representative of the
+    window's data as a shuffle's (``composition``), and are assigned to ranks (K each) by
+    longest-processing-time first.
 
     Args:
         seq_lens: 1-D integer token counts, one per dataset index (list, numpy array or
@@ -51,19 +51,25 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
         lookahead_steps: how far the order departs from a plain shuffle: micro-batches are
             regrouped within windows of this many optimizer steps. 1 keeps the shuffled
             step order; larger windows balance better.
-        mix_tolerance: the predicted imbalance (mean over a window's steps of 1 - mean/max
-            rank cost) that steps may take on to stay representative of the data: each
+        composition: how each window's micro-batches form its steps. ``"representative"``
+            (the default): of the window's arrangements (cost strata dealt round-robin by
+            group, from the whole window mixed to steps of similar cost), the best balanced
+            whose steps are as close to the window's mix of groups as uniform shuffles of the
+            same micro-batches (by tokens, by samples, and in steps missing a group): the model
+            trains on the mix a shuffle gives it. ``"balanced"``: speed over fidelity, steps
+            mix only as far as ``mix_tolerance`` allows, else hold one or two shapes (which
+            changes what each optimizer step learns from; docs/sampler.md, "Representative
+            steps"). Default (None): "representative", or "balanced" where ``mix_tolerance``
+            is given.
+        mix_tolerance: with ``composition="balanced"``, the predicted imbalance (mean over a
+            window's steps of 1 - mean/max rank cost) that steps may take on to mix: each
             window's steps are drawn from the fewest cost strata (1: the whole window, every
             step a proportional draw of its groups) that keep it within this; none does:
-            steps of similar cost. 0 gives the best balance, with steps that often hold one
-            or two shapes; 1 mixes every window whatever the balance.
-            ``plan().window_strata`` and ``step_composition`` report where each plan landed.
-            With sequence parallelism it bounds the rank time lost to waiting and to what
-            splitting adds (each micro-batch priced against its shares at the fewest ranks
-            it needs). Default (None): ``MIX_TOLERANCE`` (0.02), except where
-            ``MIX_TOLERANCE_BY_SETUP`` names the setup (with sequence parallelism 0.05, and
-            0.10 at one sample per micro-batch and K = 1): docs/sampler.md, "Representative
-            steps".
+            steps of similar cost. 0 gives the best balance; 1 mixes every window whatever
+            the balance. ``plan().window_strata`` and ``step_composition`` report where each
+            plan landed. With sequence parallelism it bounds the rank time lost to waiting
+            and to what splitting adds. Default (None): ``MIX_TOLERANCE`` (0.02), except
+            where ``MIX_TOLERANCE_BY_SETUP`` names the setup (sampler/defaults.py).
         balance: False gives the paper's form: dual caps, no cross-rank balancing.
         max_batch_size: at most this many samples per micro-batch (None: no limit beyond the
             caps). ``max_batch_size=1`` is the batch-size-1 pipeline (DiffSynth-Studio's
@@ -146,12 +152,12 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
         drawn_is_trained: bool = False,
         sequence_parallel: int = 1,
         sequence_parallel_comm: float | None = None,
+        composition: str | None = None,
     ):
-        if mix_tolerance is None:
-            mix_tolerance = default_mix_tolerance(
-                sequence_parallel, max_batch_size, micro_batches_per_step
-            )
-        # Every argument as given (mix_tolerance resolved) is a setting of the base: one list,
+        composition, mix_tolerance = resolve_composition(
+            composition, mix_tolerance, sequence_parallel, max_batch_size, micro_batches_per_step
+        )
+        # Every argument as given (composition and mix_tolerance resolved) is a setting of the base: one list,
         # the signature above, instead of a second one here.
         super().__init__(**_arguments(locals()))
 
@@ -209,6 +215,7 @@ class EqualTokenBatchSampler(PlannedBatchSampler):
             memory_budget_gib=None,
             uneven_counts=False,
             mix_tolerance=0.0,
+            composition="balanced",
         )
 
     @property

@@ -43,6 +43,8 @@ def plan_options(fp: dict, epoch: int):
     p.shuffle, p.seed, p.epoch, p.drop_last = fp["shuffle"], fp["seed"], epoch, fp["drop_last"]
     p.lookahead_steps, p.uneven_counts = fp["lookahead_steps"], fp["uneven_counts"]
     p.mix_tolerance, p.skip_oversize = fp["mix_tolerance"], fp["on_oversize"] == "skip"
+    # States saved before the key planned by the tolerance's rule.
+    p.representative = fp.get("composition", "balanced") == "representative"
     return p
 
 

@@ -35,7 +35,7 @@ from adaptiveload.report import balance_report, merge_reports
 from adaptiveload.sampler.base import BatchSampler
 from adaptiveload.sampler.checks import bool_arg, check_options, int_arg
 from adaptiveload.sampler.columns import FileIdentity, load_column
-from adaptiveload.sampler.defaults import MIN_SEGMENT, default_mix_tolerance
+from adaptiveload.sampler.defaults import MIN_SEGMENT, resolve_composition
 from adaptiveload.sampler.plan import Segment
 from adaptiveload.sampler.ranks import distributed_defaults
 from adaptiveload.sampler.segments import Start, Streamed
@@ -58,7 +58,7 @@ class StreamingBatchSampler(BatchSampler):
             of such a ``.npy``.
         max_tokens, max_cost, cost_model, num_replicas, rank, process_group,
         micro_batches_per_step, shuffle, seed, drop_last, lookahead_steps, mix_tolerance,
-        uneven_counts, max_batch_size, on_oversize, verify_ranks, drawn_is_trained: as
+        composition, uneven_counts, max_batch_size, on_oversize, verify_ranks, drawn_is_trained: as
             ``AdaptiveBatchSampler``'s, checked alike (only the epoch's last segment is fitted
             to whole steps: halved, padded or dropped).
         group_ids: dense int32/int64 group ids, one per index, in ``[0, G)`` with every id used
@@ -93,6 +93,7 @@ class StreamingBatchSampler(BatchSampler):
         segment_samples: int | None = None,
         verify_ranks: bool = True,
         drawn_is_trained: bool = False,
+        composition: str | None = None,
     ):
         settings = {k: v for k, v in locals().items() if k not in IMPLICIT}
         name = type(self).__name__
@@ -110,10 +111,9 @@ class StreamingBatchSampler(BatchSampler):
         settings["num_replicas"], settings["rank"] = distributed_defaults(
             num_replicas, rank, process_group
         )
-        if mix_tolerance is None:
-            settings["mix_tolerance"] = default_mix_tolerance(
-                1, max_batch_size, micro_batches_per_step
-            )
+        settings["composition"], settings["mix_tolerance"] = resolve_composition(
+            composition, mix_tolerance, 1, max_batch_size, micro_batches_per_step
+        )
         options = check_options(balance=True, memory_model=None, memory_budget_gib=None, **settings)
         # The least positions of a segment, resolved: a setting of every streamed plan.
         least = 4 * options.lookahead_steps * options.num_replicas
@@ -182,6 +182,7 @@ class StreamingBatchSampler(BatchSampler):
             "drop_last": o.drop_last,
             "lookahead_steps": o.lookahead_steps,
             "mix_tolerance": o.mix_tolerance,
+            "composition": o.composition,
             "uneven_counts": o.uneven_counts,
             "max_batch_size": o.max_batch_size or 0,
             "on_oversize": o.on_oversize,
