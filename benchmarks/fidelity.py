@@ -1,0 +1,246 @@
+"""Does the balanced plan train as well as a shuffle? The fidelity benchmark of issue #54.
+
+The real ``diffusers.WanTransformer3DModel`` (scaled down with the data: fidelity_data.py)
+trains on a synthetic image+video mix whose token counts span 52x, at every setup teams run:
+packed micro-batches or one sample each, K = 4 or 1, at 8 or 64 ranks (fidelity_arms.py). Per
+setup the arms are ``ARMS``, one table of sampler keywords: ``default`` (none: the library's
+defaults), ``segregated`` (``composition="balanced", mix_tolerance=0.0``), and the remedies
+(``mix_tolerance`` 0.1 and 1.0, ``uneven_counts``, ``sequence_parallel=4``). Each is compared
+with its order-only control: its own plan's micro-batches dealt to steps of the same sizes by
+a uniform permutation (the default's, unless the arm packs its own).
+
+- **Primary measure**, named before the run (``fidelity_stats.PRIMARY``): the final held-out
+  validation loss, mean of images and clips, as the paired difference arm - control per seed
+  in % of the control's mean; 90% and 95% t intervals; the verdict at 95% against +-2%:
+  equivalent, worse, better or inconclusive. Target: every default arm equivalent.
+- **Training.** Every run takes ``Size.steps`` AdamW steps, its learning rate a function of
+  the step alone (warm-up, cosine), so it is the same at every step for every arm of a setup
+  whatever its steps per epoch; epochs follow one another as the steps need. Every rank's
+  micro-batches of a step make one gradient (DDP's average times W, loss summed over tokens
+  over the step's tokens), computed batched by shape: micro-batch boundaries do not enter it.
+  A micro-batch that sequence parallelism splits trains as the whole one. bf16 autocast on a
+  GPU. Two runs of a seed whose every step trains the same samples are run once.
+- **Seeds.** A seed draws its own training data, validation patterns (never trained on),
+  initial weights, noise and plans. Seeds run in rounds: ``--min-seeds`` first, then
+  ``--seed-batch`` more for the comparisons still inconclusive, up to ``--max-seeds``;
+  ``--time-budget`` starts no run after that many seconds (results so far are summarized).
+
+    PYTHONPATH=python python benchmarks/fidelity.py --device cuda --time-budget 1380
+    PYTHONPATH=python python benchmarks/fidelity.py --quick --out-dir /tmp/fidelity  # CI
+
+Writes ``fidelity.csv`` (a row per evaluation, as runs finish), ``fidelity.json`` (setup,
+wiring, comparisons, targets) and ``fidelity.md`` (the RESULTS.md fragment) under
+``--out-dir`` (default ``benchmarks/results/<gpu>/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import fidelity_stats as fs  # noqa: E402
+from fidelity_arms import (  # noqa: E402
+    ARMS,
+    SETUPS,
+    check_wiring,
+    describe,
+    fingerprint,
+    run_steps,
+    runs_of,
+    train_run,
+)
+from fidelity_data import SIZES, TOKEN_SCALE, SeedData  # noqa: E402
+
+COLUMNS = (
+    "setup",
+    "run",
+    "seed",
+    "same_as",
+    "steps",
+    "epoch",
+    "lr",
+    "samples_seen",
+    "tokens_seen",
+    "micro_batches",
+    "mixed_steps",
+    "train_loss",
+    "wall_s",
+    "val_image",
+    "val_clip",
+    "val_mean",
+)
+
+
+def parse_list(text: str) -> list[str]:
+    return [v for v in text.split(",") if v]
+
+
+def machine_key() -> str:
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name(0).lower().replace("nvidia", "").split()
+    return name[0] if name else "gpu"
+
+
+def data_facts(data: SeedData) -> dict:
+    """What the tests check of a seed's data: validation patterns apart from training ones."""
+    train = {m: p.params() for m, p in data.patterns.items()}
+    shared = sum(
+        int((np.abs(train[m][:, None] - p.params()[None]).max(-1) == 0).any())
+        for m, p in data.val_patterns.items()
+    )
+    return {"val_patterns_trained": shared, "x0_sum": float(sum(x.sum() for x in data.x0.values()))}
+
+
+def run_seed(seed, work, size, device, deadline, csv_path, wiring) -> tuple[list, dict, bool]:
+    """The runs ``work`` ({setup: [runs]}) of one seed; returns (rows, per-setup learning-rate
+    traces, whether the time budget cut it)."""
+    data = SeedData(size, seed, device)
+    wiring.setdefault("data", {})[seed] = data_facts(data)
+    rows, lrs = [], {}
+    for setup, runs in work.items():
+        cache, trained = {}, {}
+        if seed == 0:  # the first seed's plans, checked (raises on a miss)
+            wiring.setdefault("plans", {})[setup] = check_wiring(setup, runs, data, cache=cache)
+        for run in runs:
+            if time.time() > deadline:
+                return rows, lrs, True
+            steps = run_steps(setup, run, data, size, cache)
+            key = fingerprint(steps)
+            if key in trained:
+                first = trained[key]
+                new = [r | {"run": run, "same_as": first["run"]} for r in first["rows"]]
+            else:
+                result = train_run(setup, run, steps, data, size)
+                new = [r | {"same_as": ""} for r in result.rows]
+                trained[key] = {"run": run, "rows": result.rows}
+                lrs.setdefault(setup, {})[run] = result.lrs
+            with open(csv_path, "a", newline="") as f:
+                csv.DictWriter(f, fieldnames=COLUMNS).writerows(new)
+            rows += new
+            last = new[-1]
+            print(
+                f"  seed {seed} {setup} {run}: val {last['val_mean']:.4f} (image "
+                f"{last['val_image']:.4f}, clip {last['val_clip']:.4f}), mixed steps "
+                f"{last['mixed_steps']:.0%}, {last['wall_s']:.1f} s"
+                + (f" (= {last['same_as']})" if last["same_as"] else ""),
+                flush=True,
+            )
+    return rows, lrs, False
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny model and data (CPU, seconds)")
+    ap.add_argument("--setups", type=parse_list, default=list(SETUPS))
+    ap.add_argument("--arms", type=parse_list, default=list(ARMS))
+    ap.add_argument("--min-seeds", type=int, default=None, help="first round (4; quick 2)")
+    ap.add_argument("--seed-batch", type=int, default=2, help="seeds added per later round")
+    ap.add_argument("--max-seeds", type=int, default=None, help="stated maximum (12; quick 2)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--time-budget", type=float, default=None, help="seconds; no run after")
+    ap.add_argument("--out-dir", default=None, help="default: benchmarks/results/<gpu>")
+    args = ap.parse_args(argv)
+    for chosen, known in ((args.setups, SETUPS), (args.arms, ARMS)):
+        if not chosen or any(v not in known for v in chosen):
+            ap.error(f"choose from {', '.join(known)}")
+    size = SIZES["quick" if args.quick else "full"]
+    min_seeds = args.min_seeds or (2 if args.quick else 4)
+    max_seeds = max(args.max_seeds or (2 if args.quick else 12), min_seeds)
+    started = time.time()
+    deadline = started + (args.time_budget if args.time_budget is not None else 1e9)
+
+    import diffusers
+
+    torch.set_num_threads(1 if args.device == "cpu" else torch.get_num_threads())
+    machine = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    print(
+        f"machine {machine}, runs on {args.device}; torch {torch.__version__}, diffusers "
+        f"{diffusers.__version__}\nPRIMARY MEASURE (named before the run): {fs.PRIMARY_TEXT}"
+        f"; 90% and 95% t intervals, verdict at 95% against +-{fs.MARGIN:.0%}\n"
+        f"model {size.model}; {size.samples} samples per seed from {size.patterns} patterns "
+        f"per modality, shapes {[s for s, _ in size.mix]} (1 token = {TOKEN_SCALE} of Wan "
+        f"2.1's); {size.steps} steps per run, AdamW peak lr {size.lr:g} by step; validation "
+        f"{size.val_per_shape} new patterns per shape x {size.val_timesteps} timesteps; "
+        f"seeds {min_seeds} then +{args.seed_batch} while inconclusive, at most {max_seeds}"
+    )
+    for setup in args.setups:
+        for run in runs_of(args.arms):
+            print(f"  {setup} {run}: {describe(setup, run)}")
+
+    out_dir = args.out_dir or os.path.join(HERE, "results", machine_key())
+    os.makedirs(out_dir, exist_ok=True)
+    csv_path = os.path.join(out_dir, "fidelity.csv")
+    with open(csv_path, "w", newline="") as f:
+        csv.writer(f).writerow(COLUMNS)
+    wiring, rows, lr_traces, cut = {}, [], {}, False
+    seeds = list(range(min_seeds))
+    work = {s: {setup: runs_of(args.arms) for setup in args.setups} for s in seeds}
+    while work and not cut:
+        for seed, seed_work in work.items():
+            print(f"seed {seed}: {sum(len(r) for r in seed_work.values())} runs", flush=True)
+            new, lrs, cut = run_seed(seed, seed_work, size, args.device, deadline, csv_path, wiring)
+            rows += new
+            lr_traces[seed] = lrs
+            if cut:
+                print("time budget reached: no more runs", flush=True)
+                break
+        comps = fs.comparisons(rows, args.setups, args.arms)
+        todo = fs.undecided(comps, max_seeds)
+        more = list(range(len(seeds), min(len(seeds) + args.seed_batch, max_seeds)))
+        work = {}
+        for seed in more if todo else []:
+            seeds.append(seed)
+            work[seed] = {}
+            for setup, arm in todo:
+                work[seed][setup] = list(
+                    dict.fromkeys([*work[seed].get(setup, []), *runs_of([arm])])
+                )
+    comps = fs.comparisons(rows, args.setups, args.arms)
+    fs.print_table(comps)
+    wiring["lr_same_across_runs"] = {
+        f"{seed}/{setup}": len({tuple(v) for v in runs.values()}) == 1
+        for seed, by_setup in lr_traces.items()
+        for setup, runs in by_setup.items()
+    }
+    summary = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine,
+        "device": args.device,
+        "torch": torch.__version__,
+        "diffusers": diffusers.__version__,
+        "command": " ".join(["python benchmarks/fidelity.py", *(argv or sys.argv[1:])]),
+        "size": asdict(size),
+        "primary": fs.PRIMARY_TEXT,
+        "arms": {a: {"keywords": kw, "control_shuffles": src} for a, (kw, src) in ARMS.items()},
+        "time_budget_cut": cut,
+        "wall_s": round(time.time() - started, 1),
+        "wiring": wiring,
+        "comparisons": comps,
+        "targets": fs.targets(comps),
+    }
+    with open(os.path.join(out_dir, "fidelity.json"), "w") as f:
+        json.dump(summary, f, indent=1, default=str)
+    header = (
+        f"benchmarks/fidelity.py: {machine}; torch {torch.__version__}; {summary['date']}; "
+        f"`{summary['command']}`; {summary['wall_s']:.0f} s."
+    )
+    with open(os.path.join(out_dir, "fidelity.md"), "w") as f:
+        f.write(fs.markdown(comps, header))
+    print(f"wrote {out_dir}/fidelity.csv, .json, .md; {summary['wall_s']:.0f} s")
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""benchmarks/fidelity.py: each control holds exactly its arm's micro-batches in steps of the
+same sizes, the learning rate is the same at every step for every arm, validation patterns are
+never trained on, every seed draws its own data, a step's gradient batched by shape is the
+per-micro-batch one, the verdicts are the ones claimed, and ``--quick`` runs end to end."""
+
+import csv
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import fidelity as fb  # noqa: E402
+import fidelity_arms as fa  # noqa: E402
+import fidelity_data as fd  # noqa: E402
+import fidelity_stats as fs  # noqa: E402
+
+SIZE = fd.SIZES["quick"]
+QUICK_SETUPS = ("packed_k4/w8", "b1_k1/w8")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return fd.SeedData(SIZE, 3, "cpu")
+
+
+def as_sets(steps):
+    return [sorted((tuple(int(i) for i in idx), pad) for idx, pad in s) for s in steps]
+
+
+@pytest.mark.parametrize("setup", QUICK_SETUPS)
+@pytest.mark.parametrize("arm", list(fa.ARMS))
+def test_control_holds_its_arms_micro_batches_dealt_otherwise(data, setup, arm):
+    control = fa.control_of(arm)
+    source, _ = fa.source_of(control)
+    for epoch in (0, 2):
+        planned = fa.RunPlans(setup, source, data).epoch(epoch)
+        shuffled = fa.RunPlans(setup, control, data).epoch(epoch)
+        assert [len(s) for s in shuffled] == [len(s) for s in planned]
+        assert fa.micro_batch_multiset(shuffled) == fa.micro_batch_multiset(planned)
+        if len(planned) > 1 or setup == "b1_k1/w8":  # a single step has one order
+            assert as_sets(shuffled) != as_sets(planned), "the control is not shuffled"
+
+
+def test_the_wiring_check_can_fail(data, monkeypatch):
+    runs = fa.runs_of(fa.ARMS)
+    found = fa.check_wiring("b1_k1/w8", runs, data)
+    assert set(found) == set(runs)
+
+    def lose_one(steps, rng):  # a shuffle that repeats one micro-batch in place of another
+        out = [list(s) for s in steps]
+        out[0][0] = out[-1][-1]
+        return out
+
+    monkeypatch.setattr(fa, "shuffled_steps", lose_one)
+    with pytest.raises(RuntimeError, match="lost or changed"):
+        fa.check_wiring("b1_k1/w8", runs, data)
+
+
+def test_the_learning_rate_is_a_function_of_the_step(data):
+    """Every run's trace is the schedule's, exactly, whatever its steps per epoch."""
+    expected = [fd.learning_rate(SIZE, i) for i in range(SIZE.steps)]
+    assert expected[-1] < max(expected)
+    for run in ("default", "shuffled", "sp4"):
+        steps = fa.run_steps("b1_k1/w8", run, data, SIZE)
+        assert fa.train_run("b1_k1/w8", run, steps, data, SIZE).lrs == expected
+
+
+def test_validation_patterns_are_new_and_seeds_draw_their_own_data(data):
+    for m, val in data.val_patterns.items():
+        train = data.patterns[m].params()
+        for row in val.params():
+            assert not (train == row).all(axis=1).any()
+    assert fb.data_facts(data)["val_patterns_trained"] == 0
+    other = fd.SeedData(SIZE, 4, "cpu")
+    assert not np.array_equal(other.shapes, data.shapes)
+    for m in fd.MODALITIES:
+        assert not np.array_equal(other.patterns[m].params(), data.patterns[m].params())
+    timesteps = sorted({float(t) for _, b in data.val for t in b.timestep})
+    assert len(timesteps) == SIZE.val_timesteps
+
+
+def test_a_step_batched_by_shape_is_the_per_micro_batch_gradient(data):
+    """One backward per shape over the step's samples equals accumulating every micro-batch
+    with the step's normalizer (the loss summed over its elements / the step's elements)."""
+    steps = fa.RunPlans("packed_k4/w8", "shuffled", data).epoch(1)
+    step = max(steps, key=lambda s: len({tuple(data.shapes[i]) for i in fa.step_samples(s)}))
+    samples = fa.step_samples(step)
+    assert len({tuple(s) for s in data.shapes[samples]}) > 1
+    model = fd.build_model(SIZE, 3, "cpu")
+    fd.step_loss_backward(model, data.batches(samples, 1))
+    batched = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    elements = sum(b.target.numel() for b in data.batches(samples, 1))
+    for idx, _ in step:
+        for b in data.batches(idx, 1):
+            ((fd.forward(model, b) - b.target).square().sum() / elements).backward()
+    for a, p in zip(batched, model.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("diffs", "verdict"),
+    [
+        ([0.001, -0.001, 0.002, 0.0, -0.002], "equivalent"),
+        ([0.05, 0.06, 0.055, 0.052, 0.058], "worse"),
+        ([-0.05, -0.06, -0.055, -0.052, -0.058], "better"),
+        ([0.05, -0.05, 0.0, 0.04, -0.03], "inconclusive"),
+    ],
+)
+def test_paired_verdicts(diffs, verdict):
+    control = [1.0, 1.1, 0.9, 1.0, 1.0]
+    r = fs.paired([c + d for c, d in zip(control, diffs, strict=True)], control)
+    assert r["verdict"] == r["verdict95"] == verdict
+    half95 = 2.776445 * np.std(diffs, ddof=1) / np.sqrt(5)  # t(0.975, 4)
+    half90 = 2.131847 * np.std(diffs, ddof=1) / np.sqrt(5)  # t(0.95, 4)
+    assert r["high95_pct"] - r["diff_pct"] == pytest.approx(100 * half95, rel=1e-5)
+    assert r["high90_pct"] - r["diff_pct"] == pytest.approx(100 * half90, rel=1e-5)
+
+
+def test_quick_runs_end_to_end(tmp_path, capsys):
+    out = tmp_path / "fidelity"
+    assert fb.main(["--quick", "--setups", ",".join(QUICK_SETUPS), "--out-dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.index("PRIMARY MEASURE") < printed.index("seed 0:")
+    with open(out / "fidelity.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    runs = {(r["setup"], r["run"], r["seed"]) for r in rows}
+    assert runs == {
+        (s, r, str(seed)) for s in QUICK_SETUPS for r in fa.runs_of(fa.ARMS) for seed in (0, 1)
+    }
+    lr_at = {}
+    for r in rows:  # the same learning rate at the same step in every run of a setup
+        assert lr_at.setdefault((r["setup"], r["steps"]), r["lr"]) == r["lr"]
+    with open(out / "fidelity.json") as f:
+        summary = json.load(f)
+    assert set(summary["wiring"]["lr_same_across_runs"].values()) == {True}
+    assert {d["val_patterns_trained"] for d in summary["wiring"]["data"].values()} == {0}
+    assert len({d["x0_sum"] for d in summary["wiring"]["data"].values()}) == 2
+    assert len(summary["comparisons"]) == len(QUICK_SETUPS) * len(fa.ARMS)
+    assert len(summary["targets"]) == len(QUICK_SETUPS)
+    text = (out / "fidelity.md").read_text()
+    assert text.count("\n| ") == 1 + len(summary["comparisons"])  # header + every comparison
+
+
+def test_no_run_starts_after_the_time_budget(tmp_path, capsys):
+    argv = ["--quick", "--setups", "b1_k1/w8", "--time-budget", "0", "--out-dir", str(tmp_path)]
+    assert fb.main(argv) == 1
+    assert "time budget reached" in capsys.readouterr().out
