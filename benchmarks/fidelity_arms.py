@@ -6,7 +6,6 @@ fixed number of optimizer steps, every rank's micro-batches of a step in one gra
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -70,13 +69,8 @@ def source_of(run: str) -> tuple[str, bool]:
 
 
 def sampler_keywords(arm: str) -> dict:
-    """The arm's keywords for this library: ``composition`` is dropped where
-    ``AdaptiveBatchSampler`` does not take it yet, whose one rule is then the balanced one.
-    Note: the drop goes once main has the keyword."""
-    kwargs = dict(ARMS[arm][0])
-    if "composition" not in inspect.signature(AdaptiveBatchSampler).parameters:
-        kwargs.pop("composition", None)
-    return kwargs
+    """The arm's keywords, as ``AdaptiveBatchSampler`` takes them."""
+    return dict(ARMS[arm][0])
 
 
 def describe(setup: str, run: str) -> str:
