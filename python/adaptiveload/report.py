@@ -252,9 +252,12 @@ REPRESENTATIVE_RATIO, REPRESENTATIVE_MISSING = 1.10, 0.03
 
 
 def representative(comp) -> bool:
-    """Whether steps of this composition are as representative as a shuffle's."""
+    """Whether steps of this composition are as representative as a shuffle's: by tokens and
+    by samples within REPRESENTATIVE_RATIO of a shuffle's distance, and missing a group no more
+    often than a shuffle's steps, give or take REPRESENTATIVE_MISSING."""
     return (
         comp.tokens_ratio <= REPRESENTATIVE_RATIO
+        and comp.samples_ratio <= REPRESENTATIVE_RATIO
         and comp.missing <= comp.shuffle_missing + REPRESENTATIVE_MISSING
     )
 
