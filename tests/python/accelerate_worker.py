@@ -94,6 +94,70 @@ def train(scenario, out_dir, out):
     out["weights"] = [p.detach().double().reshape(-1).tolist() for p in model.parameters()]
 
 
+def train_uneven(out):
+    """Uneven counts under accelerate: ``loader.accumulate`` synchronizes at each rank's last
+    micro-batch of the plan's step. Records the syncs, the optimizer's steps, the weights, and
+    the weights of the same steps computed on one process from the plan (DDP's mean over
+    ranks of each rank's summed micro-batch gradients)."""
+    accelerator = Accelerator(cpu=True)
+    # One sample per micro-batch: a rank of a long clip takes fewer than one of images.
+    sampler = AdaptiveBatchSampler(
+        lengths(), 151200, micro_batches_per_step=K_TRAIN, seed=7, uneven_counts=True,
+        max_batch_size=1,
+    )  # fmt: skip
+    loader = prepare_data_loader(accelerator, loader_of(sampler, 1))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1, dtype=torch.float64)
+    init = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    steps = 0
+    original_step = optimizer.optimizer.step
+
+    def counted_step(*args, **kwargs):
+        nonlocal steps
+        steps += 1
+        return original_step(*args, **kwargs)
+
+    optimizer.optimizer.step = counted_step
+    loader.set_epoch(0)
+    batches, syncs, where = [], [], []
+    for batch in loader:
+        with loader.accumulate(model):
+            x, y = features(batch)
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y, reduction="sum"))
+            optimizer.step()
+            optimizer.zero_grad()
+        mb = loader.micro_batch
+        batches.append(batch.tolist())
+        syncs.append(bool(accelerator.sync_gradients))
+        where.append([mb.step, mb.index, mb.count])
+    out.update(batches=batches, syncs=syncs, where=where, optimizer_steps=steps)
+    out["weights"] = [p.detach().reshape(-1).tolist() for p in model.parameters()]
+    out["state_steps"] = loader.state_dict().get("steps_done")
+    # The same steps on one process, from the plan.
+    plan, W = sampler.plan(), accelerator.num_processes
+    ref = torch.nn.Linear(4, 1, dtype=torch.float64)
+    with torch.no_grad():
+        for p, q in zip(ref.parameters(), init, strict=True):
+            p.copy_(q)
+    for t in range(plan.num_steps):
+        ref.zero_grad()
+        for r in range(W):
+            for k in range(plan.micro_batches_in_step(t, r)):
+                m = plan.micro_batch_id(t, r, k)
+                ids = plan.samples[plan.offsets[m] : plan.offsets[m + 1]]
+                x, y = features(torch.as_tensor(ids))
+                torch.nn.functional.mse_loss(ref(x), y, reduction="sum").backward()
+        with torch.no_grad():
+            for p in ref.parameters():
+                p -= 0.05 * p.grad / W
+    out["reference"] = [p.detach().reshape(-1).tolist() for p in ref.parameters()]
+    out["plan_steps"], out["padded"] = plan.num_steps, plan.num_padded_samples
+    out["counts"] = [plan.micro_batches_in_step(t, accelerator.process_index)
+                     for t in range(plan.num_steps)]  # fmt: skip
+
+
 def main(scenario, out_dir):
     config = {
         "ordinary": DataLoaderConfiguration(),
@@ -103,7 +167,10 @@ def main(scenario, out_dir):
     }.get(scenario, DataLoaderConfiguration())
     if scenario.startswith("train"):
         out = {"rank": int(os.environ["RANK"])}
-        train(scenario, out_dir, out)
+        if scenario == "train_uneven":
+            train_uneven(out)
+        else:
+            train(scenario, out_dir, out)
         with open(os.path.join(out_dir, f"{scenario}_{out['rank']}.json"), "w") as f:
             json.dump(out, f)
         return
@@ -115,6 +182,7 @@ def main(scenario, out_dir):
         uneven = AdaptiveBatchSampler(
             lengths(), 151200, micro_batches_per_step=K, seed=7, uneven_counts=True
         )
+        accelerator = Accelerator(cpu=True, gradient_accumulation_steps=K)
         prepare_data_loader(accelerator, loader_of(uneven, 0))  # raises
     elif scenario in ("ordinary", "uneven", "dispatch", "split"):
         model = torch.nn.Linear(1, 1)

@@ -101,11 +101,31 @@ def test_readers_accelerate_did_not_prepare_are_refused_or_declared(tmp_path):
     assert set(flat) == set(range(NUM_SAMPLES)), "samples lost"
 
 
-def test_uneven_counts_are_refused_by_prepare_data_loader(tmp_path):
+def test_uneven_counts_with_accelerates_accumulation_counter_are_refused(tmp_path):
     done = launch("uneven_counts", tmp_path, 1)
     assert done.returncode != 0
     out = done.stdout + done.stderr
-    assert "prepare_data_loader: an AdaptiveBatchSampler with uneven_counts=True" in out
+    assert "gradient_accumulation_steps = 2, but with uneven_counts=True" in out
+    assert "loader.accumulate(model)" in out
+
+
+def test_uneven_counts_train_the_plans_steps_under_accelerate(tmp_path):
+    """2 processes, uneven counts: loader.accumulate synchronizes at each rank's last
+    micro-batch of every plan step, the optimizer steps once per plan step, every sample is
+    trained once, and the weights are those of the plan's steps computed on one process."""
+    per_rank = results("train_uneven", tmp_path, 2)
+    seen = collections.Counter(i for r in per_rank for b in r["batches"] for i in b)
+    # Every sample, once but for the plan's reported padding (repeats filling the last step).
+    assert set(seen) == set(range(NUM_SAMPLES))
+    assert sum(seen.values()) == NUM_SAMPLES + per_rank[0]["padded"]
+    for r in per_rank:
+        expected = [[t, k, c] for t, c in enumerate(r["counts"]) for k in range(c)]
+        assert r["where"] == expected
+        assert r["syncs"] == [k == c - 1 for _, k, c in expected]
+        assert r["optimizer_steps"] == r["plan_steps"] == r["state_steps"]
+        for got, ref in zip(r["weights"], r["reference"], strict=True):
+            assert got == pytest.approx(ref, rel=1e-9, abs=1e-12)
+    assert per_rank[0]["counts"] != per_rank[1]["counts"]  # the counts are uneven
 
 
 def _syncs_at_step_ends(run, k):

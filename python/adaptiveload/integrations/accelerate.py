@@ -28,12 +28,18 @@ checkpoint: after the resume they are trained again, whole, in their step. ``loa
 then moves accelerate's step counter back to that step's start (it saved the count inside the
 step), so that accelerate synchronizes gradients at the plan's step ends; after a resume with
 another number of processes the re-planned epoch starts at a step boundary the same way.
-Samplers with ``uneven_counts=True`` are refused: accelerate counts synchronizations in
-batches, and their ranks take different counts per step.
+With ``uneven_counts=True`` (and so with sequence parallelism) ranks take different counts of
+micro-batches per step, while ``accelerator.accumulate`` synchronizes every
+``gradient_accumulation_steps`` batches by its own counter. The loader's own
+``loader.accumulate(model)`` takes its place: it synchronizes gradients (and lets the
+prepared optimizer and scheduler step) at each rank's last micro-batch of the plan's step, and
+``loader.micro_batch`` is the batch's ``MicroBatch`` (step, place, ``loss_scale``). Saves go
+by the plan's steps as above.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 import weakref
 
@@ -59,6 +65,8 @@ class AdaptiveDataLoader:
         self._pass_key = None
         self._accelerator = None if accelerator is None else weakref.ref(accelerator)
         self._warned_inside_step = False
+        #: the ``MicroBatch`` of the batch last handed (uneven counts; None otherwise)
+        self.micro_batch = None
         loader.iteration = self.adaptive_sampler.epoch
 
     @property
@@ -81,17 +89,56 @@ class AdaptiveDataLoader:
 
     def __iter__(self):
         sampler = self.adaptive_sampler
-        self._handed, self._pass_key = 0, None
+        self._handed, self._pass_key, self.micro_batch = 0, None, None
+        if sampler.uneven_counts:
+            # The plan's steps label each batch: where this rank synchronizes.
+            for mb in sampler.micro_batches(self.loader):
+                if self._pass_key is None:
+                    self._pass_key = (sampler.epoch, sampler.start_step)
+                self._handed += 1
+                self.micro_batch = mb
+                yield mb.batch
+            return
         for batch in self.loader:
             if self._pass_key is None:
                 self._pass_key = (sampler.epoch, sampler.start_micro_batch)
             self._handed += 1
             yield batch
 
+    def step_ends(self) -> bool:
+        """Whether the batch last handed is this rank's last micro-batch of its optimizer step
+        in the plan (K per step, or this rank's count there with uneven counts)."""
+        if self.micro_batch is not None:
+            return self.micro_batch.last
+        k = self.adaptive_sampler.micro_batches_per_step
+        return (self.adaptive_sampler.start_micro_batch + self._handed) % k == 0
+
+    @contextlib.contextmanager
+    def accumulate(self, *models):
+        """``accelerator.accumulate(*models)`` by the plan's steps: gradients are synchronized,
+        and the prepared optimizer and scheduler step, at this rank's last micro-batch of each
+        step (``step_ends``); before it the models run under ``accelerator.no_sync``. Needed
+        with ``uneven_counts=True``, whose ranks take different counts per step; the same as
+        accelerate's with K per step."""
+        accelerator = None if self._accelerator is None else self._accelerator()
+        if accelerator is None:
+            raise ValueError("AdaptiveDataLoader.accumulate: the loader has no accelerator")
+        sync = self.step_ends()
+        # accelerate's own flag, read by its prepared optimizer and scheduler (and by
+        # ``accelerator.sync_gradients``); accelerate sets it the same way in its accumulate.
+        accelerator.gradient_state._set_sync_gradients(sync)
+        with contextlib.ExitStack() as stack:
+            if not sync:
+                for model in models:
+                    stack.enter_context(accelerator.no_sync(model))
+            yield
+
     def state_dict(self) -> dict:
         """The sampler's state at the last optimizer step of its plan that this loader's
         batches completed: micro-batches of a step not yet complete stay unconsumed."""
         sampler = self.adaptive_sampler
+        if sampler.uneven_counts:
+            return self._uneven_state()
         k = sampler.micro_batches_per_step
         start = sampler.start_micro_batch
         if self._pass_key != (sampler.epoch, start):
@@ -112,6 +159,22 @@ class AdaptiveDataLoader:
                 stacklevel=2,
             )
         return sampler.state_dict(micro_batches_done=done)
+
+    def _uneven_state(self) -> dict:
+        """With uneven counts positions go by steps: the steps this rank's handed batches
+        completed (a save inside a step resumes at its start, as above)."""
+        sampler, mb = self.adaptive_sampler, self.micro_batch
+        if mb is None or self._pass_key != (sampler.epoch, sampler.start_step):
+            return sampler.state_dict(steps_done=sampler.start_step)
+        if not mb.last and not self._warned_inside_step:
+            self._warned_inside_step = True
+            warnings.warn(
+                f"save_state inside optimizer step {mb.step} of the plan ({mb.index + 1} of this "
+                f"rank's {mb.count} micro-batches drawn): the state resumes at that step's start, "
+                "so they are trained again after a resume. Save when accelerator.sync_gradients.",
+                stacklevel=3,
+            )
+        return sampler.state_dict(steps_done=mb.step + 1 if mb.last else mb.step)
 
     def load_state_dict(self, state: dict) -> None:
         sampler = self.adaptive_sampler
@@ -158,16 +221,15 @@ def prepare_data_loader(
             "(AdaptiveBatchSampler, EqualTokenBatchSampler, StreamingBatchSampler), got "
             f"{type(sampler).__name__}"
         )
-    if sampler.uneven_counts:
-        raise ValueError(
-            "prepare_data_loader: an AdaptiveBatchSampler with uneven_counts=True gives ranks "
-            "different micro-batch counts per step, but accelerate synchronizes gradients every "
-            "gradient_accumulation_steps batches by its own counter, so its steps would not be "
-            "the plan's. Iterate the sampler with a plain DataLoader and sampler.micro_batches("
-            "loader), synchronizing at mb.last (docs/sampler.md, 'Uneven micro-batch counts per "
-            "rank')."
-        )
     steps = getattr(accelerator, "gradient_accumulation_steps", 1)
+    if sampler.uneven_counts and steps != 1:
+        raise ValueError(
+            f"prepare_data_loader: accelerator.gradient_accumulation_steps = {steps}, but with "
+            "uneven_counts=True the ranks take different counts of micro-batches per step: "
+            "make the Accelerator with gradient_accumulation_steps=1 and use "
+            "`with loader.accumulate(model):` (it synchronizes at each rank's last "
+            "micro-batch of the plan's step)"
+        )
     if steps not in (1, sampler.micro_batches_per_step):
         warnings.warn(
             f"accelerator.gradient_accumulation_steps = {steps} but the sampler balances "
