@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-# Tiny models, of 4 heads unless told (d = 2 and 4 divide them). Latent shapes per family: "even" holds 48
-# tokens (divisible by 2 and 4), "odd" 45 (divisible by neither).
+# Tiny models, of 4 heads unless told (d = 2 and 4 divide them). Latent shapes per family:
+# "even" holds 48 tokens (divisible by 2 and 4), "odd" 45 (divisible by neither).
 WAN_SHAPES = {"even": (3, 8, 8), "odd": (3, 6, 10)}  # (f, h, w), patches of (1, 2, 2)
 LTX_SHAPES = {"even": (3, 4, 4), "odd": (3, 3, 5)}  # patches of (1, 1, 1)
 TEXT = 7
