@@ -18,7 +18,7 @@ import torch.utils.checkpoint
 
 from adaptiveload.parallel import split_sequence
 from processes import run_on_ranks
-from test_split_sequence import _inputs, _loss, _reference, _seed, _wan
+from split_models import _inputs, _loss, _reference, _seed, _wan
 
 PARALLEL = pathlib.Path(__file__).resolve().parents[2] / "python" / "adaptiveload" / "parallel"
 

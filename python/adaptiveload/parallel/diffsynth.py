@@ -14,6 +14,7 @@ import functools
 
 from torch import nn
 
+from adaptiveload.parallel.groups import layout
 from adaptiveload.parallel.token_split import TokenSplit, check_heads
 from adaptiveload.parallel.wan import cross_attention_on_head_shards
 
@@ -40,11 +41,16 @@ def _attention(module: nn.Module, split: TokenSplit, q, k, v):
 
 def _cross_attention(module: nn.Module, split: TokenSplit, x, y):
     """DiffSynth's ``CrossAttention.forward``, or, in a split forward, on head shards."""
-    if split.current is None or module.has_image_input or not split.heads_for_text(y.shape[1]):
+    heads = module.num_heads
+    if (
+        split.current is None
+        or module.has_image_input
+        or not split.heads_for_text(y.shape[1], heads)
+    ):
         return type(module).forward(module, x, y)
-    q = module.norm_q(module.q(x)).unflatten(2, (module.num_heads, -1))
-    k = split.norm_own_heads(module.norm_k, split.own_heads(module.k, y, module.num_heads))
-    v = split.own_heads(module.v, y, module.num_heads)
+    q = module.norm_q(module.q(x)).unflatten(2, (heads, -1))
+    k = split.norm_own_heads(module.norm_k, split.own_heads(module.k, y, heads), heads)
+    v = split.own_heads(module.v, y, heads)
     return module.o(split.cross_attend(q, [(k, v)]).flatten(2, 3).type_as(q))
 
 
@@ -58,10 +64,10 @@ class _Split(TokenSplit):
             raise NotImplementedError("split_sequence: per-token timesteps are not supported")
         return (self.share_hidden(x), context, t_mod, self.share(freqs, dim=0), *rest)
 
-    def heads_for_text(self, text_len: int) -> bool:
+    def heads_for_text(self, text_len: int, heads: int) -> bool:
         """Whether this forward runs cross-attention on head shards (``parallel.wan``)."""
         f = self.current
-        return cross_attention_on_head_shards(f.full, text_len, f.degree)
+        return cross_attention_on_head_shards(f.full, text_len, layout(f.degree, heads)[0])
 
 
 def install(model: nn.Module) -> TokenSplit:

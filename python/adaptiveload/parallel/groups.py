@@ -1,11 +1,31 @@
 """Who splits a sample and where: each member's tokens (the planner's cut, planner.h: a sample
-in d contiguous pieces, the first ``S % d`` one token longer), the process groups of every
-aligned group of d ranks, and ``ONE_DEVICE``, the stand-in group that times one member's share
-on one device."""
+in d contiguous pieces, the first ``S % d`` one token longer), the layout of a degree over a
+model's heads (Ulysses x ring), the process groups of every aligned group of d ranks, and
+``ONE_DEVICE``, the stand-in group that times one member's share on one device."""
 
 from __future__ import annotations
 
+import math
+
 import torch.distributed as dist
+
+
+def layout(degree: int, heads: int) -> tuple[int, int]:
+    """``(u, r)``: sequence parallelism of ``degree`` ranks over a model of ``heads`` attention
+    heads runs Ulysses over ``u = gcd(degree, heads)`` ranks (the largest number that divides
+    both: each of them attends for ``heads / u`` heads) times a ring of ``r = degree / u``.
+    Member m of the group is head shard ``m % u`` of token block ``m // u``: the Ulysses peers
+    ``m - m % u .. m - m % u + u - 1`` hold one contiguous block of the sample's tokens between
+    them, and the ``r`` members of one head shard hold the whole sample's tokens. ``r = 1``
+    (degrees that divide the heads): Ulysses alone, as before. Refused (ValueError): a degree
+    or a head count below 1."""
+    if degree < 1 or heads < 1:
+        raise ValueError(
+            f"split_sequence: no layout of degree {degree} over {heads} attention heads: "
+            "both must be at least 1"
+        )
+    ulysses = math.gcd(degree, heads)
+    return ulysses, degree // ulysses
 
 
 def share_sizes(seq_len: int, degree: int) -> list[int]:

@@ -39,9 +39,10 @@ def _family(model: nn.Module):
 @contextmanager
 def split_sequence(model: nn.Module, group, degree: int, member: int) -> Iterator[None]:
     """Within the context, each forward of ``model`` runs on member ``member`` of ``degree``'s
-    share of each sample's tokens, with Ulysses self-attention over ``group``, and returns the
-    whole micro-batch's output (gathered): compute the loss on it as without sequence
-    parallelism. Degree 1: the model as it is.
+    share of each sample's tokens, with Ulysses self-attention over ``group`` (times a ring
+    where ``degree`` does not divide the heads: ``groups.layout``), and returns the whole
+    micro-batch's output (gathered): compute the loss on it as without sequence parallelism.
+    Degree 1: the model as it is.
 
     Lifetime: the context decides how the forwards that start in it run. A forward started
     after the context runs the whole model; a backward after it (of a forward started in it)

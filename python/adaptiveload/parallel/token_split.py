@@ -26,10 +26,10 @@ from torch import nn
 from adaptiveload.parallel.collectives import (
     cross_attention,
     gather_tokens,
-    sum_over,
+    sum_over_peers,
     ulysses_attention,
 )
-from adaptiveload.parallel.groups import share_sizes, token_share
+from adaptiveload.parallel.groups import layout, share_sizes, token_share
 from adaptiveload.parallel.members import Membership, check_same_micro_batch
 
 
@@ -191,36 +191,43 @@ class TokenSplit:
         return _BlocksDone.apply(share, anchor, self, f)
 
     def attend(self, q, k, v, text=None, mask=None):
-        """Ulysses attention of this member's ``(B, s, H, D)`` shards (``collectives``)."""
+        """Ulysses (x ring) attention of this member's ``(B, s, H, D)`` shards
+        (``collectives``)."""
         f = self.current
         return ulysses_attention(q, k, v, f.group, f.sizes, f.member, text=text, mask=mask)
 
     def own_heads(self, linear: nn.Linear, x: torch.Tensor, heads: int) -> torch.Tensor:
-        """``linear(x)`` for this member's ``heads / d`` heads only, ``(B, T, heads / d, D)``:
-        the rows of the weight (and bias) of those heads. For an ``x`` every member holds
-        whole (the text), so that each projects 1/d of it."""
+        """``linear(x)`` for this member's ``heads / u`` heads only, ``(B, T, heads / u, D)``
+        (``u``: the Ulysses degree, ``groups.layout``; shard ``member % u``): the rows of the
+        weight (and bias) of those heads. For an ``x`` every member holds whole (the text), so
+        that each projects 1/u of it."""
         f = self.current
-        rows = linear.weight.shape[0] // f.degree
-        cut = slice(f.member * rows, (f.member + 1) * rows)
+        u, _ = layout(f.degree, heads)
+        rows = linear.weight.shape[0] // u
+        shard = f.member % u
+        cut = slice(shard * rows, (shard + 1) * rows)
         bias = None if linear.bias is None else linear.bias[cut]
-        return F.linear(x, linear.weight[cut], bias).unflatten(-1, (heads // f.degree, -1))
+        return F.linear(x, linear.weight[cut], bias).unflatten(-1, (heads // u, -1))
 
-    def norm_own_heads(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """An RMS norm across all heads (``norm``: its ``eps`` and ``weight`` over ``H * D``, as
-        Wan's ``rms_norm_across_heads``) applied to this member's head shard ``x``
-        (``(B, T, H / d, D)``): the squares are summed over the members."""
+    def norm_own_heads(self, norm: nn.Module, x: torch.Tensor, heads: int) -> torch.Tensor:
+        """An RMS norm across all ``heads`` (``norm``: its ``eps`` and ``weight`` over
+        ``H * D``, as Wan's ``rms_norm_across_heads``) applied to this member's head shard
+        ``x`` (``(B, T, H / u, D)``): the squares are summed over its Ulysses peers."""
         f = self.current
+        u, _ = layout(f.degree, heads)
         xf = x.float()
-        squares = sum_over(xf.square().sum((-2, -1), keepdim=True), f.group, f.degree)
+        squares = xf.square().sum((-2, -1), keepdim=True)
+        squares = sum_over_peers(squares, f.group, f.degree, f.member, u)
         eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
-        y = (xf * torch.rsqrt(squares / (x.shape[-2] * x.shape[-1] * f.degree) + eps)).type_as(x)
+        y = (xf * torch.rsqrt(squares / (x.shape[-2] * x.shape[-1] * u) + eps)).type_as(x)
         if getattr(norm, "weight", None) is None:
             return y
-        return y * norm.weight.view(f.degree, *x.shape[-2:])[f.member]
+        return y * norm.weight.view(u, *x.shape[-2:])[f.member % u]
 
     def cross_attend(self, q: torch.Tensor, pairs) -> torch.Tensor:
         """Attention of this member's query shard ``q`` (``(B, s, H, D)``) over keys and values
-        of this member's heads (``pairs``: ``[(k, v)]``, ``collectives.cross_attention``)."""
+        of this member's ``H / u`` heads (``pairs``: ``[(k, v)]``,
+        ``collectives.cross_attention``)."""
         f = self.current
         return cross_attention(q, pairs, f.group, f.sizes, f.member)
 
@@ -238,11 +245,9 @@ class TokenSplit:
 
 
 def check_heads(heads: int, degree: int) -> None:
-    if heads % degree:
-        raise ValueError(
-            f"split_sequence: degree {degree} does not divide the model's {heads} attention "
-            "heads: lower the sampler's sequence_parallel"
-        )
+    """Any degree runs over any head count (``groups.layout``: Ulysses x ring); refused: a
+    degree or a head count below 1."""
+    layout(degree, heads)
 
 
 def check_unfused_projections(attentions) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from adaptiveload.parallel.groups import layout
 from adaptiveload.parallel.token_split import TokenSplit, check_heads, check_unfused_projections
 
 
@@ -56,7 +57,8 @@ class _Processor:
         return attn.to_out[1](attn.to_out[0](out))
 
 
-#: Cross-attention runs on head shards over groups of at least HEAD_SHARDS_FROM_DEGREE ranks
+#: Cross-attention runs on head shards over Ulysses groups of at least HEAD_SHARDS_FROM_DEGREE
+#: ranks (``groups.layout``: the degree itself where it divides the heads)
 #: where a sample holds at most HEAD_SHARDS_UP_TO_TOKENS_PER_TEXT_TOKEN tokens per text token
 #: (8,192 for Wan's 512), else on the token shard. On head shards each member projects the
 #: text for its own heads only, but its queries and output cross the group (2 all-to-alls more)
@@ -67,12 +69,14 @@ HEAD_SHARDS_UP_TO_TOKENS_PER_TEXT_TOKEN = 16
 HEAD_SHARDS_FROM_DEGREE = 4
 
 
-def cross_attention_on_head_shards(seq_len: int, text_len: int, degree: int) -> bool:
+def cross_attention_on_head_shards(seq_len: int, text_len: int, ulysses: int) -> bool:
     """Whether a micro-batch of samples of ``seq_len`` tokens and ``text_len`` text tokens,
-    split ``degree`` ways, runs its cross-attention on head shards (the table above); the
-    replay prices its all-to-alls by the same rule."""
+    split over a Ulysses degree of ``ulysses`` (``groups.layout(degree, heads)[0]``: the degree
+    where it divides the heads), runs its cross-attention on head shards (the table above):
+    each member projects the text for ``heads / ulysses`` heads. The replay prices its
+    all-to-alls by the same rule."""
     return (
-        degree >= HEAD_SHARDS_FROM_DEGREE
+        ulysses >= HEAD_SHARDS_FROM_DEGREE
         and seq_len <= HEAD_SHARDS_UP_TO_TOKENS_PER_TEXT_TOKEN * text_len
     )
 
@@ -105,7 +109,7 @@ class _CrossProcessor:
             or attn.add_k_proj is not None
             or getattr(attn, "fused_projections", False)
             or not isinstance(attn.norm_k, (nn.RMSNorm, nn.Identity))
-            or not self.split.heads_for_text(encoder_hidden_states.shape[1])
+            or not self.split.heads_for_text(encoder_hidden_states.shape[1], attn.heads)
         )
         if plain:
             return self.plain(
@@ -114,7 +118,7 @@ class _CrossProcessor:
         q = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (attn.heads, -1))
         k = self.split.own_heads(attn.to_k, encoder_hidden_states, attn.heads)
         if isinstance(attn.norm_k, nn.RMSNorm):
-            k = self.split.norm_own_heads(attn.norm_k, k)
+            k = self.split.norm_own_heads(attn.norm_k, k, attn.heads)
         v = self.split.own_heads(attn.to_v, encoder_hidden_states, attn.heads)
         out = self.split.cross_attend(q, [(k, v)]).flatten(2, 3).type_as(q)
         return attn.to_out[1](attn.to_out[0](out))
@@ -132,11 +136,11 @@ class _Split(TokenSplit):
             rope = (self.share(rope[0]), self.share(rope[1]))
         return self.share_hidden(hidden), text, temb, rope
 
-    def heads_for_text(self, text_len: int) -> bool:
+    def heads_for_text(self, text_len: int, heads: int) -> bool:
         """Whether this forward runs cross-attention over ``text_len`` text tokens on head
-        shards (``cross_attention_on_head_shards``)."""
+        shards (``cross_attention_on_head_shards``, for the Ulysses degree over ``heads``)."""
         f = self.current
-        return cross_attention_on_head_shards(f.full, text_len, f.degree)
+        return cross_attention_on_head_shards(f.full, text_len, layout(f.degree, heads)[0])
 
 
 def install(model: nn.Module) -> TokenSplit:
