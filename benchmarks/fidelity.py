@@ -24,6 +24,9 @@ a uniform permutation (the default's, unless the arm packs its own).
   initial weights, noise and plans. Seeds run in rounds: ``--min-seeds`` first, then
   ``--seed-batch`` more for the comparisons still inconclusive, up to ``--max-seeds``;
   ``--time-budget`` starts no run after that many seconds (results so far are summarized).
+  Adding seeds until decided slightly inflates the error rates: it looks at the data several
+  times, so the nominal 95% intervals cover a little less than 95% and a verdict (equivalent,
+  worse, better) is wrong somewhat more often than 5% of the time. No correction is made.
 
     PYTHONPATH=python python benchmarks/fidelity.py --device cuda --time-budget 1380
     PYTHONPATH=python python benchmarks/fidelity.py --quick --out-dir /tmp/fidelity  # CI
@@ -31,17 +34,32 @@ a uniform permutation (the default's, unless the arm packs its own).
 Writes ``fidelity.csv`` (a row per evaluation, as runs finish), ``fidelity.json`` (setup,
 wiring, comparisons, targets) and ``fidelity.md`` (the RESULTS.md fragment) under
 ``--out-dir`` (default ``benchmarks/results/<gpu>/``).
+
+**In slices** (the full run takes about 23 minutes; the device runs 10 minutes a call):
+``--seeds A-B`` runs those seeds only, every setup and arm, no rounds, and writes its rows
+and ``fidelity_slice.json`` (the configuration and its digest). ``--summarize-only DIR ...``
+merges slices, refusing any of another configuration (sizes, setups, arms, device kind,
+margin, seed rule), writes the summary, and prints the comparisons that still need seeds and
+the next slice, ``next: --seeds 2-3``, until every comparison is decided or has the stated
+maximum of seeds. A seed that a time budget cut short is named again; run it again (the merge
+takes each seed from the slice that ran most of it). On the device, one call per slice:
+
+    FIDELITY_ARGS="--seeds 0-1" bash scripts/gpu_check.sh fidelity   # $OUT/fidelity: slice 0
+    PYTHONPATH=python python benchmarks/fidelity.py --summarize-only slice0 --out-dir /tmp/f
+    FIDELITY_ARGS="--seeds 2-3" bash scripts/gpu_check.sh fidelity   # as "next:" says; ...
+    PYTHONPATH=python python benchmarks/fidelity.py --summarize-only slice0 slice1 ...
+
+with the slices' folders copied back from each call's $OUT/fidelity; the last merge goes to
+``benchmarks/results/<gpu>/`` (its default). Slices follow one run's stopping rule and
+inflate its error rates just as slightly: adding seeds while inconclusive is sequential testing.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
 import sys
 import time
-from dataclasses import asdict
 from datetime import datetime, timezone
 
 import numpy as np
@@ -49,6 +67,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import fidelity_slices as fsl  # noqa: E402
 import fidelity_stats as fs  # noqa: E402
 from fidelity_arms import (  # noqa: E402
     ARMS,
@@ -61,25 +80,6 @@ from fidelity_arms import (  # noqa: E402
     train_run,
 )
 from fidelity_data import SIZES, TOKEN_SCALE, SeedData  # noqa: E402
-
-COLUMNS = (
-    "setup",
-    "run",
-    "seed",
-    "same_as",
-    "steps",
-    "epoch",
-    "lr",
-    "samples_seen",
-    "tokens_seen",
-    "micro_batches",
-    "mixed_steps",
-    "train_loss",
-    "wall_s",
-    "val_image",
-    "val_clip",
-    "val_mean",
-)
 
 
 def parse_list(text: str) -> list[str]:
@@ -111,7 +111,7 @@ def run_seed(seed, work, size, device, deadline, csv_path, wiring) -> tuple[list
     rows, lrs = [], {}
     for setup, runs in work.items():
         cache, trained = {}, {}
-        if seed == 0:  # the first seed's plans, checked (raises on a miss)
+        if wiring.setdefault("plans_seed", seed) == seed:  # the first seed's plans, checked
             wiring.setdefault("plans", {})[setup] = check_wiring(setup, runs, data, cache=cache)
         for run in runs:
             if time.time() > deadline:
@@ -126,8 +126,7 @@ def run_seed(seed, work, size, device, deadline, csv_path, wiring) -> tuple[list
                 new = [r | {"same_as": ""} for r in result.rows]
                 trained[key] = {"run": run, "rows": result.rows}
                 lrs.setdefault(setup, {})[run] = result.lrs
-            with open(csv_path, "a", newline="") as f:
-                csv.DictWriter(f, fieldnames=COLUMNS).writerows(new)
+            fsl.add_rows(csv_path, new)
             rows += new
             last = new[-1]
             print(
@@ -140,52 +139,11 @@ def run_seed(seed, work, size, device, deadline, csv_path, wiring) -> tuple[list
     return rows, lrs, False
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny model and data (CPU, seconds)")
-    ap.add_argument("--setups", type=parse_list, default=list(SETUPS))
-    ap.add_argument("--arms", type=parse_list, default=list(ARMS))
-    ap.add_argument("--min-seeds", type=int, default=None, help="first round (4; quick 2)")
-    ap.add_argument("--seed-batch", type=int, default=2, help="seeds added per later round")
-    ap.add_argument("--max-seeds", type=int, default=None, help="stated maximum (12; quick 2)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--time-budget", type=float, default=None, help="seconds; no run after")
-    ap.add_argument("--out-dir", default=None, help="default: benchmarks/results/<gpu>")
-    args = ap.parse_args(argv)
-    for chosen, known in ((args.setups, SETUPS), (args.arms, ARMS)):
-        if not chosen or any(v not in known for v in chosen):
-            ap.error(f"choose from {', '.join(known)}")
-    size = SIZES["quick" if args.quick else "full"]
-    min_seeds = args.min_seeds or (2 if args.quick else 4)
-    max_seeds = max(args.max_seeds or (2 if args.quick else 12), min_seeds)
-    started = time.time()
-    deadline = started + (args.time_budget if args.time_budget is not None else 1e9)
-
-    import diffusers
-
-    torch.set_num_threads(1 if args.device == "cpu" else torch.get_num_threads())
-    machine = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    print(
-        f"machine {machine}, runs on {args.device}; torch {torch.__version__}, diffusers "
-        f"{diffusers.__version__}\nPRIMARY MEASURE (named before the run): {fs.PRIMARY_TEXT}"
-        f"; 90% and 95% t intervals, verdict at 95% against +-{fs.MARGIN:.0%}\n"
-        f"model {size.model}; {size.samples} samples per seed from {size.patterns} patterns "
-        f"per modality, shapes {[s for s, _ in size.mix]} (1 token = {TOKEN_SCALE} of Wan "
-        f"2.1's); {size.steps} steps per run, AdamW peak lr {size.lr:g} by step; validation "
-        f"{size.val_per_shape} new patterns per shape x {size.val_timesteps} timesteps; "
-        f"seeds {min_seeds} then +{args.seed_batch} while inconclusive, at most {max_seeds}"
-    )
-    for setup in args.setups:
-        for run in runs_of(args.arms):
-            print(f"  {setup} {run}: {describe(setup, run)}")
-
-    out_dir = args.out_dir or os.path.join(HERE, "results", machine_key())
-    os.makedirs(out_dir, exist_ok=True)
-    csv_path = os.path.join(out_dir, "fidelity.csv")
-    with open(csv_path, "w", newline="") as f:
-        csv.writer(f).writerow(COLUMNS)
-    wiring, rows, lr_traces, cut = {}, [], {}, False
-    seeds = list(range(min_seeds))
+def run_rounds(args, seeds, size, deadline, csv_path, wiring, max_seeds) -> tuple:
+    """The runs of ``seeds`` (every setup and arm); without ``--seeds``, then rounds of
+    ``--seed-batch`` more seeds for the comparisons still inconclusive, up to ``max_seeds``.
+    Returns (rows, learning-rate traces per seed, whether the time budget cut them)."""
+    rows, lr_traces, cut = [], {}, False
     work = {s: {setup: runs_of(args.arms) for setup in args.setups} for s in seeds}
     while work and not cut:
         for seed, seed_work in work.items():
@@ -196,8 +154,9 @@ def main(argv=None) -> int:
             if cut:
                 print("time budget reached: no more runs", flush=True)
                 break
-        comps = fs.comparisons(rows, args.setups, args.arms)
-        todo = fs.undecided(comps, max_seeds)
+        if args.seeds is not None:  # a slice: its seeds only, no rounds
+            break
+        todo = fs.undecided(fs.comparisons(rows, args.setups, args.arms), max_seeds)
         more = list(range(len(seeds), min(len(seeds) + args.seed_batch, max_seeds)))
         work = {}
         for seed in more if todo else []:
@@ -207,38 +166,108 @@ def main(argv=None) -> int:
                 work[seed][setup] = list(
                     dict.fromkeys([*work[seed].get(setup, []), *runs_of([arm])])
                 )
-    comps = fs.comparisons(rows, args.setups, args.arms)
-    fs.print_table(comps)
+    return rows, lr_traces, cut
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny model and data (CPU, seconds)")
+    ap.add_argument("--setups", type=parse_list, default=list(SETUPS))
+    ap.add_argument("--arms", type=parse_list, default=list(ARMS))
+    ap.add_argument("--min-seeds", type=int, default=None, help="first round (4; quick 2)")
+    ap.add_argument("--seed-batch", type=int, default=2, help="seeds added per later round")
+    ap.add_argument("--max-seeds", type=int, default=None, help="stated maximum (12; quick 2)")
+    ap.add_argument(
+        "--seeds", type=fsl.parse_seeds, default=None, help="a slice: these seeds only (0-1)"
+    )
+    ap.add_argument(
+        "--summarize-only", nargs="+", metavar="DIR", help="merge these slices' --out-dir folders"
+    )
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--time-budget", type=float, default=None, help="seconds; no run after")
+    ap.add_argument("--out-dir", default=None, help="default: benchmarks/results/<gpu>")
+    args = ap.parse_args(argv)
+    if args.summarize_only:
+        return fsl.summarize_only(args.summarize_only, args.out_dir)
+    for chosen, known in ((args.setups, SETUPS), (args.arms, ARMS)):
+        if not chosen or any(v not in known for v in chosen):
+            ap.error(f"choose from {', '.join(known)}")
+    size = SIZES["quick" if args.quick else "full"]
+    min_seeds = args.min_seeds or (2 if args.quick else 4)
+    max_seeds = max(args.max_seeds or (2 if args.quick else 12), min_seeds)
+    if args.seeds is not None and args.seeds[-1] >= max_seeds:
+        ap.error(f"--seeds beyond the stated maximum of {max_seeds} seeds (0-{max_seeds - 1})")
+    cfg = fsl.config(
+        size, args.setups, args.arms, args.device, min_seeds, max_seeds, args.seed_batch
+    )
+    started = time.time()
+    deadline = started + (args.time_budget if args.time_budget is not None else 1e9)
+
+    torch.set_num_threads(1 if args.device == "cpu" else torch.get_num_threads())
+    machine = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    versions = fsl.provenance()
+    seeds = args.seeds if args.seeds is not None else list(range(min_seeds))
+    print(
+        f"machine {machine}, runs on {args.device}; torch {versions['torch']}, diffusers "
+        f"{versions['diffusers']}\nPRIMARY MEASURE (named before the run): {fs.PRIMARY_TEXT}"
+        f"; 90% and 95% t intervals, verdict at 95% against +-{fs.MARGIN:.0%}\n"
+        f"model {size.model}; {size.samples} samples per seed from {size.patterns} patterns "
+        f"per modality, shapes {[s for s, _ in size.mix]} (1 token = {TOKEN_SCALE} of Wan "
+        f"2.1's); {size.steps} steps per run, AdamW peak lr {size.lr:g} by step; validation "
+        f"{size.val_per_shape} new patterns per shape x {size.val_timesteps} timesteps; "
+        f"seeds {min_seeds} then +{args.seed_batch} while inconclusive, at most {max_seeds}"
+        + (f"; this slice: seeds {fsl.format_seeds(seeds)}" if args.seeds is not None else "")
+        + f"; config {fsl.digest(cfg)}"
+    )
+    for setup in args.setups:
+        for run in runs_of(args.arms):
+            print(f"  {setup} {run}: {describe(setup, run)}")
+
+    out_dir = args.out_dir or os.path.join(HERE, "results", machine_key())
+    os.makedirs(out_dir, exist_ok=True)
+    csv_path = os.path.join(out_dir, fsl.ROWS_CSV)
+    fsl.start_rows(csv_path)
+    wiring = {}
+    rows, lr_traces, cut = run_rounds(
+        args, list(seeds), size, deadline, csv_path, wiring, max_seeds
+    )
     wiring["lr_same_across_runs"] = {
         f"{seed}/{setup}": len({tuple(v) for v in runs.values()}) == 1
         for seed, by_setup in lr_traces.items()
         for setup, runs in by_setup.items()
     }
-    summary = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    info = {
         "machine": machine,
         "device": args.device,
-        "torch": torch.__version__,
-        "diffusers": diffusers.__version__,
-        "command": " ".join(["python benchmarks/fidelity.py", *(argv or sys.argv[1:])]),
-        "size": asdict(size),
-        "primary": fs.PRIMARY_TEXT,
-        "arms": {a: {"keywords": kw, "control_shuffles": src} for a, (kw, src) in ARMS.items()},
+        **versions,
+        "commands": [" ".join(["python benchmarks/fidelity.py", *(argv or sys.argv[1:])])],
         "time_budget_cut": cut,
         "wall_s": round(time.time() - started, 1),
         "wiring": wiring,
-        "comparisons": comps,
-        "targets": fs.targets(comps),
     }
-    with open(os.path.join(out_dir, "fidelity.json"), "w") as f:
-        json.dump(summary, f, indent=1, default=str)
-    header = (
-        f"benchmarks/fidelity.py: {machine}; torch {torch.__version__}; {summary['date']}; "
-        f"`{summary['command']}`; {summary['wall_s']:.0f} s."
+    if args.seeds is None:
+        fsl.write_summary(out_dir, rows, cfg, info)
+        print(f"wrote {out_dir}/fidelity.csv, .json, .md; {info['wall_s']:.0f} s")
+        return 0 if rows else 1
+    fsl.write_slice(
+        out_dir,
+        {
+            "config": cfg,
+            "digest": fsl.digest(cfg),
+            "seeds": seeds,
+            "machine_key": machine_key(),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": info.pop("commands")[0],
+            "provenance": versions,
+        }
+        | info,
     )
-    with open(os.path.join(out_dir, "fidelity.md"), "w") as f:
-        f.write(fs.markdown(comps, header))
-    print(f"wrote {out_dir}/fidelity.csv, .json, .md; {summary['wall_s']:.0f} s")
+    fs.print_table(fs.comparisons(rows, args.setups, args.arms))
+    print(
+        f"this slice only (seeds {fsl.format_seeds(seeds)}): wrote {csv_path} and "
+        f"{fsl.SLICE_JSON}; {info['wall_s']:.0f} s. Merge the slices' folders with "
+        "--summarize-only DIR [DIR ...]"
+    )
     return 0 if rows else 1
 
 

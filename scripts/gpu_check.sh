@@ -5,7 +5,7 @@
 #   bash scripts/gpu_check.sh [build] [test] [bench] [host] [tune] [profile] [e2e] [replay]
 #                             [uneven] [calibrate] [memory] [train_memory] [diffsynth_step]
 #                             [hostprof] [mix] [convergence] [families] [rms] [sp] [share]
-#                             [keep]
+#                             [fidelity] [keep]
 #                                                             (default: build test bench host)
 #
 # Results go to $OUT (or ./out): logs, and the benchmarks' CSVs (copy them to
@@ -193,6 +193,17 @@ PY
       run_step convergence ours timeout "${CONVERGENCE_TIMEOUT:-560}" $PY \
         benchmarks/convergence_wan.py --out-dir "$OUT/convergence" \
         --time-budget "${CONVERGENCE_BUDGET:-430}" "${extra[@]}"
+      ;;
+    fidelity)
+      # Issue 54: does the balanced plan train as well as a shuffle (benchmarks/fidelity.py)?
+      # The full run needs about 23 minutes, more than one call: each call runs the slice of
+      # seeds FIDELITY_ARGS names (--seeds 0-1, then the range --summarize-only prints as
+      # "next: --seeds A-B") and starts no run after FIDELITY_BUDGET seconds. Merge the
+      # slices' folders with fidelity.py --summarize-only DIR [DIR ...].
+      eval "extra=(${FIDELITY_ARGS:---seeds 0-1})"
+      run_step fidelity ours timeout "${FIDELITY_TIMEOUT:-560}" $PY benchmarks/fidelity.py \
+        --device cuda --out-dir "$OUT/fidelity" --time-budget "${FIDELITY_BUDGET:-450}" \
+        "${extra[@]}"
       ;;
     calibrate)
       # Plan-aware calibration of the full-depth model, timed (issue 15's <= 10 minutes).

@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import fidelity as fb  # noqa: E402
 import fidelity_arms as fa  # noqa: E402
 import fidelity_data as fd  # noqa: E402
+import fidelity_slices as fsl  # noqa: E402
 import fidelity_stats as fs  # noqa: E402
 
 SIZE = fd.SIZES["quick"]
@@ -161,3 +162,104 @@ def test_no_run_starts_after_the_time_budget(tmp_path, capsys):
     argv = ["--quick", "--setups", "b1_k1/w8", "--time-budget", "0", "--out-dir", str(tmp_path)]
     assert fb.main(argv) == 1
     assert "time budget reached" in capsys.readouterr().out
+
+
+# -- slices: --seeds A-B, merged by --summarize-only -----------------------------------------
+
+SLICE_ARGS = ["--quick", "--setups", "packed_k4/w8", "--arms", "default,segregated"]
+
+
+def test_slices_merged_are_one_run_of_their_seeds(tmp_path, capsys):
+    """Seeds 0 and 1 as two slices, merged, give exactly the numbers of one run of both."""
+    one, merged = str(tmp_path / "one"), str(tmp_path / "merged")
+    assert fb.main([*SLICE_ARGS, "--out-dir", one]) == 0
+    for seed in (0, 1):
+        assert (
+            fb.main([*SLICE_ARGS, "--seeds", str(seed), "--out-dir", str(tmp_path / f"s{seed}")])
+            == 0
+        )
+        assert not (tmp_path / f"s{seed}" / "fidelity.json").exists()  # a slice: rows only
+    slices = [str(tmp_path / f"s{seed}") for seed in (0, 1)]
+    capsys.readouterr()
+    assert fb.main(["--summarize-only", *slices, "--out-dir", merged]) == 0
+    assert "merged 2 slices" in capsys.readouterr().out
+    summaries = []
+    for d in (one, merged):
+        with open(os.path.join(d, "fidelity.json")) as f:
+            summaries.append(json.load(f))
+    a, b = summaries
+    assert a["comparisons"] and a["comparisons"] == b["comparisons"]
+    assert a["targets"] == b["targets"] and a["config_digest"] == b["config_digest"]
+    assert b["seeds"] == [0, 1] and len(b["commands"]) == 2
+    assert set(b["wiring"]["lr_same_across_runs"].values()) == {True}
+    body = [open(os.path.join(d, "fidelity.md")).read().split("\n", 1)[1] for d in (one, merged)]
+    assert body[0] == body[1]  # every line but the header (dates, commands)
+
+
+def fake_slice(path, seeds, diffs, max_seeds=6):
+    """A slice folder without training: per seed, arm - control of the primary measure is
+    ``diffs[arm][seed]`` (controls at 1.0)."""
+    cfg = fsl.config(SIZE, ["b1_k1/w8"], list(diffs), "cpu", 2, max_seeds, 2)
+    os.makedirs(path)
+    rows = []
+    for seed in seeds:
+        for run in fa.runs_of(list(diffs)):
+            v = 1.0 + diffs[run][seed] if run in diffs else 1.0
+            rows.append(
+                dict.fromkeys(fsl.COLUMNS, 0)
+                | {"setup": "b1_k1/w8", "run": run, "seed": seed, "steps": SIZE.steps}
+                | {"same_as": "", "val_mean": v, "val_image": v, "val_clip": v}
+            )
+    fsl.start_rows(os.path.join(path, fsl.ROWS_CSV))
+    fsl.add_rows(os.path.join(path, fsl.ROWS_CSV), rows)
+    wiring = {"plans": {}, "data": {}, "lr_same_across_runs": {}}
+    fsl.write_slice(
+        path,
+        {"config": cfg, "digest": fsl.digest(cfg), "seeds": seeds, "machine_key": "cpu"}
+        | {"date": "", "command": f"--seeds {fsl.format_seeds(seeds)}", "machine": "cpu"}
+        | {
+            "device": "cpu",
+            "provenance": {"torch": torch.__version__},
+            "time_budget_cut": False,
+            "wall_s": 1.0,
+        }
+        | {"wiring": wiring},
+    )
+    return str(path)
+
+
+DIFFS = {  # default equivalent after two seeds, segregated inconclusive
+    "default": [0.001, -0.001, 0.001, -0.001],
+    "segregated": [0.05, -0.05, 0.04, -0.03],
+}
+
+
+def test_summarize_only_names_the_inconclusive_and_the_next_seeds(tmp_path, capsys):
+    dirs = [fake_slice(tmp_path / f"s{s}", [s], DIFFS) for s in (0, 1)]
+    assert fb.main(["--summarize-only", *dirs, "--out-dir", str(tmp_path / "m")]) == 0
+    out = capsys.readouterr().out
+    assert "needs seeds: b1_k1/w8 segregated: inconclusive at 2" in out
+    assert "default: equivalent" not in out and "next: --seeds 2-3" in out
+    dirs.append(fake_slice(tmp_path / "s23", [2, 3], DIFFS))
+    assert fb.main(["--summarize-only", *dirs, "--out-dir", str(tmp_path / "m")]) == 0
+    assert "next: --seeds 4-5" in capsys.readouterr().out
+    with open(tmp_path / "m" / "fidelity.json") as f:
+        assert json.load(f)["progress"]["next_seeds"] == [4, 5]
+    assert fsl.parse_seeds("0-2,5,9") == [0, 1, 2, 5, 9]
+    assert fsl.format_seeds([0, 1, 2, 5, 9]) == "0-2,5,9"
+
+
+def test_slices_of_other_configurations_are_refused(tmp_path, capsys):
+    a = fake_slice(tmp_path / "a", [0], DIFFS)
+    b = fake_slice(tmp_path / "b", [1], DIFFS, max_seeds=8)
+    assert fb.main(["--summarize-only", a, b, "--out-dir", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert "REFUSED" in err and "ran different configurations: seeds differ" in err
+    assert not (tmp_path / "m").exists()
+    with open(os.path.join(a, fsl.SLICE_JSON)) as f:
+        record = json.load(f)
+    record["config"]["margin"] = 0.05  # edited by hand: its digest no longer matches
+    with open(os.path.join(a, fsl.SLICE_JSON), "w") as f:
+        json.dump(record, f)
+    assert fb.main(["--summarize-only", a, "--out-dir", str(tmp_path / "m")]) == 2
+    assert "does not match its digest" in capsys.readouterr().err
