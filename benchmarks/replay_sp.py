@@ -37,6 +37,7 @@ from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
 from adaptiveload.calibrate import calibrate_plan
 from adaptiveload.composition import step_composition, steps_without
 from adaptiveload.cost import ulysses_comm_per_token
+from adaptiveload.parallel.groups import layout, ring_comm_factor
 from adaptiveload.parallel.wan import cross_attention_on_head_shards
 from adaptiveload.wan import TEXT_LEN
 
@@ -107,6 +108,9 @@ def arms_of(meta, max_tokens, w, k, b, degree, comm, tolerances=()):
         arms["shuffled b1"] = lambda m: EqualTokenBatchSampler(lens, max_tokens, cost_model=m,
                                                                **common)  # fmt: skip
     arms["today"] = lambda m: AdaptiveBatchSampler(lens, max_tokens, cost_model=m, **common)
+    arms["today balanced"] = lambda m: AdaptiveBatchSampler(
+        lens, max_tokens, cost_model=m, composition="balanced", **common
+    )
     arms["today uneven"] = lambda m: AdaptiveBatchSampler(
         lens, max_tokens, cost_model=m, uneven_counts=True, **common
     )
@@ -128,7 +132,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="wan2.1-1.3B")
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--degree", type=int, default=4,
-                    help="largest degree; it divides the heads (1.3B: 12, 14B: 40)")  # fmt: skip
+                    help="largest degree (above the heads: Ulysses x ring)")  # fmt: skip
     ap.add_argument("--data", choices=["held-out", "demo"], default="held-out",
                     help="the held-out mix, or the `plan --demo` mix")  # fmt: skip
     ap.add_argument("--worlds", type=parse_ints, default=[8, 64])
@@ -167,8 +171,6 @@ def main(argv=None) -> int:
 
     cfg = CONFIGS[args.config]
     heads = cfg["num_attention_heads"]
-    if heads % args.degree:
-        ap.error(f"--degree {args.degree} does not divide {args.config}'s {heads} heads")
     prior = CostModel.wan21_h200(args.config.rsplit("-", 1)[-1], layers=args.layers)
     comm = ulysses_comm_per_token(heads * cfg["attention_head_dim"], args.layers)
     setup = {"data": args.data, "samples": len(lens), "max_tokens": max_tokens,
@@ -226,8 +228,14 @@ def main(argv=None) -> int:
         d = np.array([kind[2] for kind in kinds_of], np.float64)
         # Each member sends (d - 1)/d of its tokens, in 4 exchanges per block, 6 where Wan's
         # cross-attention runs on head shards (parallel.wan; the planner counts 4).
-        heads = np.array([cross_attention_on_head_shards(k[0], TEXT_LEN, k[2]) for k in kinds_of])
-        share += comm * np.where(heads, 1.5, 1.0) * plan.tokens * (d - 1) / d
+        # With a ring (degrees above the heads, parallel.layout) what a member receives grows by
+        # ring_comm_factor, and the cross-attention's head shards are the Ulysses part's.
+        on_heads = np.array(
+            [cross_attention_on_head_shards(k[0], TEXT_LEN, layout(k[2], heads)[0])
+             for k in kinds_of]
+        )  # fmt: skip
+        ring = np.array([ring_comm_factor(k[2], heads) for k in kinds_of])
+        share += comm * np.where(on_heads, 1.5, 1.0) * ring * plan.tokens * (d - 1) / d
         spans, busy = plan.replay(share)
         rc = plan.rank_costs()
         comp = step_composition(plan, meta.group_keys(), lens)

@@ -80,6 +80,7 @@ from wan_training import (  # noqa: E402 - beside this script
     epoch_summary,
     flow_matching_loss,
     load_checkpoint_state,
+    sequence_parallel_arg,
     sequence_parallel_degree,
     warm_shapes,
     wrap,
@@ -133,9 +134,11 @@ def parse_args(argv=None):
     )
     ap.add_argument(
         "--sequence-parallel",
-        default="1",
-        help="D or 'auto' (the largest power of two <= 8 dividing the GPUs and heads): each "
-        "micro-batch runs on d <= D ranks, each on 1/d of its tokens (turns on --uneven-counts)",
+        type=sequence_parallel_arg,
+        default="auto",
+        help="D or 'auto' (the default, with --sampler adaptive: the largest power of two <= 8 "
+        "dividing the GPUs; any head count, as Ulysses x ring): each micro-batch runs on "
+        "d <= D ranks, each on 1/d of its tokens (turns on --uneven-counts where D > 1); 1: off",
     )
     ap.add_argument("--lookahead-steps", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=1)
@@ -187,14 +190,9 @@ def parse_args(argv=None):
         ap.error(
             "--memory-budget chooses checkpointing per micro-batch; drop --activation-checkpointing"
         )
-    if args.sequence_parallel != "auto":
-        try:
-            args.sequence_parallel = int(args.sequence_parallel)
-        except ValueError:
-            ap.error(
-                f"--sequence-parallel must be 'auto' or an int, got {args.sequence_parallel!r}"
-            )
-    if args.sequence_parallel != 1:
+    if args.sequence_parallel == "auto" and args.sampler != "adaptive":
+        args.sequence_parallel = 1  # the baselines plan whole micro-batches
+    if args.sequence_parallel not in (1, "auto"):
         if args.sampler != "adaptive":
             ap.error("--sequence-parallel needs --sampler adaptive")
         args.uneven_counts = True
@@ -222,7 +220,8 @@ def main(argv=None):
         args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     ]
 
-    degree = sequence_parallel_degree(args.sequence_parallel, world, args.config)
+    degree = sequence_parallel_degree(args.sequence_parallel, world)
+    args.uneven_counts = args.uneven_counts or degree > 1  # split micro-batches need them
     groups = SequenceParallelGroups(degree) if degree > 1 else None
     data = LatentDataset(args.data, seed=args.seed)
     seq_lens = data.seq_lens

@@ -4,6 +4,7 @@ manual gradient all-reduce, shape warm-up, the per-epoch summary and checkpoint 
 
 from __future__ import annotations
 
+import argparse
 import csv
 import math
 import os
@@ -17,7 +18,7 @@ from torch.utils.data import Dataset
 
 from adaptiveload.metadata import read_metadata
 from adaptiveload.models.wan import build_wan
-from adaptiveload.wan import CONFIGS
+from adaptiveload.sampler import auto_sequence_parallel
 
 
 class LatentDataset(Dataset):
@@ -219,13 +220,17 @@ def load_checkpoint_state(model, optimizer, model_sd, optim_sd):
     )
 
 
-def sequence_parallel_degree(arg, world: int, config: str) -> int:
-    """``--sequence-parallel``: the number given, or for 'auto' the largest power of two <= 8
-    (one node's GPUs) dividing the world size and the model's attention heads."""
-    if arg != "auto":
-        return int(arg)
-    heads = CONFIGS[config]["num_attention_heads"]
-    d = 1
-    while 2 * d <= 8 and world % (2 * d) == 0 and heads % (2 * d) == 0:
-        d *= 2
-    return d
+def sequence_parallel_arg(text: str):
+    """``--sequence-parallel``'s type: 'auto' or a degree >= 1."""
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or an int >= 1, got {text!r}")
+    return int(text)
+
+
+def sequence_parallel_degree(arg, world: int) -> int:
+    """``--sequence-parallel``: the number given, or for 'auto' the sampler's own choice (the
+    largest power of two <= 8, one node's GPUs, dividing the world size; any head count runs,
+    as Ulysses x ring)."""
+    return auto_sequence_parallel(world) if arg == "auto" else int(arg)

@@ -95,20 +95,22 @@ def _cost_model_of_args(args: argparse.Namespace, family, config: str) -> tuple[
     )
 
 
-def _check_heads(args: argparse.Namespace, family, config: str) -> None:
-    """Refuse a ``--sequence-parallel`` degree that does not divide ``--model``'s attention
-    heads: Ulysses attention gives each of a micro-batch's ranks ``heads / degree`` heads."""
+def layout_line(args: argparse.Namespace, family, config: str) -> str | None:
+    """With ``--model`` and ``--sequence-parallel D``: how a micro-batch split over D ranks runs
+    over the model's attention heads (``parallel.layout``: Ulysses over the heads' share of the
+    degree, a ring over the rest, which holds each sample's keys and values whole per head
+    shard)."""
     heads = family.configs[config].get("num_attention_heads")
     D = args.sequence_parallel
-    if not args.model or D == 1 or heads is None or heads % D == 0:
-        return
-    can = [d for d in (2**i for i in range(1, 31)) if d <= args.num_replicas]
-    can = [str(d) for d in can if heads % d == 0 and args.num_replicas % d == 0]
-    took = (", ".join(can[:-1]) + " or " + can[-1] if len(can) > 1 else "".join(can)) or "none"
-    raise SystemExit(
-        f"adaptiveload plan: --sequence-parallel {D} does not divide the {heads} attention heads "
-        f"of {family.name}/{config} (sequence parallelism gives each of a micro-batch's ranks "
-        f"heads / degree of them); with --num-replicas {args.num_replicas} it can take {took}"
+    if not args.model or D == 1 or heads is None:
+        return None
+    from adaptiveload.parallel.groups import layout
+
+    u, r = layout(D, heads)
+    how = "Ulysses alone" if r == 1 else f"Ulysses {u} x ring {r} (keys and values whole per ring)"
+    return (
+        f"sequence parallelism: a micro-batch over {D} ranks of {family.name}/{config} "
+        f"({heads} attention heads) runs {how}"
     )
 
 
@@ -236,7 +238,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("adaptiveload plan: give --metadata PATH or --demo", file=sys.stderr)
         return 2
     family, config = model_of_args(args)
-    _check_heads(args, family, config)
     if args.demo:
         meta, source = _demo_of_args(args, family)
     else:
@@ -285,6 +286,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"caps: max_tokens = {max_tokens} tokens, max_cost = {ours.max_cost:.6g}{unit}; "
         f"{args.num_replicas} ranks x {args.micro_batches_per_step} micro-batch(es) per step\n"
     )
+    if line := layout_line(args, family, config):
+        print(line + "\n")
     rows = bucket_table(meta, ours, equal)
     _print_bucket_table(rows)
     # Steps without an image, where the shapes say which samples are images.

@@ -126,11 +126,12 @@ def train_uneven(out):
         with loader.accumulate(model):
             x, y = features(batch)
             accelerator.backward(torch.nn.functional.mse_loss(model(x), y, reduction="sum"))
+        if loader.step_ends():
             optimizer.step()
             optimizer.zero_grad()
         mb = loader.micro_batch
         batches.append(batch.tolist())
-        syncs.append(bool(accelerator.sync_gradients))
+        syncs.append(loader.step_ends())
         where.append([mb.step, mb.index, mb.count])
     out.update(batches=batches, syncs=syncs, where=where, optimizer_steps=steps)
     out["weights"] = [p.detach().reshape(-1).tolist() for p in model.parameters()]

@@ -508,3 +508,16 @@ def test_replay_runs_each_rank_in_order_and_groups_together():
             np.testing.assert_allclose(spans, sums.max(1), rtol=1e-12)
         else:
             assert np.all(spans >= sums.max(1) - 1e-9)
+
+
+def test_auto_takes_one_nodes_gpus_whatever_the_heads():
+    """sequence_parallel="auto": the largest power of two dividing the ranks, at most 8 (one
+    node); it needs uneven counts, as any degree does."""
+    lens = random_mix(600, seed=5)
+    for world, degree in ((1, 1), (2, 2), (6, 2), (8, 8), (12, 4), (16, 8), (64, 8)):
+        s = make(lens, W=world, sequence_parallel="auto")
+        assert s.sequence_parallel == degree, world
+    with pytest.raises(ValueError, match="sequence_parallel='auto' needs uneven_counts=True"):
+        make(lens, sequence_parallel="auto", uneven_counts=False)
+    with pytest.raises(ValueError, match="sequence_parallel must be"):
+        make(lens, sequence_parallel="all")

@@ -389,7 +389,7 @@ def test_memory_budget_checkpoints_per_micro_batch_and_covers_every_sample(datas
     budget = (model.peak_bytes([longest], 1) * 1.01) / 2**30 + 0.01
     torchrun(
         "--data", dataset, "--memory-model", path, "--memory-budget", f"{budget:.4f}",
-        "--log-file", log, "--epochs", "1",
+        "--log-file", log, "--epochs", "1", "--sequence-parallel", "1",
     )  # fmt: skip
     records = read_log(log)
     lines = read_lines(log)

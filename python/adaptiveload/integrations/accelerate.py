@@ -31,10 +31,10 @@ another number of processes the re-planned epoch starts at a step boundary the s
 With ``uneven_counts=True`` (and so with sequence parallelism) ranks take different counts of
 micro-batches per step, while ``accelerator.accumulate`` synchronizes every
 ``gradient_accumulation_steps`` batches by its own counter. The loader's own
-``loader.accumulate(model)`` takes its place: it synchronizes gradients (and lets the
-prepared optimizer and scheduler step) at each rank's last micro-batch of the plan's step, and
-``loader.micro_batch`` is the batch's ``MicroBatch`` (step, place, ``loss_scale``). Saves go
-by the plan's steps as above.
+``loader.accumulate(model)`` takes its place (gradients synchronize at each rank's last
+micro-batch of the plan's step, ``loader.step_ends()``, where the loop steps the optimizer),
+and ``loader.micro_batch`` is the batch's ``MicroBatch`` (step, place, ``loss_scale``). Saves
+go by the plan's steps as above.
 """
 
 from __future__ import annotations
@@ -115,20 +115,23 @@ class AdaptiveDataLoader:
 
     @contextlib.contextmanager
     def accumulate(self, *models):
-        """``accelerator.accumulate(*models)`` by the plan's steps: gradients are synchronized,
-        and the prepared optimizer and scheduler step, at this rank's last micro-batch of each
-        step (``step_ends``); before it the models run under ``accelerator.no_sync``. Needed
-        with ``uneven_counts=True``, whose ranks take different counts per step; the same as
-        accelerate's with K per step."""
+        """``accelerator.accumulate(*models)`` by the plan's steps: the models run under
+        ``accelerator.no_sync`` but at this rank's last micro-batch of each step
+        (``step_ends()``), where gradients synchronize and the loop steps the optimizer::
+
+            with loader.accumulate(model):
+                accelerator.backward(loss)
+            if loader.step_ends():
+                optimizer.step(); scheduler.step(); optimizer.zero_grad()
+
+        Needed with ``uneven_counts=True``, whose ranks take different counts per step (the
+        Accelerator then has ``gradient_accumulation_steps=1``, so ``accelerator.sync_gradients``
+        stays True: read ``step_ends()``)."""
         accelerator = None if self._accelerator is None else self._accelerator()
         if accelerator is None:
             raise ValueError("AdaptiveDataLoader.accumulate: the loader has no accelerator")
-        sync = self.step_ends()
-        # accelerate's own flag, read by its prepared optimizer and scheduler (and by
-        # ``accelerator.sync_gradients``); accelerate sets it the same way in its accumulate.
-        accelerator.gradient_state._set_sync_gradients(sync)
         with contextlib.ExitStack() as stack:
-            if not sync:
+            if not self.step_ends():
                 for model in models:
                     stack.enter_context(accelerator.no_sync(model))
             yield

@@ -28,6 +28,22 @@ def layout(degree: int, heads: int) -> tuple[int, int]:
     return ulysses, degree // ulysses
 
 
+def ring_comm_factor(degree: int, heads: int) -> float:
+    """What a member of a micro-batch split over ``degree`` ranks receives per block, over what
+    it receives under plain Ulysses at that degree (which ``cost.ulysses_comm_per_token``
+    prices: 4 exchanges of ``(d - 1) / d**2`` of the tokens' hidden values). 1 where the degree
+    divides the heads. With a ring (``layout``: u x r) the queries and the output travel among
+    the u Ulysses peers only, ``(u - 1) / (u**2 r)`` each, while the keys and values arrive
+    whole per head shard, ``(d - 1) / (u d)`` each: at 8 ranks over 12 heads (4 x 2) 1.43x, with
+    no Ulysses part (u = 1) d / 2."""
+    u, r = layout(degree, heads)
+    d = degree
+    if d == 1:
+        return 1.0
+    ring = 2 * (u - 1) / (u * u * r) + 2 * (d - 1) / (u * d)
+    return ring / (4 * (d - 1) / (d * d))
+
+
 def share_sizes(seq_len: int, degree: int) -> list[int]:
     """Tokens of each of ``degree`` members of one sample of ``seq_len`` tokens."""
     return [seq_len // degree + (1 if j < seq_len % degree else 0) for j in range(degree)]

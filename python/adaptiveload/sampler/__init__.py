@@ -34,6 +34,7 @@ plan source; the package's modules are the mechanisms that carry that:
 """
 
 from adaptiveload.sampler.base import BatchSampler
+from adaptiveload.sampler.checks import auto_sequence_parallel
 from adaptiveload.sampler.plan import MicroBatch, Plan, Segment
 from adaptiveload.sampler.planned import PlannedBatchSampler
 from adaptiveload.sampler.samplers import (
@@ -53,4 +54,5 @@ __all__ = [
     "Plan",
     "PlannedBatchSampler",
     "StreamingBatchSampler",
+    "auto_sequence_parallel",
 ]

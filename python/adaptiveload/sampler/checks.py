@@ -14,6 +14,7 @@ import numpy as np
 from adaptiveload.cost import CostModel
 from adaptiveload.keys import to_numpy
 from adaptiveload.memory import GIB, MemoryModel
+from adaptiveload.sampler.defaults import SEQUENCE_PARALLEL_AUTO_MAX
 
 # Tokens of one sample, max_tokens and all samples' tokens together, and micro-batches per
 # step (num_replicas * micro_batches_per_step).
@@ -168,10 +169,30 @@ def _memory_options(memory_model, memory_budget_gib, max_tokens) -> tuple:
     return memory_model, budget, max_tokens
 
 
+def auto_sequence_parallel(num_replicas: int) -> int:
+    """``sequence_parallel="auto"``: the largest power of two dividing ``num_replicas`` and at
+    most ``SEQUENCE_PARALLEL_AUTO_MAX`` (one node's GPUs, whose all-to-alls stay on NVLink).
+    The model's head count does not bound it (degrees above it run as Ulysses x ring,
+    ``parallel.layout``); a sample too long for that many shares is refused by the planner,
+    naming it."""
+    d = 1
+    while 2 * d <= SEQUENCE_PARALLEL_AUTO_MAX and num_replicas % (2 * d) == 0:
+        d *= 2
+    return d
+
+
 def _check_sequence_parallel(flags: dict, out: dict, num_replicas: int) -> None:
-    """``sequence_parallel`` (a power of two dividing ``num_replicas``; it needs uneven counts)
-    and ``sequence_parallel_comm`` (None or a number >= 0), into ``out``."""
-    d = int_arg("sequence_parallel", flags.pop("sequence_parallel", 1), 1)
+    """``sequence_parallel`` (a power of two dividing ``num_replicas``, or "auto"; it needs
+    uneven counts) and ``sequence_parallel_comm`` (None or a number >= 0), into ``out``."""
+    d = flags.pop("sequence_parallel", 1)
+    if d == "auto":
+        if not out["uneven_counts"]:
+            raise ValueError(
+                "sequence_parallel='auto' needs uneven_counts=True: a rank's count of "
+                "micro-batches in a step depends on the groups it joins"
+            )
+        d = auto_sequence_parallel(num_replicas)
+    d = int_arg("sequence_parallel", d, 1)
     comm = flags.pop("sequence_parallel_comm", None)
     if d & (d - 1) or num_replicas % d:
         raise ValueError(

@@ -33,7 +33,7 @@ def default_mix_tolerance(sequence_parallel, max_batch_size, micro_batches_per_s
     """The default ``mix_tolerance`` of a setup: ``MIX_TOLERANCE_BY_SETUP``'s where it has the
     setup, else ``MIX_TOLERANCE``."""
     key = (
-        isinstance(sequence_parallel, int) and sequence_parallel > 1,
+        sequence_parallel == "auto" or isinstance(sequence_parallel, int) and sequence_parallel > 1,
         max_batch_size == 1,
         micro_batches_per_step == 1,
     )
@@ -63,6 +63,11 @@ def resolve_composition(
             sequence_parallel, max_batch_size, micro_batches_per_step
         )
     return composition, mix_tolerance
+
+
+# sequence_parallel="auto": the largest degree it takes (a power of two dividing the ranks),
+# one node's GPUs: a split micro-batch's all-to-alls stay on the node's NVLink.
+SEQUENCE_PARALLEL_AUTO_MAX = 8
 
 
 # The least positions of a streamed segment: the larger of this and 4 * lookahead_steps * W * K

@@ -107,7 +107,9 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
             inside a pass is refused unless ``micro_batches(loader)`` counted the loop's
             batches (docs/sampler.md, "Resuming").
         sequence_parallel: the largest sequence-parallel degree D (1: off; a power of two
-            dividing num_replicas, and no more than the model's attention heads allow). Each
+            dividing num_replicas; any degree runs over any head count, as Ulysses x ring,
+            ``parallel.layout``); "auto": the largest such D up to 8, one node's GPUs
+            (``sampler.checks.auto_sequence_parallel``). Each
             step's micro-batches then get a degree d in {1, 2, ..., D} and a group of d ranks
             that process it together, each on 1/d of every sample's tokens, chosen so that
             the step's slowest rank finishes soonest; ``max_tokens`` bounds each rank's share,
@@ -150,7 +152,7 @@ class AdaptiveBatchSampler(PlannedBatchSampler):
         uneven_counts: bool = False,
         mix_tolerance: float | None = None,
         drawn_is_trained: bool = False,
-        sequence_parallel: int = 1,
+        sequence_parallel: int | str = 1,
         sequence_parallel_comm: float | None = None,
         composition: str | None = None,
     ):
