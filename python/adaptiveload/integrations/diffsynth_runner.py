@@ -31,6 +31,27 @@ and ``on_training_end``. What AdaptiveLoad changes:
 - ``apply_fused_ops`` on the model's DiffSynth ``DiTBlock`` s (``fused_ops=True``);
 - resume: ``resume_from`` (a folder ``accelerator.save_state`` wrote) restores the model, the
   optimizer, the sampler's position and the count of optimizer steps.
+
+Arguments (keyword only, after DiffSynth's):
+
+- ``seq_lens``: per sample, its tokens or its latent shape (``(C, F, H, W)`` or
+  ``(F, H, W)``), or a callable of the index giving one; default ``dataset.seq_lens``.
+- ``micro_batches_per_step``: K; default the accelerator's ``gradient_accumulation_steps``
+  (set to 1 during the call: the sampler's steps decide when gradients synchronize).
+- ``seed``: the sampler's order and the loss's draws (``torch.manual_seed`` of
+  (seed, epoch, sample) before each micro-batch).
+- ``sequence_parallel``: ``"auto"`` (the largest power of two <= 8 dividing the number of
+  processes), a degree, or False for none.
+- ``fused_ops``: ``apply_fused_ops`` on the model's DiffSynth blocks, if it has any.
+- ``resume_from``: a folder of ``accelerator.save_state`` to resume from.
+- ``max_steps``: stop after this many optimizer steps (counted over resumes).
+- ``sampler_options``: more ``AdaptiveBatchSampler`` arguments (``cost_model``...).
+
+``model_logger.on_step_end`` gets, beside DiffSynth's ``loss``, where it takes ``**kwargs``:
+``sample`` (the index), ``epoch``, ``step`` (optimizer steps done), ``step_end`` (this
+micro-batch ended one on this process) and ``micro_batch`` (its ``MicroBatch``). Objects
+registered with ``accelerator.register_for_checkpointing`` before the call are restored by
+``resume_from`` too.
 """
 
 from __future__ import annotations
@@ -189,28 +210,8 @@ def launch_training_task(
     **kwargs,
 ):
     """DiffSynth-Studio's ``launch_training_task`` (same arguments, ``args`` overriding them as
-    there) with AdaptiveLoad's sampler, sequence parallelism and fused ops. AdaptiveLoad's
-    arguments, keyword only:
-
-    - ``seq_lens``: per sample, its tokens or its latent shape (``(C, F, H, W)`` or
-      ``(F, H, W)``), or a callable of the index giving one; default ``dataset.seq_lens``.
-    - ``micro_batches_per_step``: K; default the accelerator's ``gradient_accumulation_steps``
-      (set to 1 during the call: the sampler's steps decide when gradients synchronize).
-    - ``seed``: the sampler's order and the loss's draws (``torch.manual_seed`` of
-      (seed, epoch, sample) before each micro-batch).
-    - ``sequence_parallel``: ``"auto"`` (the largest power of two <= 8 dividing the number of
-      processes), a degree, or False for none.
-    - ``fused_ops``: ``apply_fused_ops`` on the model's DiffSynth blocks, if it has any.
-    - ``resume_from``: a folder of ``accelerator.save_state`` to resume from.
-    - ``max_steps``: stop after this many optimizer steps (counted over resumes).
-    - ``sampler_options``: more ``AdaptiveBatchSampler`` arguments (``cost_model``...).
-
-    ``model_logger.on_step_end`` gets, beside DiffSynth's ``loss``, where it takes ``**kwargs``:
-    ``sample`` (the index), ``epoch``, ``step`` (optimizer steps done), ``step_end`` (this
-    micro-batch ended one on this process) and ``micro_batch`` (its ``MicroBatch``). Objects
-    registered with ``accelerator.register_for_checkpointing`` before the call are restored by
-    ``resume_from`` too.
-    """
+    there) with AdaptiveLoad's sampler, sequence parallelism and fused ops. The keyword-only
+    arguments are AdaptiveLoad's: the module's docstring, "Arguments"."""
     try:
         from diffsynth.diffusion import runner
     except ImportError as e:
@@ -238,36 +239,13 @@ def launch_training_task(
     accumulation = accelerator.gradient_accumulation_steps
     accelerator.gradient_accumulation_steps = 1  # the plan's steps decide (loader.accumulate)
     try:
-        tokens, keys = sample_lengths(
-            getattr(dataset, "seq_lens", None) if seq_lens is None else seq_lens, len(dataset)
+        loader = _adaptive_loader(
+            accelerator, dataset, seq_lens, k, seed, degree, num_workers, sampler_options
         )
-        sampler = make_batch_sampler(
-            tokens,
-            group_keys=keys,
-            micro_batches_per_step=k,
-            num_replicas=accelerator.num_processes,
-            rank=accelerator.process_index,
-            seed=seed,
-            sequence_parallel=degree,
-            **(sampler_options or {}),
+        offloads = (enable_model_cpu_offload, enable_optimizer_cpu_offload)
+        model, optimizer, scheduler, offload = _prepare(
+            accelerator, model, optimizer, scheduler, offloads, cpu_offload_split_threshold
         )
-        loader = prepare_data_loader(
-            accelerator,
-            DataLoader(
-                _Indexed(dataset), batch_sampler=sampler, collate_fn=_first, num_workers=num_workers
-            ),
-        )
-        offload = None
-        if enable_model_cpu_offload:
-            optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
-            model.pipe.device = accelerator.device
-            offload = runner.OffloadTrainingManager(
-                model, accelerator.device, enable_optimizer_cpu_offload, cpu_offload_split_threshold
-            )
-        else:
-            model.to(device=accelerator.device)
-            runner.exclude_quantized_params_from_ddp_sync(accelerator, model)
-            model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
         steps = _Steps()
         accelerator.register_for_checkpointing(steps)
         if resume_from is not None:
@@ -277,6 +255,46 @@ def launch_training_task(
         run.train(dataset, model_logger, save_steps, num_epochs, seed, max_steps)
     finally:
         accelerator.gradient_accumulation_steps = accumulation
+
+
+def _adaptive_loader(accelerator, dataset, seq_lens, k, seed, degree, num_workers, options):
+    """The sampler of ``dataset`` and its loader, prepared for ``accelerator``."""
+    tokens, keys = sample_lengths(
+        getattr(dataset, "seq_lens", None) if seq_lens is None else seq_lens, len(dataset)
+    )
+    sampler = make_batch_sampler(
+        tokens,
+        group_keys=keys,
+        micro_batches_per_step=k,
+        num_replicas=accelerator.num_processes,
+        rank=accelerator.process_index,
+        seed=seed,
+        sequence_parallel=degree,
+        **(options or {}),
+    )
+    indexed = _Indexed(dataset)
+    return prepare_data_loader(
+        accelerator,
+        DataLoader(indexed, batch_sampler=sampler, collate_fn=_first, num_workers=num_workers),
+    )
+
+
+def _prepare(accelerator, model, optimizer, scheduler, offloads, split_threshold):
+    """DiffSynth's preparation: with model CPU offload, its manager and the model unprepared;
+    else the model on the device, quantized weights kept out of DDP, all prepared."""
+    from diffsynth.diffusion import runner
+
+    if offloads[0]:
+        optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
+        model.pipe.device = accelerator.device
+        offload = runner.OffloadTrainingManager(
+            model, accelerator.device, offloads[1], split_threshold
+        )
+        return model, optimizer, scheduler, offload
+    model.to(device=accelerator.device)
+    runner.exclude_quantized_params_from_ddp_sync(accelerator, model)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    return model, optimizer, scheduler, None
 
 
 class _Run:
