@@ -1,26 +1,28 @@
-"""DiffSynth-Studio's Wan training step with AdaptiveLoad's sampler and fused ops.
+"""DiffSynth-Studio's Wan training with AdaptiveLoad's sampler, sequence parallelism and fused ops.
 
     torchrun --nproc_per_node 2 examples/train_diffsynth.py --steps-per-save 3 --output /tmp/run
     accelerate launch examples/train_diffsynth.py --config wan2.1-1.3B --latents 480p --layers 6
 
-The loop is that of ``diffsynth.diffusion.runner.launch_training_task`` (accelerate, one
-sample per micro-batch, ``accelerator.accumulate``, ``optimizer.step()`` on every micro-batch,
-which accelerate skips until the step's last); the loss is DiffSynth's own ``FlowMatchSFTLoss``
-over ``model_fn_wan_video`` on cached inputs (``input_latents``, ``context``), as its trainer
-reads them after its data-process task. Here the cache is random latents of Wan's shapes.
+The training is ``adaptiveload.integrations.diffsynth_runner.launch_training_task``, which
+takes the arguments of DiffSynth's ``diffsynth.diffusion.runner.launch_training_task`` and the
+samples' latent shapes: a DiffSynth training script changes its import and passes
+``seq_lens=``. The model is DiffSynth's ``WanModel`` in a training module whose loss is
+DiffSynth's own ``FlowMatchSFTLoss`` over ``model_fn_wan_video`` on cached inputs
+(``input_latents``, ``context``), as its trainer reads them after its data-process task. Here
+the cache is random latents of Wan's shapes.
 
-AdaptiveLoad's changes to that trainer:
+What the function changes in DiffSynth's trainer (its docstring says more): each optimizer
+step's samples (one per micro-batch, K = ``--gradient-accumulation-steps`` per process where
+the work allows) are spread so that every process has about the same work; with several
+processes some micro-batches run split over a group of processes (``--sequence-parallel``);
+the blocks' adaLN steps run as AdaptiveLoad's fused ops (``--fused``).
 
-- the DataLoader's ``batch_sampler`` is ``AdaptiveBatchSampler(..., max_batch_size=1,
-  micro_batches_per_step=K)`` with K = ``gradient_accumulation_steps``: each optimizer step's
-  W x K samples are spread so that every process has about the same work;
-- ``apply_fused_ops(dit)``: the blocks' adaLN steps run as AdaptiveLoad's fused ops;
-- ``prepare_data_loader`` registers the loader for checkpointing: ``accelerator.save_state``
-  and ``load_state`` hold the sampler's epoch and position, so ``--resume`` continues with the
-  batches an uninterrupted run would have drawn.
-
-Each process appends one JSON line per optimizer step to OUTPUT/log_RANK.jsonl: the samples
-of its K micro-batches, their tokens and losses, and its seconds.
+The model logger is DiffSynth's ``ModelLogger``, extended: each process appends one JSON line
+per optimizer step to OUTPUT/log_RANK.jsonl (the samples of its micro-batches, their tokens,
+losses and sequence-parallel degrees, and its seconds), and ``accelerator.save_state`` writes
+OUTPUT/step-N every ``--steps-per-save`` steps and at the end (model, optimizer, RNG, the
+sampler's position), from which ``--resume`` continues with the batches an uninterrupted run
+would have drawn.
 """
 
 from __future__ import annotations
@@ -34,14 +36,18 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from diffsynth.diffusion.flow_match import FlowMatchScheduler
+from diffsynth.diffusion.logger import ModelLogger
 from diffsynth.diffusion.loss import FlowMatchSFTLoss
+from diffsynth.diffusion.training_module import DiffusionTrainingModule
 from diffsynth.models.wan_video_dit import WanModel
 from diffsynth.pipelines.wan_video import model_fn_wan_video
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from adaptiveload import AdaptiveBatchSampler
-from adaptiveload.integrations.accelerate import prepare_data_loader
-from adaptiveload.integrations.diffsynth import apply_fused_ops
+from adaptiveload.integrations.diffsynth_runner import (
+    launch_training_task,
+    make_batch_sampler,
+    sequence_degree,
+)
 from adaptiveload.wan import PATCH, TEXT_LEN
 
 # DiffSynth's WanModel arguments (text-to-video, 16 latent channels). The tiny one keeps a
@@ -70,6 +76,8 @@ class CachedLatents(Dataset):
     """Random stand-ins for DiffSynth's cached inputs: ``input_latents`` (1, C, F, H, W) and
     ``context`` (1, L, text_dim), drawn from (seed, sample) only, so every run sees the same."""
 
+    load_from_cache = False  # what DiffSynth's trainer asks: items are the module's input
+
     def __init__(self, num_samples, latents, config, seed=0):
         shapes, self.text_len = LATENTS[latents]
         mix = np.array(MIX[: len(shapes)]) / sum(MIX[: len(shapes)])
@@ -90,11 +98,7 @@ class CachedLatents(Dataset):
         }
 
 
-def first(samples):
-    return samples[0]  # DiffSynth's collate_fn: batches of one sample, passed as they are
-
-
-class WanTrainingModule(torch.nn.Module):
+class WanTrainingModule(DiffusionTrainingModule):
     """The part of DiffSynth's ``WanTrainingModule`` that trains on cached inputs: it is the
     ``pipe`` that ``FlowMatchSFTLoss`` reads (scheduler, dtype, device, ``model_fn``)."""
 
@@ -128,28 +132,72 @@ def build_dit(config, layers=None, seed=0):
 
 
 def make_sampler(data, args, num_replicas, rank):
-    return AdaptiveBatchSampler(
+    """The sampler ``launch_training_task`` makes on process ``rank`` of ``num_replicas``."""
+    return make_batch_sampler(
         data.seq_lens,
-        max(data.seq_lens),  # one sample per micro-batch: room for the longest
         group_keys=data.shapes,
-        max_batch_size=1,
         micro_batches_per_step=args.gradient_accumulation_steps,
         num_replicas=num_replicas,
         rank=rank,
         seed=args.seed,
+        sequence_parallel=sequence_degree(sequence_parallel(args), num_replicas),
     )
 
 
-class Progress:
-    """Optimizer steps done, saved with the checkpoint (accelerate's counter restarts per epoch)."""
+def sequence_parallel(args):
+    return {"auto": "auto", "off": False}.get(args.sequence_parallel, args.sequence_parallel)
 
-    steps = 0
 
-    def state_dict(self):
-        return {"steps": self.steps}
+class StepLog(ModelLogger):
+    """DiffSynth's model logger (its saves of the trainable weights per epoch, its loggers),
+    plus one JSON line per optimizer step and process, and ``accelerator.save_state`` every
+    ``steps_per_save`` steps and at the end."""
 
-    def load_state_dict(self, state):
-        self.steps = state["steps"]
+    def __init__(self, output, data, steps_per_save, rank):
+        super().__init__(output)
+        os.makedirs(output, exist_ok=True)
+        self.log = open(os.path.join(output, f"log_{rank}.jsonl"), "a")
+        self.data, self.steps_per_save, self.unsaved = data, steps_per_save, False
+        self.new_record()
+
+    def new_record(self):
+        self.record = {"samples": [], "tokens": [], "losses": [], "degrees": []}
+        self.start = time.perf_counter()
+
+    def on_step_end(self, accelerator, model, save_steps=None, **kw):
+        super().on_step_end(accelerator, model, save_steps, loss=kw["loss"])
+        mb = kw["micro_batch"]
+        self.record["samples"].append(kw["sample"])
+        self.record["tokens"].append(self.data.seq_lens[kw["sample"]])
+        self.record["losses"].append(kw["loss"].item())
+        self.record["degrees"].append(1 if mb is None else mb.degree)
+        if not kw["step_end"]:
+            return
+        step, seconds = kw["step"], time.perf_counter() - self.start
+        mine = torch.tensor([[seconds, sum(self.record["tokens"])]], device=accelerator.device)
+        ranks = accelerator.gather(mine)  # (W, 2): every rank's seconds and tokens
+        line = {"step": step, "epoch": kw["epoch"], **self.record, "seconds": seconds}
+        print(json.dumps(line), file=self.log, flush=True)
+        if accelerator.is_main_process:
+            print(
+                f"step {step} epoch {kw['epoch']} loss {np.mean(self.record['losses']):.4f} "
+                f"tokens per rank {ranks[:, 1].int().tolist()} "
+                f"time max/mean {(ranks[:, 0].max() / ranks[:, 0].mean()).item():.2f}",
+                flush=True,
+            )
+        self.step, self.unsaved = step, True
+        if self.steps_per_save and step % self.steps_per_save == 0:
+            self.save_state(accelerator)
+        self.new_record()
+
+    def save_state(self, accelerator):
+        accelerator.save_state(os.path.join(self.output_path, f"step-{self.step}"))
+        self.unsaved = False
+
+    def on_training_end(self, accelerator, model, save_steps=None):
+        if self.unsaved:
+            self.save_state(accelerator)
+        super().on_training_end(accelerator, model, save_steps)
 
 
 def parse_args(argv=None):
@@ -169,81 +217,38 @@ def parse_args(argv=None):
     ap.add_argument("--output", default="./train_diffsynth_out")
     ap.add_argument("--steps-per-save", type=int, default=0, help="0: only at the end")
     ap.add_argument("--resume", default=None, help="a folder save_state wrote: OUTPUT/step-N")
+    ap.add_argument(
+        "--sequence-parallel", default="auto", help="auto, off, or the largest degree (1, 2, 4...)"
+    )
     return ap.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    k = args.gradient_accumulation_steps
-    accelerator = Accelerator(gradient_accumulation_steps=k, cpu=not torch.cuda.is_available())
+    accelerator = Accelerator(
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        cpu=not torch.cuda.is_available(),
+    )
     dtype = torch.bfloat16 if accelerator.device.type == "cuda" else torch.float32
     data = CachedLatents(args.num_samples, args.latents, args.config, args.seed)
-    sampler = make_sampler(data, args, accelerator.num_processes, accelerator.process_index)
-    loader = prepare_data_loader(
-        accelerator,
-        DataLoader(data, batch_sampler=sampler, collate_fn=first, num_workers=args.num_workers),
-    )
     dit = build_dit(args.config, args.layers, args.seed).to(accelerator.device, dtype)
-    if args.fused:
-        apply_fused_ops(dit)
     model = WanTrainingModule(dit, dtype, args.gradient_checkpointing)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=1e-2)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)  # loader unchanged
-    progress = Progress()
-    accelerator.register_for_checkpointing(progress)
-    if args.resume:
-        accelerator.load_state(args.resume)  # model, optimizer, RNG, sampler position, steps
-    saved = progress.steps  # the step last saved or loaded
-
-    os.makedirs(args.output, exist_ok=True)
-    log = open(os.path.join(args.output, f"log_{accelerator.process_index}.jsonl"), "a")
-
-    def more():
-        return args.max_steps is None or progress.steps < args.max_steps
-
-    for epoch in range(loader.epoch, args.epochs if more() else 0):
-        loader.set_epoch(epoch)  # the resumed epoch keeps its position
-        record, start = {"samples": [], "tokens": [], "losses": []}, time.perf_counter()
-        for data_item in loader:
-            index = int(data_item["index"])
-            # DiffSynth's loss draws its timestep and noise from the global generator: seed it
-            # from (seed, epoch, sample), so that a resumed run draws what this run would have.
-            torch.manual_seed(args.seed * 1_000_003 + epoch * 7_919 + index)
-            with accelerator.accumulate(model):
-                loss = model(data_item)  # the mean over one sample's elements
-                # accelerate divides by K and DDP averages over W: the gradient of the mean
-                # over the step's W x K samples, as MicroBatch.loss_scale(W, per="sample").
-                accelerator.backward(loss)
-                optimizer.step()  # accelerate steps only when gradients are synchronized
-                optimizer.zero_grad()
-            record["samples"].append(index)
-            record["tokens"].append(data.seq_lens[index])
-            record["losses"].append(loss.item())
-            if not accelerator.sync_gradients:
-                continue
-            progress.steps += 1
-            seconds = time.perf_counter() - start
-            mine = torch.tensor([[seconds, sum(record["tokens"])]], device=accelerator.device)
-            ranks = accelerator.gather(mine)  # (W, 2): every rank's seconds and tokens
-            line = {"step": progress.steps, "epoch": epoch, **record, "seconds": seconds}
-            print(json.dumps(line), file=log, flush=True)
-            if accelerator.is_main_process:
-                print(
-                    f"step {progress.steps} epoch {epoch} loss {np.mean(record['losses']):.4f} "
-                    f"tokens per rank {ranks[:, 1].int().tolist()} "
-                    f"time max/mean {(ranks[:, 0].max() / ranks[:, 0].mean()).item():.2f}",
-                    flush=True,
-                )
-            if args.steps_per_save and progress.steps % args.steps_per_save == 0:
-                accelerator.save_state(os.path.join(args.output, f"step-{progress.steps}"))
-                saved = progress.steps
-            if not more():
-                break
-            record, start = {"samples": [], "tokens": [], "losses": []}, time.perf_counter()
-        if not more():
-            break
-    if progress.steps != saved:
-        accelerator.save_state(os.path.join(args.output, f"step-{progress.steps}"))
+    logger = StepLog(args.output, data, args.steps_per_save, accelerator.process_index)
+    launch_training_task(
+        accelerator,
+        data,
+        model,
+        logger,
+        learning_rate=args.learning_rate,
+        num_workers=args.num_workers,
+        num_epochs=args.epochs,
+        seq_lens=data.shapes,  # the latent shapes: tokens and group keys
+        seed=args.seed,
+        sequence_parallel=sequence_parallel(args),
+        fused_ops=args.fused,
+        resume_from=args.resume,
+        max_steps=args.max_steps,
+    )
     accelerator.end_training()
     if torch.distributed.is_initialized():
         # A rank sometimes never exited (twice in a row on the CI machine): at
