@@ -324,10 +324,11 @@ class _Run:
                     acc.backward(loss * self._loss_scale(mb))
                     if self.offload is not None:
                         self.offload.after_backward()
+                end = loader.step_ends()
+                if end:  # this process's last micro-batch of the plan's step
                     self.optimizer.step()
                     self.scheduler.step()
                     self.optimizer.zero_grad()
-                end = loader.step_ends()
                 self.steps.done += int(end)
                 stop = end and max_steps is not None and self.steps.done >= max_steps
                 on_step_end(
