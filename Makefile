@@ -4,7 +4,7 @@ PIP := $(PYTHON) -m pip
 # Parallel compile jobs (MAX_JOBS for the extensions, -j for the C++ tests): all cores.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: install develop demo test test-fast test-oldest-torch test-cpp test-python lint format \
+.PHONY: install develop demo test test-fast test-oldest-torch test-newest-torch test-cpp test-python lint format \
 	gpu-check bench-sampler clean
 
 install:  ## build and install against the torch already installed (the tested one if none)
@@ -30,9 +30,12 @@ test-fast:  ## day-to-day lane: the Python tests that start no other process and
 	$(PYTHON) -m pytest tests/python -m "not distributed and not slow" -q --durations=20
 
 test-oldest-torch:  ## fast tests against the oldest supported torch: fresh venv, CPU ops only
-	PYTHON=$(PYTHON) bash scripts/test_oldest_torch.sh
+	PYTHON=$(PYTHON) bash scripts/test_torch_lane.sh oldest
 
-test:  ## whole suite against the tested torch, then the fast tests against the oldest torch
+test-newest-torch:  ## ops tests and plan --demo against the newest torch: fresh venv, CPU ops
+	PYTHON=$(PYTHON) bash scripts/test_torch_lane.sh newest
+
+test:  ## whole suite against the pinned torch, then the lanes of the oldest and newest torch
 	$(PIP) install -r requirements/torch.txt -r requirements/test.txt
 # DiffSynth-Studio's Wan model (tests/python/test_diffsynth.py) without its declared
 # dependencies, which it does not need for that: about 350 MB and 55 s on a fresh machine.
@@ -41,6 +44,7 @@ test:  ## whole suite against the tested torch, then the fast tests against the 
 	$(MAKE) test-cpp
 	$(MAKE) test-python
 	$(MAKE) test-oldest-torch
+	$(MAKE) test-newest-torch
 
 lint:
 	ruff check python tests benchmarks examples

@@ -35,11 +35,11 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 # Oldest torch the ops build and pass the tests with (keep in step with pyproject.toml,
 # requirements/torch-oldest.txt and docs/install.md).
 MIN_TORCH = (2, 6)
-# First torch the ops do not build against yet: from 2.13 torch's C++ autograd holds graph
-# nodes in c10::intrusive_ptr (no more std::shared_ptr, torch::autograd::deleteNode), which
-# csrc/ops/autograd/nodes.h still uses. Failing here says so instead of pages of compiler
-# errors; pyproject.toml has no upper bound, so that pip never swaps the installed torch.
-TORCH_NOT_YET = (2, 13)
+# Newest torch the ops were built and tested against (the registry's newest when it was set).
+# A newer one builds with a note: pyproject.toml has no upper bound, so that pip never swaps
+# the installed torch. (torch 2.13 moved C++ autograd nodes to c10::intrusive_ptr: nodes.h
+# takes either.)
+NEWEST_TESTED = (2, 15)
 DEFAULT_ARCHS = "8.0;9.0+PTX"  # A100, H100/H200, and PTX for newer GPUs
 
 
@@ -61,7 +61,7 @@ no torch is importable by this build ({sys.executable}).
 AdaptiveLoad compiles its ops against the torch of the environment it installs into.
 - If torch is installed there, this is an isolated build (a plain `pip install .`), which
   cannot see it: build with `pip install --no-build-isolation .`
-- Otherwise install torch first ({MIN_TORCH[0]}.{MIN_TORCH[1]} to {TORCH_NOT_YET[0]}.{TORCH_NOT_YET[1] - 1}; the tested one:
+- Otherwise install torch first ({MIN_TORCH[0]}.{MIN_TORCH[1]} to {NEWEST_TESTED[0]}.{NEWEST_TESTED[1]}; the pinned one:
   `pip install -r requirements/torch.txt`), then `pip install --no-build-isolation .`"""
         )
     try:
@@ -75,13 +75,10 @@ AdaptiveLoad compiles its ops against the torch of the environment it installs i
             f"{MIN_TORCH[0]}.{MIN_TORCH[1]}. Upgrade it (`pip install -r requirements/torch.txt` "
             "installs the tested version), then build again."
         )
-    if version >= TORCH_NOT_YET:
-        _fail(
-            f"""
-torch {torch.__version__} is installed; AdaptiveLoad's ops build against torch
-{MIN_TORCH[0]}.{MIN_TORCH[1]} to {TORCH_NOT_YET[0]}.{TORCH_NOT_YET[1] - 1} (torch {TORCH_NOT_YET[0]}.{TORCH_NOT_YET[1]} changed the C++ autograd
-API that csrc/ops/autograd uses). Use a torch in that range in this environment
-(`pip install -r requirements/torch.txt` installs the tested one), then build again."""
+    if version > NEWEST_TESTED:
+        _note(
+            f"torch {torch.__version__} is newer than the newest tested "
+            f"({NEWEST_TESTED[0]}.{NEWEST_TESTED[1]}); building against it anyway"
         )
     return torch
 

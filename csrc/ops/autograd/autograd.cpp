@@ -18,6 +18,7 @@ namespace {
 using autograd_detail::GatedModulateBackward;
 using autograd_detail::make_node;
 using autograd_detail::ModulateBackward;
+using autograd_detail::NodePtr;
 using autograd_detail::or_undefined;
 using autograd_detail::refuse_forward_ad;
 using torch::autograd::SavedVariable;
@@ -37,7 +38,7 @@ struct AutogradOp<I, Args<A...>> {
   // Refuses forward-mode AD; the node (null unless an input requires grad), its next edges the
   // differentiable inputs in gradient order.
   template <size_t... K>
-  static std::shared_ptr<NodeType> make(const OpArgs& o, std::index_sequence<K...>) {
+  static NodePtr<NodeType> make(const OpArgs& o, std::index_sequence<K...>) {
     refuse_forward_ad(kV.name, as_tensor(get<I, kGrads.at[K]>(o))...);
     return make_node<NodeType>(get<I, kGrads.at[K]>(o)...);
   }
@@ -54,8 +55,7 @@ struct AutogradOp<I, Args<A...>> {
     return out;
   }
 
-  static void save(const std::shared_ptr<NodeType>& node, const OpArgs& o,
-                   const ForwardResult<I>& out) {
+  static void save(const NodePtr<NodeType>& node, const OpArgs& o, const ForwardResult<I>& out) {
     constexpr int n = std::tuple_size_v<ForwardResult<I>>;  // ..., [mean,] rstd
     if constexpr (kV.gated) {
       torch::autograd::set_history(std::get<0>(out), node);  // r: the node's input 0

@@ -19,6 +19,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <array>
@@ -36,6 +37,24 @@ namespace autograd_detail {
 using torch::autograd::Node;
 using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
+
+// How torch holds a graph node: std::shared_ptr (deleted by torch::autograd::deleteNode, which
+// frees long chains without deep recursion) up to torch 2.12, c10::intrusive_ptr from 2.13.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
+template <typename N>
+using NodePtr = c10::intrusive_ptr<N>;
+template <typename N>
+NodePtr<N> new_node() {
+  return c10::make_intrusive<N>();
+}
+#else
+template <typename N>
+using NodePtr = std::shared_ptr<N>;
+template <typename N>
+NodePtr<N> new_node() {
+  return NodePtr<N>(new N(), torch::autograd::deleteNode);
+}
+#endif
 
 // Whether the gradient of shift is dy itself: shift per token (x's shape, so nothing is summed)
 // and of dy's dtype. The backward then neither computes nor writes it (a sixth of the bytes a
@@ -200,7 +219,7 @@ struct GatedModulateBackward final : public Node {
     bool any = false;
     for (int i = 0; i < kOutputs; ++i) any = (mask[i] = task_should_compute_output(i)) || any;
     if (!any || (!grads[0].defined() && !grads[1].defined())) return out;
-    const at::Tensor r_ = r.unpack(shared_from_this()), h_ = h.unpack(), gate_ = gate.unpack();
+    const at::Tensor r_ = r.unpack(this->getptr()), h_ = h.unpack(), gate_ = gate.unpack();
     const at::Tensor shift_ = shift.unpack(), scale_ = scale.unpack(), weight_ = weight.unpack();
     const at::Tensor bias_ = kRms ? at::Tensor() : bias.unpack();
     // Undefined: r or y unused. The kernels take dr as optional and need dy.
@@ -234,10 +253,10 @@ struct GatedModulateBackward final : public Node {
 // A node of type N for these inputs when one of them requires grad (else null), its next edges
 // set in the inputs' order.
 template <typename N, typename... T>
-std::shared_ptr<N> make_node(const T&... inputs) {
-  std::shared_ptr<N> node;
+NodePtr<N> make_node(const T&... inputs) {
+  NodePtr<N> node;
   if (torch::autograd::compute_requires_grad(inputs...)) {
-    node.reset(new N(), torch::autograd::deleteNode);
+    node = new_node<N>();
     node->set_next_edges(torch::autograd::collect_next_edges(inputs...));
   }
   return node;
