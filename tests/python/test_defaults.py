@@ -99,3 +99,48 @@ def test_streamed_default_steps_are_representative():
         assert len(plans) == 1
         comp = step_composition(plans[0], image, meta.seq_lens)
         assert (comp.missing <= comp.shuffle_missing + 0.03) == representative, kw
+
+
+def _without_composition(d):
+    """A state as saved before composition was a setting: no such key anywhere."""
+    return {
+        k: _without_composition(v) if isinstance(v, dict) else v
+        for k, v in d.items()
+        if k != "composition"
+    }
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_states_saved_before_composition_resume(streamed):
+    """A state saved before the setting existed was planned by the tolerance's rule: it replays
+    exactly under composition="balanced" and re-plans its rest under the default, every sample
+    of the epoch once either way."""
+    from adaptiveload.sampler.segments import state_check
+
+    lens = np.random.default_rng(0).choice([1560, 32760, 75600], 3000)
+    kw = dict(num_replicas=2, rank=0)
+    make = StreamingBatchSampler if streamed else AdaptiveBatchSampler
+    if streamed:
+        kw["segment_samples"] = 1000
+    steps, drawn, state = 3, [], None
+    for r in range(2):  # the first steps of every rank, K = 1
+        s = make(lens, 151_200, composition="balanced", **dict(kw, rank=r))
+        it = iter(s)
+        drawn += [list(map(int, next(it))) for _ in range(steps)]
+        state = state or s.state_dict(steps_done=steps)
+    old = _without_composition(state)
+    if streamed:
+        old["check"] = state_check(old)
+    exact = make(lens, 151_200, composition="balanced", **kw)
+    exact.load_state_dict(state)
+    for composition, same in (("balanced", True), (None, False)):
+        rest = []
+        for r in range(2):
+            s = make(lens, 151_200, composition=composition, **dict(kw, rank=r))
+            s.load_state_dict(old)
+            rest += [list(map(int, mb)) for mb in s]
+        if same:
+            mine = [list(map(int, mb)) for mb in exact]
+            assert mine == rest[: len(mine)]
+        seen = sorted(i for mb in drawn + rest for i in mb)
+        assert set(seen) == set(range(len(lens))), composition

@@ -327,6 +327,9 @@ class Streamed:
         saved = state["fingerprint"]
         if not isinstance(saved, dict):
             raise ValueError("sampler state: 'fingerprint' must be a dict")
+        # States saved before composition was a setting (2026-12-07) planned by the tolerance's
+        # rule: they replay under composition="balanced" and re-plan their rest under another.
+        saved = {"composition": "balanced", **saved}
         if (saved.get("num_samples"), saved.get("data")) != (mine["num_samples"], mine["data"]):
             raise ValueError(
                 f"sampler state is for other data ({saved.get('num_samples')} samples, digest "
