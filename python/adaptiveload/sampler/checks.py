@@ -14,7 +14,7 @@ import numpy as np
 from adaptiveload.cost import CostModel
 from adaptiveload.keys import to_numpy
 from adaptiveload.memory import GIB, MemoryModel
-from adaptiveload.sampler.defaults import SEQUENCE_PARALLEL_AUTO_MAX
+from adaptiveload.sampler.defaults import COMPOSITIONS, SEQUENCE_PARALLEL_AUTO_MAX
 
 # Tokens of one sample, max_tokens and all samples' tokens together, and micro-batches per
 # step (num_replicas * micro_batches_per_step).
@@ -247,9 +247,10 @@ def check_options(max_tokens, *, max_cost, cost_model, num_replicas, rank, **fla
     mix = flags.pop("mix_tolerance")
     if not (isinstance(mix, numbers.Real) and not isinstance(mix, bool) and 0.0 <= mix <= 1.0):
         raise ValueError(f"mix_tolerance must be a number in [0, 1], got {mix!r}")
-    if flags.get("composition", "representative") not in ("representative", "balanced"):
+    if flags.get("composition", COMPOSITIONS[0]) not in COMPOSITIONS:
         raise ValueError(
-            f"composition must be 'representative' or 'balanced', got {flags['composition']!r}"
+            f"composition must be one of {', '.join(map(repr, COMPOSITIONS))}, got "
+            f"{flags['composition']!r}"
         )
     _check_sequence_parallel(flags, out, num_replicas)
     segment = flags.pop("segment_samples", None)

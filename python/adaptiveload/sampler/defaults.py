@@ -12,8 +12,8 @@ from __future__ import annotations
 COMPOSITION = "representative"
 COMPOSITIONS = ("representative", "balanced")
 
-# The default mix_tolerance of composition="balanced": the predicted imbalance a window's steps may take on to mix the
-# data's groups.
+# The default mix_tolerance of composition="balanced": the predicted imbalance a window's
+# steps may take on to mix the data's groups.
 MIX_TOLERANCE = 0.02
 # The default mix_tolerance by (sequence parallelism, one sample per micro-batch, K = 1), for
 # setups whose steps cannot be both representative and within MIX_TOLERANCE. With sequence
