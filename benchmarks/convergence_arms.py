@@ -21,19 +21,12 @@ from convergence_data import (
     Setup,
     TrainSet,
     ValSet,
-    build_model,
     learning_rate,
     loss_sum,
 )
+from fidelity_arms import STRUCTURES  # the step structures: one table for both benchmarks
+from fidelity_data import build_model
 
-# Step structure -> (max_batch_size, K): micro-batches packed up to max_tokens (the longest
-# sample) or of one sample, K per rank per step.
-STRUCTURES: dict[str, tuple[int | None, int]] = {
-    "packed_k4": (None, 4),
-    "packed_k1": (None, 1),
-    "b1_k4": (1, 4),
-    "b1_k1": (1, 1),
-}
 # The orders of one structure; each is compared with the control, "shuffled".
 ORDERS = ("default", "segregated", "shuffled")
 CONTROL = "shuffled"

@@ -11,8 +11,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+# The patch size is the fidelity benchmark's (fidelity_data.py, which supersedes this one), as
+# is the model builder convergence_arms uses: one definition for both.
+from fidelity_data import PATCH
+
 VAL_T = (0.2, 0.5, 0.8)
-PATCH = (1, 2, 2)
 MODALITIES = ("image", "clip")
 
 
@@ -302,17 +305,6 @@ class ValSet:
 
 
 # -- model and one step -----------------------------------------------------------------------
-
-
-def build_model(setup: Setup, seed: int, device):
-    """A randomly initialized WanTransformer3DModel, the same for the same seed on any device
-    (initialized on the CPU, without touching the global generator)."""
-    from diffusers import WanTransformer3DModel
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = WanTransformer3DModel(patch_size=PATCH, **setup.model)
-    return model.to(device).train()
 
 
 def forward(model, inputs: Inputs) -> torch.Tensor:
