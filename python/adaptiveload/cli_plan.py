@@ -298,7 +298,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print_reports(reports, no_image)
     _print_adaptive(args, reports, ours, no_image)
     if args.demo:
-        print_alternatives(args, meta, cost, max_tokens, reports)
+        print_alternatives(args, meta, cost, max_tokens)
     _write_outputs(args, meta, rows, reports, no_image, cost.unit)
     return 0
 
@@ -383,11 +383,10 @@ def _plan_streamed(args, meta: Metadata, source: str, costed, max_tokens: int) -
     return 0
 
 
-def print_alternatives(args, meta: Metadata, cost, max_tokens: int, reports: dict) -> None:
+def print_alternatives(args, meta: Metadata, cost, max_tokens: int) -> None:
     """plan --demo: one line per alternative to the planned setup (``ALTERNATIVES``, those the
     command line did not already choose), with its predicted speed against equal-token
     buckets of the same K, whether its steps are representative, and what it trades."""
-    base = reports["equal-token buckets"][1].epoch_time
     images = meta.shapes[:, 0] == 1
     print("\nAlternatives (each alone, against equal-token buckets at its K):")
     for flags, change, trade in ALTERNATIVES:
@@ -414,7 +413,7 @@ def print_alternatives(args, meta: Metadata, cost, max_tokens: int, reports: dic
             max_batch_size=args.max_batch_size, uneven_counts=args.uneven_counts, **kw,
         )  # fmt: skip
         plan, rep = compared["AdaptiveLoad"].plan, compared["AdaptiveLoad"].report
-        equal = compared["equal-token buckets"].report.epoch_time if "micro" in flags else base
+        equal = compared["equal-token buckets"].report.epoch_time  # at the alternative's K
         comp = rep.composition
         mixed = "representative" if representative(comp) else "segregated"
         print(
