@@ -86,6 +86,27 @@ def test_split_sample_equals_whole(tmp_path):
     _check(results, "wan", schedule, seed)
 
 
+def _split_rank_float64(rank, world, *args):
+    torch.set_default_dtype(torch.float64)
+    return _split_rank(rank, world, *args)
+
+
+@pytest.mark.distributed
+def test_split_in_float64_equals_whole(tmp_path):
+    """A model and inputs in float64 (a gradient check's precision): the members' agreement
+    check takes any dtype, and the split equals one process's run in float64."""
+    schedule = [("odd", 2, 0), ("even", 2, 0)]
+    seed = _seed()
+    results = run_on_ranks(_split_rank_float64, 2, tmp_path, "f64", "wan", schedule, seed, None)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert all(g.dtype == torch.float64 for g in results[0]["grads"].values())
+        _check(results, "wan", schedule, seed)
+    finally:
+        torch.set_default_dtype(default)
+
+
 # A step of 4 ranks in 4 slots: every rank in a micro-batch over all 4 (48 tokens, then 45),
 # then ranks 0-1 and 2-3 in pairs (48 and 45), then each rank its own, then Wan's 45 tokens
 # over all 4 with cross-attention on the token shard (a text of 2 tokens).

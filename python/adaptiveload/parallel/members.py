@@ -65,12 +65,16 @@ def _sums_of(t: torch.Tensor | None, device) -> torch.Tensor:
     if t is None:
         return torch.zeros(_SUMS, dtype=torch.float64, device=device)
     t = t.detach()
+    if not t.is_floating_point():
+        t = t.float()
+    # float32 sums, or float64 for float64 inputs (the norm refuses to narrow).
+    acc = torch.float64 if t.dtype == torch.float64 else torch.float32
     rows = t.reshape(-1, t.shape[-1]) if t.ndim else t.reshape(1, 1)
     projections = []
-    for sums in (rows.sum(-1, dtype=torch.float32), rows.sum(0, dtype=torch.float32)):
-        i = torch.arange(sums.numel(), device=t.device, dtype=torch.float32)
+    for sums in (rows.sum(-1, dtype=acc), rows.sum(0, dtype=acc)):
+        i = torch.arange(sums.numel(), device=t.device, dtype=acc)
         projections += [(sums * torch.cos(i * f)).sum() for f in _FREQUENCIES]
-    norm = torch.linalg.vector_norm(t, dtype=torch.float32)
+    norm = torch.linalg.vector_norm(t, dtype=acc)
     return torch.stack([norm, *projections]).to(device, torch.float64)
 
 
