@@ -500,12 +500,18 @@ int64_t representative_window(const std::vector<Item>& sorted,
   // tolerance's rule.
   Rng rng(o.seed ^ 0x9e3779b97f4a7c15ULL, (static_cast<uint64_t>(o.epoch) << 32) + t0);
   StepMix bar;
+  // A shuffle of `sorted` cut into steps, each step then in decreasing cost: the positions are
+  // shuffled (the same draws as shuffling the items), and `sorted`, read in order, is dealt to
+  // the steps its items land in, which leaves each step sorted (by_decreasing_cost is a total
+  // order) without sorting.
+  std::vector<int64_t> position(n), step_of(n), fill(steps);
   for (int d = 0; d < kShuffleDraws; ++d) {
-    Candidate c{sorted, {}, 0};
-    shuffle_in_place(c.steps, rng);
-    for (int64_t t = 0; t < steps; ++t)
-      std::sort(c.steps.begin() + t * per_step, c.steps.begin() + (t + 1) * per_step,
-                by_decreasing_cost);
+    Candidate c{std::vector<Item>(n), {}, 0};
+    std::iota(position.begin(), position.end(), int64_t{0});
+    shuffle_in_place(position, rng);
+    for (int64_t p = 0; p < n; ++p) step_of[position[p]] = p / per_step;
+    for (int64_t t = 0; t < steps; ++t) fill[t] = t * per_step;
+    for (int64_t i = 0; i < n; ++i) c.steps[fill[step_of[i]]++] = sorted[i];
     c.mix = window.measure(c.steps, steps, per_step);
     bar.add(c.mix, 1.0 / kShuffleDraws);
     candidates.push_back(std::move(c));

@@ -13,9 +13,9 @@ bool StepMix::within(const StepMix& bar) const {
 
 WindowMix::WindowMix(int64_t first, const std::vector<int32_t>& group,
                      const std::vector<int64_t>& tokens, const std::vector<int64_t>& samples)
-    : first_(first), tokens_(tokens), samples_(samples) {
+    : first_(first) {
   std::unordered_map<int32_t, int32_t> place;
-  place_.resize(group.size());
+  entry_.resize(group.size());
   double all_tokens = 0.0, all_samples = 0.0;
   for (size_t i = 0; i < group.size(); ++i) {
     auto [it, added] = place.try_emplace(group[i], static_cast<int32_t>(share_tokens_.size()));
@@ -23,7 +23,7 @@ WindowMix::WindowMix(int64_t first, const std::vector<int32_t>& group,
       share_tokens_.push_back(0.0);
       share_samples_.push_back(0.0);
     }
-    place_[i] = it->second;
+    entry_[i] = {it->second, static_cast<int32_t>(samples[i]), tokens[i]};
     share_tokens_[it->second] += static_cast<double>(tokens[i]);
     share_samples_[it->second] += static_cast<double>(samples[i]);
     all_tokens += static_cast<double>(tokens[i]);
@@ -65,13 +65,13 @@ StepMix WindowMix::measure(const std::vector<Item>& arranged, int64_t steps, int
     int64_t all_tokens = 0, all_samples = 0;
     touched_.clear();
     for (int64_t j = 0; j < per_step; ++j) {
-      const int64_t i = arranged[c * per_step + j].second - first_;
-      const int32_t g = place_[i];
+      const Entry& e = entry_[arranged[c * per_step + j].second - first_];
+      const int32_t g = e.place;
       if (step_tokens_[g] == 0 && step_samples_[g] == 0) touched_.push_back(g);
-      step_tokens_[g] += tokens_[i];
-      step_samples_[g] += samples_[i];
-      all_tokens += tokens_[i];
-      all_samples += samples_[i];
+      step_tokens_[g] += e.tokens;
+      step_samples_[g] += e.samples;
+      all_tokens += e.tokens;
+      all_samples += e.samples;
     }
     // Half the L1 distance over every group: the step's absent groups add their window share,
     // so the sum starts at 1 and each present group replaces its share by its difference.

@@ -61,8 +61,14 @@ class WindowMix {
 
  private:
   int64_t first_;
-  std::vector<int32_t> place_;             // per micro-batch of the window: its group's place
-  std::vector<int64_t> tokens_, samples_;  // per micro-batch of the window
+  // Per micro-batch of the window, together (measure reads them in the arrangement's order,
+  // one cache line per micro-batch): its group's place, samples and tokens.
+  struct Entry {
+    int32_t place;
+    int32_t samples;
+    int64_t tokens;
+  };
+  std::vector<Entry> entry_;
   std::vector<double> share_tokens_, share_samples_;  // per group place: window shares
   std::vector<uint8_t> major_;                        // per group place: over kMajorShare
   int64_t num_major_ = 0;
