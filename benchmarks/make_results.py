@@ -12,7 +12,7 @@ import csv
 import os
 import sys
 
-from results_convergence import convergence
+from results_convergence import convergence, fidelity
 from results_io import (  # noqa: F401 - append_csv, write_csv: the benchmark scripts import them
     HERE,
     RESULTS,
@@ -392,6 +392,7 @@ SECTIONS = [
             else []
         ),
     ),
+    ("Does the default train as a shuffle does (issue #54's fidelity benchmark)?", fidelity),
     ("What does the step order do to training?", convergence),
     ("How fast is rms_norm_modulate (LTX-Video's adaLN)?", rms_bandwidth),
     (

@@ -199,3 +199,15 @@ def convergence() -> list[str]:
             "",
         ]
     )
+
+
+def fidelity() -> list[str]:
+    """benchmarks/fidelity.py's own fragment (fidelity.md, every arm and verdict), from the
+    newest GPU that ran it."""
+    for gpu in ("h200", "h100"):
+        path = os.path.join(RESULTS, gpu, "fidelity.md")
+        if os.path.exists(path):
+            with open(path) as f:
+                body = f.read().strip().splitlines()
+            return ["## Fidelity: does the default train as a shuffle does?", "", *body, ""]
+    return []
