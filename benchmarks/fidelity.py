@@ -31,6 +31,10 @@ a uniform permutation (the default's, unless the arm packs its own).
     PYTHONPATH=python python benchmarks/fidelity.py --device cuda --time-budget 1380
     PYTHONPATH=python python benchmarks/fidelity.py --quick --out-dir /tmp/fidelity  # CI
 
+``--workers N`` trains N runs at once, each in a process of its own (spawned; each rebuilds
+its seed's data from the seed): the same rows as one process (tests/python/test_fidelity.py),
+sooner where the runs are launch-bound, as this small model's are on a GPU.
+
 Writes ``fidelity.csv`` (a row per evaluation, as runs finish), ``fidelity.json`` (setup,
 wiring, comparisons, targets) and ``fidelity.md`` (the RESULTS.md fragment) under
 ``--out-dir`` (default ``benchmarks/results/<gpu>/``).
@@ -57,9 +61,11 @@ inflate its error rates just as slightly: adding seeds while inconclusive is seq
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from datetime import datetime, timezone
 
 import numpy as np
@@ -77,6 +83,7 @@ from fidelity_arms import (  # noqa: E402
     fingerprint,
     run_steps,
     runs_of,
+    train_job,
     train_run,
 )
 from fidelity_data import SIZES, TOKEN_SCALE, SeedData  # noqa: E402
@@ -103,40 +110,82 @@ def data_facts(data: SeedData) -> dict:
     return {"val_patterns_trained": shared, "x0_sum": float(sum(x.sum() for x in data.x0.values()))}
 
 
-def run_seed(seed, work, size, device, deadline, csv_path, wiring) -> tuple[list, dict, bool]:
-    """The runs ``work`` ({setup: [runs]}) of one seed; returns (rows, per-setup learning-rate
-    traces, whether the time budget cut it)."""
-    data = SeedData(size, seed, device)
-    wiring.setdefault("data", {})[seed] = data_facts(data)
+def plan_work(work, size, device, wiring) -> list[dict]:
+    """The training jobs of ``work`` ({seed: {setup: [runs]}}), in order: each run's steps
+    planned here (the first seed's plans checked), and a run whose every step trains the same
+    samples as an earlier run of its seed and setup marked ``same_as`` it (trained once)."""
+    jobs = []
+    for seed, seed_work in work.items():
+        data = SeedData(size, seed, device)
+        wiring.setdefault("data", {})[seed] = data_facts(data)
+        for setup, runs in seed_work.items():
+            cache, first_of = {}, {}
+            if wiring.setdefault("plans_seed", seed) == seed:  # the first seed's plans, checked
+                wiring.setdefault("plans", {})[setup] = check_wiring(setup, runs, data, cache=cache)
+            for run in runs:
+                steps = run_steps(setup, run, data, size, cache)
+                job = {"seed": seed, "setup": setup, "run": run, "steps": steps}
+                job["same_as"] = first_of.setdefault(fingerprint(steps), job)
+                jobs.append(job)
+    return jobs
+
+
+def run_jobs(jobs, size, device, deadline, workers, csv_path) -> tuple[list, dict, bool]:
+    """Trains ``jobs`` (``plan_work``) in this process or in ``workers`` spawned processes (on
+    a GPU each holds its own context: the runs are launch-bound, so several keep it busier);
+    no job starts after ``deadline``. Rows are written as runs finish. Returns (rows,
+    learning-rate traces {seed: {setup: {run: lrs}}}, whether the deadline cut the jobs)."""
     rows, lrs = [], {}
-    for setup, runs in work.items():
-        cache, trained = {}, {}
-        if wiring.setdefault("plans_seed", seed) == seed:  # the first seed's plans, checked
-            wiring.setdefault("plans", {})[setup] = check_wiring(setup, runs, data, cache=cache)
-        for run in runs:
+
+    def finish(job, result, same_as: str) -> None:
+        new = [r | {"run": job["run"], "same_as": same_as} for r in result.rows]
+        fsl.add_rows(csv_path, new)
+        rows.extend(new)
+        last = new[-1]
+        print(
+            f"  seed {job['seed']} {job['setup']} {job['run']}: val {last['val_mean']:.4f} "
+            f"(image {last['val_image']:.4f}, clip {last['val_clip']:.4f}), mixed steps "
+            f"{last['mixed_steps']:.0%}, {last['wall_s']:.1f} s"
+            + (f" (= {same_as})" if same_as else ""),
+            flush=True,
+        )
+
+    def done(job, result) -> None:
+        lrs.setdefault(job["seed"], {}).setdefault(job["setup"], {})[job["run"]] = result.lrs
+        finish(job, result, "")
+        for twin in jobs:  # runs that train the same steps as this one
+            if twin is not job and twin["same_as"] is job:
+                finish(twin, result, job["run"])
+
+    queue = [j for j in jobs if j["same_as"] is j]
+    if workers <= 1:
+        data = {}
+        while queue:
             if time.time() > deadline:
                 return rows, lrs, True
-            steps = run_steps(setup, run, data, size, cache)
-            key = fingerprint(steps)
-            if key in trained:
-                first = trained[key]
-                new = [r | {"run": run, "same_as": first["run"]} for r in first["rows"]]
-            else:
-                result = train_run(setup, run, steps, data, size)
-                new = [r | {"same_as": ""} for r in result.rows]
-                trained[key] = {"run": run, "rows": result.rows}
-                lrs.setdefault(setup, {})[run] = result.lrs
-            fsl.add_rows(csv_path, new)
-            rows += new
-            last = new[-1]
-            print(
-                f"  seed {seed} {setup} {run}: val {last['val_mean']:.4f} (image "
-                f"{last['val_image']:.4f}, clip {last['val_clip']:.4f}), mixed steps "
-                f"{last['mixed_steps']:.0%}, {last['wall_s']:.1f} s"
-                + (f" (= {last['same_as']})" if last["same_as"] else ""),
-                flush=True,
-            )
-    return rows, lrs, False
+            job = queue.pop(0)
+            if job["seed"] not in data:
+                data = {job["seed"]: SeedData(size, job["seed"], device)}
+            done(job, train_run(job["setup"], job["run"], job["steps"], data[job["seed"]], size))
+        return rows, lrs, False
+    threads = 1 if device == "cpu" else torch.get_num_threads()
+    pool = ProcessPoolExecutor(
+        workers, mp_context=mp.get_context("spawn"), initializer=torch.set_num_threads,
+        initargs=(threads,),
+    )  # fmt: skip
+    with pool:
+        pending = {}
+        while queue or pending:
+            while queue and len(pending) < workers and time.time() <= deadline:
+                job = queue.pop(0)
+                args = (job["setup"], job["run"], job["steps"], size, job["seed"], device)
+                pending[pool.submit(train_job, *args)] = job
+            if not pending:
+                break
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                done(pending.pop(future), future.result())
+    return rows, lrs, bool(queue)
 
 
 def run_rounds(args, seeds, size, deadline, csv_path, wiring, max_seeds) -> tuple:
@@ -148,12 +197,15 @@ def run_rounds(args, seeds, size, deadline, csv_path, wiring, max_seeds) -> tupl
     while work and not cut:
         for seed, seed_work in work.items():
             print(f"seed {seed}: {sum(len(r) for r in seed_work.values())} runs", flush=True)
-            new, lrs, cut = run_seed(seed, seed_work, size, args.device, deadline, csv_path, wiring)
-            rows += new
-            lr_traces[seed] = lrs
-            if cut:
-                print("time budget reached: no more runs", flush=True)
-                break
+        jobs = plan_work(work, size, args.device, wiring)
+        new, lrs, cut = run_jobs(jobs, size, args.device, deadline, args.workers, csv_path)
+        rows += new
+        for seed, by_setup in lrs.items():
+            for setup, runs in by_setup.items():
+                lr_traces.setdefault(seed, {}).setdefault(setup, {}).update(runs)
+        if cut:
+            print("time budget reached: no more runs", flush=True)
+            break
         if args.seeds is not None:  # a slice: its seeds only, no rounds
             break
         todo = fs.undecided(fs.comparisons(rows, args.setups, args.arms), max_seeds)
@@ -185,6 +237,9 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--time-budget", type=float, default=None, help="seconds; no run after")
+    ap.add_argument(
+        "--workers", type=int, default=1, help="runs trained at once, each in its own process"
+    )
     ap.add_argument("--out-dir", default=None, help="default: benchmarks/results/<gpu>")
     args = ap.parse_args(argv)
     if args.summarize_only:

@@ -298,3 +298,17 @@ def train_run(setup: str, run: str, steps, data: SeedData, size: Size) -> RunRes
             )
             losses.clear()
     return RunResult(rows, lrs)
+
+
+# One seed's data per worker process, rebuilt from (size, seed, device) as the main process
+# built it (SeedData draws everything from the seed), so a worker trains what it would.
+_WORKER_DATA: dict = {}
+
+
+def train_job(setup: str, run: str, steps, size: Size, seed: int, device: str) -> RunResult:
+    """``train_run`` in a worker process (fidelity.py ``--workers``)."""
+    key = (repr(size), seed, device)  # Size holds a dict: not hashable
+    if key not in _WORKER_DATA:
+        _WORKER_DATA.clear()
+        _WORKER_DATA[key] = SeedData(size, seed, device)
+    return train_run(setup, run, steps, _WORKER_DATA[key], size)

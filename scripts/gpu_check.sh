@@ -199,11 +199,12 @@ PY
       # The full run needs about 23 minutes, more than one call: each call runs the slice of
       # seeds FIDELITY_ARGS names (--seeds 0-1, then the range --summarize-only prints as
       # "next: --seeds A-B") and starts no run after FIDELITY_BUDGET seconds. Merge the
-      # slices' folders with fidelity.py --summarize-only DIR [DIR ...].
+      # slices' folders with fidelity.py --summarize-only DIR [DIR ...]. FIDELITY_WORKERS runs
+      # share the GPU at once (8 unless told).
       eval "extra=(${FIDELITY_ARGS:---seeds 0-1})"
       run_step fidelity ours timeout "${FIDELITY_TIMEOUT:-560}" $PY benchmarks/fidelity.py \
         --device cuda --out-dir "$OUT/fidelity" --time-budget "${FIDELITY_BUDGET:-450}" \
-        "${extra[@]}"
+        --workers "${FIDELITY_WORKERS:-8}" "${extra[@]}"
       ;;
     calibrate)
       # Plan-aware calibration of the full-depth model, timed (issue 15's <= 10 minutes).

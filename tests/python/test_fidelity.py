@@ -164,6 +164,21 @@ def test_no_run_starts_after_the_time_budget(tmp_path, capsys):
     assert "time budget reached" in capsys.readouterr().out
 
 
+def test_runs_in_worker_processes_train_as_in_one(tmp_path):
+    """--workers 2 (spawned processes, each rebuilding the seed's data) gives every row of one
+    process's run, bit for bit but the wall clock."""
+    argv = ["--quick", "--setups", "packed_k4/w8", "--arms", "default,segregated"]
+    tables = []
+    for workers in ("1", "2"):
+        out = tmp_path / workers
+        assert fb.main([*argv, "--workers", workers, "--out-dir", str(out)]) == 0
+        with open(out / "fidelity.csv", newline="") as f:
+            rows = [{k: v for k, v in r.items() if k != "wall_s"} for r in csv.DictReader(f)]
+        tables.append(sorted(rows, key=lambda r: (r["seed"], r["run"], int(r["steps"]))))
+    assert len(tables[0]) == 2 * 3 * fd.SIZES["quick"].evals  # 2 seeds x 3 runs
+    assert tables[0] == tables[1]
+
+
 # -- slices: --seeds A-B, merged by --summarize-only -----------------------------------------
 
 SLICE_ARGS = ["--quick", "--setups", "packed_k4/w8", "--arms", "default,segregated"]
