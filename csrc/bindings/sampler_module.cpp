@@ -295,6 +295,12 @@ void bind_planning(py::module_& m) {
           [](const PlanOptions& o) { return o.sequence_parallel.comm_fraction; },
           [](PlanOptions& o, double c) { o.sequence_parallel.comm_fraction = c; })
       .def_property(
+          "sequence_parallel_comm_scale",
+          [](const PlanOptions& o) { return o.sequence_parallel.comm_scale; },
+          [](PlanOptions& o, std::vector<double> g) {
+            o.sequence_parallel.comm_scale = std::move(g);
+          })
+      .def_property(
           "skip_oversize",
           [](const PlanOptions& o) { return o.oversize == adaptiveload::OversizePolicy::kSkip; },
           [](PlanOptions& o, bool skip) {
@@ -390,13 +396,14 @@ void bind_sequence_parallel(py::module_& m) {
       "assign_with_degrees",
       [](DoubleArray costs, DoubleArray fixed, DoubleArray floor, Int64Array tokens,
          Int64Array min_degree, int64_t num_replicas, int64_t max_degree, double comm_per_token,
-         double comm_fraction) {
+         double comm_fraction, std::vector<double> comm_scale) {
         const py::ssize_t n = costs.shape(0);
         if (costs.ndim() != 1 || fixed.shape(0) != n || floor.shape(0) != n)
           throw py::value_error("assign_with_degrees: costs, fixed and floor: one per item");
         const int64_t* tok = checked_1d(tokens, "tokens", n);
         const int64_t* dmin = checked_1d(min_degree, "min_degree", n);
-        adaptiveload::SequenceParallel sp{max_degree, comm_per_token, comm_fraction};
+        adaptiveload::SequenceParallel sp{max_degree, comm_per_token, comm_fraction,
+                                          std::move(comm_scale)};
         adaptiveload::validate_sequence_parallel(sp, num_replicas);
         std::vector<adaptiveload::SpItem> items(n);
         for (py::ssize_t i = 0; i < n; ++i)
@@ -419,7 +426,8 @@ void bind_sequence_parallel(py::module_& m) {
       },
       py::arg("costs"), py::arg("fixed"), py::arg("floor"), py::arg("tokens"),
       py::arg("min_degree"), py::arg("num_replicas"), py::arg("max_degree"),
-      py::arg("comm_per_token") = 0.0, py::arg("comm_fraction") = 0.0);
+      py::arg("comm_per_token") = 0.0, py::arg("comm_fraction") = 0.0,
+      py::arg("comm_scale") = std::vector<double>{});
 }
 
 // mark_samples: which samples a set of micro-batches holds (resume).

@@ -149,10 +149,12 @@ double share_cost(const SpItem& item, int64_t d, const SequenceParallel& sp) {
   const double whole = item.compute < 0.0 ? item.cost : item.compute;
   const double split = (whole - item.fixed) / static_cast<double>(d);
   const double dd = static_cast<double>(d);
-  const double comm = sp.comm_fraction * split +
-                      sp.comm_per_token * static_cast<double>(item.tokens) * (dd - 1.0) / (dd * dd);
   size_t level = 0;
   while ((int64_t{1} << level) < d) ++level;
+  const double g = level < sp.comm_scale.size() ? sp.comm_scale[level] : 1.0;
+  const double comm = sp.comm_fraction * split + sp.comm_per_token * g *
+                                                     static_cast<double>(item.tokens) * (dd - 1.0) /
+                                                     (dd * dd);
   const double measured = level < item.measured.size() ? item.measured[level] : 0.0;
   const double f = level < item.factor.size() ? item.factor[level] : 1.0;
   // The host floor is paid in full, whatever the factor: it is launch time, not compute.
@@ -168,6 +170,10 @@ void validate_sequence_parallel(const SequenceParallel& sp, int64_t W) {
     invalid("sequence-parallel communication costs must be >= 0, got comm_per_token " +
             std::to_string(sp.comm_per_token) + ", comm_fraction " +
             std::to_string(sp.comm_fraction));
+  for (size_t k = 0; k < sp.comm_scale.size(); ++k)
+    if (!(sp.comm_scale[k] > 0.0) || !std::isfinite(sp.comm_scale[k]))
+      invalid("sequence-parallel comm_scale must be finite and > 0, got " +
+              std::to_string(sp.comm_scale[k]) + " at degree " + std::to_string(int64_t{1} << k));
 }
 
 namespace {

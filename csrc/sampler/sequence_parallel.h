@@ -13,7 +13,8 @@
 //
 //   share(d) = measured(d) * f(d) + comm(d)                           where (S, B, d) was measured
 //   share(d) = max(floor, (fixed + (c - fixed) / d) * f(d)) + comm(d) elsewhere
-//   comm(d)  = comm_fraction * (c - fixed) / d + comm_per_token * T * (d - 1) / d^2   (d >= 2)
+//   comm(d)  = comm_fraction * (c - fixed) / d + comm_per_token * g(d) * T * (d - 1) / d^2   (d >=
+//   2)
 //
 // measured(d): the cost model's measured share of this kind (B samples of S tokens, split d
 // ways, timed on one GPU as exactly one member's share); fixed: what splitting does not
@@ -24,8 +25,10 @@
 // T: the micro-batch's tokens. Ulysses moves, per attention layer,
 // four all-to-alls of each rank's T / d tokens, of which (d - 1) / d leave the rank: comm_per_token
 // is what one token costs to send through all of them, forward and backward (see
-// adaptiveload/cost.py, ulysses_comm_per_token). comm_fraction is a flat share where no bandwidth
-// is known.
+// adaptiveload/cost.py, ulysses_comm_per_token). g(d): 1, or where d exceeds what the model's
+// heads take the ring's factor on those bytes (Ulysses x ring holds each sample's keys and values
+// whole per head shard: adaptiveload/parallel/groups.py, ring_comm_factor; 1.43 at 8 ranks over
+// 12 heads). comm_fraction is a flat share where no bandwidth is known.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +40,8 @@ struct SequenceParallel {
   int64_t max_degree = 1;       ///< D: 1 turns it off; else a power of two dividing W
   double comm_per_token = 0.0;  ///< cost units per token a rank sends, >= 0
   double comm_fraction = 0.0;   ///< share of the split compute added for d >= 2, >= 0
+  /// comm_scale[k]: g(2^k), the factor on comm_per_token at degree 2^k, > 0 (1 where absent).
+  std::vector<double> comm_scale;
   bool enabled() const { return max_degree > 1; }
 };
 

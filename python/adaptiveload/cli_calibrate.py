@@ -106,7 +106,7 @@ def _calibrate_comm(args: argparse.Namespace) -> int:
     rates = measure_comm(args.comm_ranks, backend=backend)
     for d, r in sorted(rates.items()):
         print(f"all-to-all over {d} ranks: {r / 1e9:.1f} GB/s sent per rank")
-    model = with_comm(model, rates, hidden, layers)
+    model = with_comm(model, rates, hidden, layers, heads=cfg["num_attention_heads"])
     model.to_json(args.out)
     print(
         f"sequence_parallel_comm = {model.meta['sequence_parallel_comm']:.3g} ms per token "

@@ -115,17 +115,23 @@ def measure_comm(
             return ast.literal_eval(f.read())
 
 
-def with_comm(model: CostModel, rates: dict[int, float], hidden: int, layers: int) -> CostModel:
+def with_comm(
+    model: CostModel, rates: dict[int, float], hidden: int, layers: int, heads: int | None = None
+) -> CostModel:
     """``model`` with the measured all-to-all rates in its ``meta``: ``all_to_all_bytes_per_s``
     (per degree) and ``sequence_parallel_comm``, the cost per token of a split micro-batch
     at the largest degree's rate (``ulysses_comm_per_token``), in ms; the sampler's default
-    ``sequence_parallel_comm`` then reads it."""
+    ``sequence_parallel_comm`` then reads it. ``heads``: the model's attention heads, stored
+    too, for the ring's factor at degrees they do not divide
+    (``cost.sequence_parallel_comm_scale_of``)."""
     if model.unit != "ms":
         raise ValueError(f"with_comm: the cost model must be in ms, got {model.unit!r}")
     rate = rates[max(rates)]
     meta = dict(model.meta)
     meta["all_to_all_bytes_per_s"] = {str(d): float(r) for d, r in sorted(rates.items())}
     meta["sequence_parallel_comm"] = ulysses_comm_per_token(hidden, layers, bytes_per_s=rate)
+    if heads is not None:
+        meta["heads"] = int(heads)
     out = CostModel.from_dict(model.to_dict())
     out.meta = meta
     return out

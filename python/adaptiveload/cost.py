@@ -79,7 +79,12 @@ class CostModel:
         model = cls.polynomial(
             n * c["c0"], n * c["c1"], n * c["c2"], per_sample=n * c.get("cs", 0.0), unit="ms"
         ).with_split_kept(n * c.get("k0", 0.0), n * c.get("k1", 0.0))
-        model.meta = {"source": f"wan21_h200:{size}", "layers": n, "hidden": cfg["dim"]}
+        model.meta = {
+            "source": f"wan21_h200:{size}",
+            "layers": n,
+            "hidden": cfg["dim"],
+            "heads": cfg["heads"],
+        }
         return model
 
     @classmethod
@@ -319,3 +324,22 @@ def sequence_parallel_comm_of(cost_model: CostModel) -> float | None:
     if cost_model.unit != "ms" or not isinstance(hidden, int) or not isinstance(layers, int):
         return None
     return ulysses_comm_per_token(hidden, layers)
+
+
+def sequence_parallel_comm_scale_of(cost_model: CostModel, max_degree: int) -> list[float]:
+    """The planner's factor on ``sequence_parallel_comm`` per degree 1, 2, 4, .. ``max_degree``:
+    where a cost model's ``meta`` names the model's attention ``heads`` (the built-in profiles
+    and ``calibrate --comm`` do), ``parallel.groups.ring_comm_factor`` of each degree (1 where
+    the degree divides the heads; Wan 2.1-1.3B's 12 heads over 8 ranks, Ulysses 4 x ring 2:
+    1.43, the ring's keys and values whole per head shard); else none (1 at every degree, the
+    cost of Ulysses alone)."""
+    heads = cost_model.meta.get("heads")
+    if not isinstance(heads, int) or heads < 1:
+        return []
+    from adaptiveload.parallel.groups import ring_comm_factor
+
+    out, d = [], 1
+    while d <= max_degree:
+        out.append(ring_comm_factor(d, heads))
+        d *= 2
+    return out

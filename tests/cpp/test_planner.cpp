@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -184,6 +185,30 @@ TEST(SequenceParallel, MeasuredShareReplacesTheSplitFormula) {
   EXPECT_DOUBLE_EQ(share_cost(it, 2, sp), 80.0 + comm2);
   EXPECT_DOUBLE_EQ(share_cost(it, 4, sp), 10.0 + 22.5 + 0.01 * 1000 * 3.0 / 16.0);
   EXPECT_DOUBLE_EQ(share_cost(it, 1, sp), 100.0);
+}
+
+TEST(SequenceParallel, RingFactorScalesTheCommunicationOfItsDegreeOnly) {
+  // comm_scale[k] multiplies the per-token communication at degree 2^k (a ring beyond the
+  // heads sends more keys and values); compute, the flat fraction and other degrees keep theirs.
+  SpItem it;
+  it.cost = 100.0;
+  it.fixed = 10.0;
+  it.tokens = 1000;
+  SequenceParallel sp;
+  sp.max_degree = 8;
+  sp.comm_per_token = 0.01;
+  sp.comm_fraction = 0.1;
+  sp.comm_scale = {1.0, 1.0, 1.0, 1.43};
+  EXPECT_DOUBLE_EQ(share_cost(it, 4, sp), 10.0 + 22.5 + 0.1 * 22.5 + 0.01 * 1000 * 3.0 / 16.0);
+  EXPECT_DOUBLE_EQ(share_cost(it, 8, sp),
+                   10.0 + 11.25 + 0.1 * 11.25 + 0.01 * 1.43 * 1000 * 7.0 / 64.0);
+  sp.comm_scale = {1.0, 2.0};  // short: degrees past its end take 1
+  EXPECT_DOUBLE_EQ(share_cost(it, 2, sp), 10.0 + 45.0 + 0.1 * 45.0 + 0.01 * 2.0 * 1000 / 4.0);
+  EXPECT_DOUBLE_EQ(share_cost(it, 8, sp), 10.0 + 11.25 + 0.1 * 11.25 + 0.01 * 1000 * 7.0 / 64.0);
+  for (double bad : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    sp.comm_scale = {1.0, bad};
+    EXPECT_THROW(validate_sequence_parallel(sp, 8), std::invalid_argument) << bad;
+  }
 }
 
 TEST(SequenceParallel, MemoryPolicyScalesEachSharesComputeNotItsCommunication) {

@@ -521,6 +521,7 @@ def test_calibrate_comm_measures_all_to_all_and_the_sampler_uses_it(tmp_path, ca
     comm = sequence_parallel_comm_of(model)
     assert comm == pytest.approx(ulysses_comm_per_token(1536, 3, bytes_per_s=rates[4]))
     assert model.measured == {} and model.meta["source"] == "wan21_h200:1.3B"
+    assert model.meta["heads"] == 12  # for the ring's factor at degrees beyond the heads
     lens = np.array([1560] * 60 + [32760] * 8)
     plans = [
         AdaptiveBatchSampler(lens, 80000, cost_model=model, num_replicas=4, rank=0,

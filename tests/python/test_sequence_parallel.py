@@ -521,3 +521,45 @@ def test_auto_takes_one_nodes_gpus_whatever_the_heads():
         make(lens, sequence_parallel="auto", uneven_counts=False)
     with pytest.raises(ValueError, match="sequence_parallel must be"):
         make(lens, sequence_parallel="all")
+
+
+def test_ring_beyond_the_heads_is_priced_in_the_plan():
+    """A degree the model's heads do not divide runs Ulysses x ring, whose members receive
+    ``ring_comm_factor`` times Ulysses' bytes; the planner charges each share that factor on
+    its communication (Wan 2.1-1.3B, 12 heads over 8 ranks: 1.43x) and nothing more. Clips that
+    only fit split 8 ways give both plans the same micro-batches and degrees, so their costs
+    differ by exactly the ring's extra bytes."""
+    from adaptiveload.cost import (
+        CostModel,
+        sequence_parallel_comm_of,
+        sequence_parallel_comm_scale_of,
+    )
+    from adaptiveload.parallel.groups import ring_comm_factor
+    from adaptiveload.sampler.resume import fingerprint
+
+    small = CostModel.wan21_h200("1.3B")
+    assert small.meta["heads"] == 12 and CostModel.wan21_h200("14B").meta["heads"] == 40
+    g = sequence_parallel_comm_scale_of(small, 8)
+    assert g[:3] == [1.0, 1.0, 1.0] and g[3] == pytest.approx(ring_comm_factor(8, 12))
+    assert g[3] == pytest.approx(1.43, abs=0.005)
+    assert sequence_parallel_comm_scale_of(CostModel.wan21_h200("14B"), 8) == [1.0] * 4
+    assert sequence_parallel_comm_scale_of(CostModel.power(2.0), 8) == []
+
+    divides = CostModel.from_dict(small.to_dict())
+    divides.meta = {**small.meta, "heads": 16}  # 8 divides 16: Ulysses alone
+    rng = np.random.default_rng()
+    lens = rng.integers(60000, 75601, size=int(rng.integers(24, 48)))
+    seed = int(rng.integers(1 << 30))
+    plans = [make(lens, max_tokens=10000, cost_model=m, seed=seed).plan() for m in (small, divides)]
+    ring, ulysses = plans
+    assert (ring.degrees == 8).all() and np.array_equal(ring.degrees, ulysses.degrees)
+    assert np.array_equal(ring.samples, ulysses.samples)
+    comm = sequence_parallel_comm_of(small)
+    whole = np.add.reduceat(lens[ring.samples], ring.offsets[:-1])
+    extra = comm * (g[3] - 1.0) * whole * 7 / 64
+    np.testing.assert_allclose(ring.costs - ulysses.costs, extra, rtol=1e-9)
+    # States saved before the factor was priced re-plan what they did not consume.
+    s = make(lens, max_tokens=10000, cost_model=small)
+    key = "sequence_parallel_comm_scale"
+    assert fingerprint("x", s.options, len(lens), "d", small, 1.0)[key] == g
+    assert key not in fingerprint("x", s.options, len(lens), "d", divides, 1.0)

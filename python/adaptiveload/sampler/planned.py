@@ -13,7 +13,11 @@ import torch.distributed as dist
 
 from adaptiveload import _sampler
 from adaptiveload.cost import SEQUENCE_PARALLEL_COMM_FRACTION as SP_COMM_FRACTION
-from adaptiveload.cost import CostModel, sequence_parallel_comm_of
+from adaptiveload.cost import (
+    CostModel,
+    sequence_parallel_comm_of,
+    sequence_parallel_comm_scale_of,
+)
 from adaptiveload.keys import as_group_ids, to_numpy
 from adaptiveload.memory import GIB, CheckpointPolicy, held_lengths
 from adaptiveload.sampler import resume
@@ -157,6 +161,9 @@ class PlannedBatchSampler(BatchSampler):
             if comm is None:
                 comm = sequence_parallel_comm_of(self.options.cost_model)
             p.sequence_parallel_comm_per_token = 0.0 if comm is None else comm
+            p.sequence_parallel_comm_scale = sequence_parallel_comm_scale_of(
+                self.options.cost_model, s.sequence_parallel
+            )
             p.sequence_parallel_comm_fraction = 0.0 if comm is not None else SP_COMM_FRACTION
         raw = _sampler.plan_epoch(
             self._table, p, None if excluded is None else excluded.view(np.uint8)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from adaptiveload.cost import sequence_parallel_comm_scale_of
 from adaptiveload.sampler.checks import Options, int_arg
 from adaptiveload.sampler.plan import Plan, place_of
 
@@ -30,6 +31,7 @@ _OPTIONAL = {
     "halves_spread",
     "sequence_parallel",
     "sequence_parallel_comm",
+    "sequence_parallel_comm_scale",
 }
 
 
@@ -39,6 +41,7 @@ def fingerprint(kind: str, options: Options, num_samples: int, data: str, cost_m
     representative = o.balance and o.composition == "representative"
     cost = cost_model.to_dict()
     cost.pop("meta", None)
+    ring = sequence_parallel_comm_scale_of(cost_model, o.sequence_parallel)
     return {
         "sampler": kind,
         "num_samples": num_samples,
@@ -74,6 +77,13 @@ def fingerprint(kind: str, options: Options, num_samples: int, data: str, cost_m
                 "sequence_parallel_comm": o.sequence_parallel_comm,
             }
             if o.sequence_parallel > 1
+            else {}
+        ),
+        # The ring's factor on the communication of degrees the model's heads do not divide
+        # (from 2026-12-07): states saved before, without it, re-plan what they did not consume.
+        **(
+            {"sequence_parallel_comm_scale": ring}
+            if o.sequence_parallel > 1 and any(g != 1.0 for g in ring)
             else {}
         ),
         **(
