@@ -4,7 +4,8 @@ alternatives (issue #54's targets).
 For the held-out mix of benchmarks/replay_wan.py (shapes outside every calibration grid), the
 built-in Wan-2.1-1.3B profile (``CostModel.wan21_h200("1.3B")``), 8 and 64 ranks, packed
 micro-batches or one sample each, K = 1 or 4, with and without sequence parallelism over 4
-ranks (the most Ulysses gives a 12-head model without a ring): each arm's plan against the
+ranks (the most Ulysses gives a 12-head model without a ring) and over 8 (Ulysses 4 x ring 2,
+its communication priced at ``ring_comm_factor``): each arm's plan against the
 baseline it replaces (equal-token buckets; at batch size 1 shuffled single samples), its
 predicted imbalance and how representative its steps are (``step_composition`` by shape over a
 shuffle's of the same micro-batches, and steps without an image beside a shuffle's). Arms:
@@ -44,6 +45,8 @@ SETUPS = {  # name: (max_batch_size, K, sequence_parallel)
     "batch 1 K=4": (1, 4, 1),
     "batch 1 K=1 sp4": (1, 1, 4),
     "batch 1 K=4 sp4": (1, 4, 4),
+    "batch 1 K=1 sp8": (1, 1, 8),
+    "batch 1 K=4 sp8": (1, 4, 8),
 }
 ARMS = {  # name: sampler keywords
     "default": {},
@@ -59,6 +62,8 @@ TARGETS = {
     "batch 1 K=4": None,
     "batch 1 K=1 sp4": 2.5,
     "batch 1 K=4 sp4": 2.0,
+    "batch 1 K=1 sp8": None,
+    "batch 1 K=4 sp8": None,
 }
 
 

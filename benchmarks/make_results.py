@@ -261,7 +261,9 @@ SECTIONS = [
             "cpu/frontier.csv",
             "Fast and faithful: the frontier per setup (predicted)",
             "benchmarks/frontier.py: the held-out mix (20,000 samples), the built-in "
-            'Wan-2.1-1.3B profile, 8 and 64 ranks; the default (composition="representative") '
+            "Wan-2.1-1.3B profile, 8 and 64 ranks, sequence parallelism over 4 (Ulysses) and "
+            "8 (Ulysses 4 x ring 2, the ring's communication priced); the default "
+            '(composition="representative") '
             'against composition="balanced" at the setup\'s tolerance, at 0 and at 1, each '
             "against the baseline it replaces (equal-token buckets; at batch size 1 shuffled "
             "single samples). Distances are over a shuffle's of the same micro-batches; steps "
