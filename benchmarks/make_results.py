@@ -468,7 +468,7 @@ SECTIONS = [
             "taken once; same plans. Before (2026-12-04, the same table's command): 0.95 s "
             "against 0.283 s at 1e7 (3.3x), 10.23 / 8.135 s at 1e8 (1.3x); first micro-batch "
             "3.71 / 4.57 / 3.23 s with 8 processes. Run to run on this machine the 1e7 ratio "
-            "was 1.7-1.9x over three runs of the table's command this day (numpy's "
+            "was 1.7-1.9x over three runs of the table's command on 2026-12-05 (numpy's "
             "permutation 0.36-0.40 s); the 8-process first micro-batch at 1e9 was 1.47-2.33 s "
             "with the file in the page cache and 4.08 s in a run that found it evicted (8 "
             "processes on 2 cores plan 8 segments at once: about 2 s of CPU per core). With 2 "
@@ -485,7 +485,7 @@ SECTIONS = [
             '(composition="representative", issue #54) measures 8 shuffles of each window '
             "and tries about 6 arrangements where the balanced rule tried one (1e7, K = 4: 9 "
             "windows, 133 candidates, 51 tried); with 2 processes at 1e7 (--procs 2 --k 4 "
-            "--iterate 300) the whole plan took 2.30 s against 0.84 s (2.8x), the first "
+            "--iterate 300) the whole plan took 2.30 s against 0.84 s (2.7x), the first "
             "micro-batch 0.60 s (0.61 s at 1e9), 762-766 samples/s per rank, 38x what a rank "
             'needs; composition="balanced" in one process, least of 4: first micro-batch '
             "0.16-0.26 s against the default's 0.25 s (K = 1) and 0.42 s (K = 4), after the "
@@ -494,7 +494,7 @@ SECTIONS = [
             "samples/s of this mix, generously (an image through 3 of Wan 2.1-1.3B's 30 blocks "
             "alone takes about 55 ms forward and backward), so a rank needs 20 samples/s and a "
             "node of 8, 160; the "
-            "whole plan of 1e9 samples was not timed (about 70 s at the 1e8 rate).",
+            "whole plan of 1e9 samples was not timed (about 210 s at the 1e8 rate).",
         ),
     ),
     (
@@ -508,8 +508,9 @@ SECTIONS = [
             "2.1-1.3B plan-aware cost model of the H200, default settings; predicted imbalance, "
             "the composition distance of steps against a shuffle of the same micro-batches "
             "(tokens; < 1: more representative), and the share of steps without an image.",
-            "Equal within noise: balance within 0.1 point, composition within 0.04 of a "
-            "shuffle's distance (better at K = 4), steps without an image within 1 point. An "
+            "Balance within 0.05 point and steps without an image within 0.1 point; streamed "
+            "steps as representative at 8 ranks, K = 1 (0.88x against 0.87x a shuffle's "
+            "distance) and more elsewhere (0.05-0.08 lower: 0.12x against 0.17x). An "
             "earlier rule (segments of whole steps, not whole windows) cut windows short at "
             "every segment's end, and a short last window of 200,000 samples failed to mix "
             "(23% of steps without an image at 64 ranks, K = 4): segments now hold whole "

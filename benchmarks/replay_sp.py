@@ -37,7 +37,7 @@ from adaptiveload import AdaptiveBatchSampler, CostModel, EqualTokenBatchSampler
 from adaptiveload.calibrate import calibrate_plan
 from adaptiveload.composition import step_composition, steps_without
 from adaptiveload.cost import ulysses_comm_per_token
-from adaptiveload.parallel.groups import layout, ring_comm_factor
+from adaptiveload.parallel.groups import layout, peer_comm_factor, ring_comm_factor
 from adaptiveload.parallel.wan import cross_attention_on_head_shards
 from adaptiveload.wan import TEXT_LEN
 
@@ -228,14 +228,16 @@ def main(argv=None) -> int:
         d = np.array([kind[2] for kind in kinds_of], np.float64)
         # Each member sends (d - 1)/d of its tokens, in 4 exchanges per block, 6 where Wan's
         # cross-attention runs on head shards (parallel.wan; the planner counts 4).
-        # With a ring (degrees above the heads, parallel.layout) what a member receives grows by
-        # ring_comm_factor, and the cross-attention's head shards are the Ulysses part's.
+        # With a ring (degrees above the heads, parallel.layout) self-attention's exchanges
+        # grow by ring_comm_factor; the cross-attention's travel among the Ulysses peers only
+        # (peer_comm_factor), on head shards of the Ulysses part.
         on_heads = np.array(
             [cross_attention_on_head_shards(k[0], TEXT_LEN, layout(k[2], heads)[0])
              for k in kinds_of]
         )  # fmt: skip
         ring = np.array([ring_comm_factor(k[2], heads) for k in kinds_of])
-        share += comm * np.where(on_heads, 1.5, 1.0) * ring * plan.tokens * (d - 1) / d
+        peer = np.array([peer_comm_factor(k[2], heads) for k in kinds_of])
+        share += comm * (ring + np.where(on_heads, 0.5 * peer, 0.0)) * plan.tokens * (d - 1) / d
         spans, busy = plan.replay(share)
         rc = plan.rank_costs()
         comp = step_composition(plan, meta.group_keys(), lens)

@@ -202,8 +202,8 @@ def convergence() -> list[str]:
 
 
 def fidelity() -> list[str]:
-    """benchmarks/fidelity.py's own fragment (fidelity.md, every arm and verdict), from the
-    newest GPU that ran it."""
+    """benchmarks/fidelity.py's own fragment (fidelity.md, every arm and verdict): the H200's
+    where it ran there, else the H100's."""
     for gpu in ("h200", "h100"):
         path = os.path.join(RESULTS, gpu, "fidelity.md")
         if os.path.exists(path):

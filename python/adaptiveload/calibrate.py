@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from adaptiveload.cost import CostModel
+from adaptiveload.cost import DESCRIBES_MODEL, CostModel
 from adaptiveload.fit import Point, fit_cost_model, fit_memory_model, heldout_errors
 from adaptiveload.timing import ModelTimer, StepTimer, WanTimer, time_call  # noqa: F401
 from adaptiveload.wan import SHAPES, TEXT_LEN, wan_seq_len
@@ -116,7 +116,12 @@ def calibrate_grid(
         bar(f"B={b} S={points[-1].seq_len}: {ms:.1f} ms")
     cost = fit_cost_model(points)
     m0, m1 = fit_memory_model(points) if timer.device.type == "cuda" else (0.0, 1.0)
-    cost.meta = {"source": source, **cost.meta, **timer.meta}
+    cost.meta = {
+        "source": source,
+        **cost.meta,
+        **timer.meta,
+        **getattr(timer, "architecture", {}),
+    }
     return Calibration(cost, m0, m1, points, dict(cost.meta))
 
 
@@ -404,13 +409,16 @@ def _measure_kinds(new, kinds: dict, measure, points: list, out, bar) -> float:
 def _model_of(points: list[Point], prior: CostModel) -> CostModel:
     """The fitted form on the whole micro-batches of ``points`` (``prior``'s until there are
     8, and ``prior``'s split_kept: whole micro-batches do not show it) with every point as a
-    measured kind (a share as a measured share)."""
+    measured kind (a share as a measured share), and what ``prior``'s meta says of the model
+    and the machine (``cost.DESCRIBES_MODEL``: its heads and all-to-all rates still price
+    sequence parallelism's communication)."""
     whole = [p for p in points if p.degree == 1]
     fitted = fit_cost_model(whole) if len(whole) >= 8 else prior.fitted()
     if fitted.split_kept == (0.0, 0.0):
         fitted = fitted.with_split_kept(*prior.split_kept)
     model = fitted.with_measured({p.kind: p.ms for p in points})
-    model.meta = dict(fitted.meta)
+    kept = {k: prior.meta[k] for k in DESCRIBES_MODEL if k in prior.meta}
+    model.meta = {**kept, **fitted.meta}
     return model
 
 

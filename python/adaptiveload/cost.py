@@ -311,6 +311,23 @@ def ulysses_comm_per_token(
     return 2.0 * all_to_alls * hidden * element_bytes * num_layers / bytes_per_s / unit_s
 
 
+#: What a cost model's ``meta`` says of the model and the machine, which a fit of new timings
+#: does not change: the architecture (``hidden`` size, attention ``heads``, ``layers`` timed),
+#: and the all-to-all rates ``calibrate --comm`` measured. Calibration carries them from its
+#: prior (``calibrate._model_of``); the sampler's communication terms read them.
+DESCRIBES_MODEL = ("hidden", "heads", "layers", "sequence_parallel_comm", "all_to_all_bytes_per_s")
+
+
+def architecture_of(config: dict, layers: int) -> dict:
+    """The ``meta`` of a model of diffusers ``config`` with ``layers`` blocks: ``hidden``
+    (heads x head dim) and ``heads`` where the config names both, and ``layers``."""
+    heads, head_dim = config.get("num_attention_heads"), config.get("attention_head_dim")
+    out = {"layers": int(layers)}
+    if isinstance(heads, int) and isinstance(head_dim, int):
+        out |= {"hidden": heads * head_dim, "heads": heads}
+    return out
+
+
 def sequence_parallel_comm_of(cost_model: CostModel) -> float | None:
     """The default ``sequence_parallel_comm`` of a cost model: the one ``calibrate --comm``
     measured and stored in its ``meta`` (``comm.with_comm``); else, for a model in

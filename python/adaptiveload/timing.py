@@ -22,6 +22,8 @@ from collections.abc import Callable
 
 import torch
 
+from adaptiveload.cost import architecture_of
+
 
 def time_call(
     fn: Callable[[], None], device: torch.device, warmup: int = 2, repeat: int = 5
@@ -156,6 +158,9 @@ class ModelTimer(StepTimer):
             config, layers=layers, device=device, dtype=dtype, fused=fused
         )
         blocks = len(self.family.blocks(self.model))
+        # Beside ``meta`` (whose keys the points files keep): what a fitted cost model records
+        # of the model, for the sampler's communication terms (cost.DESCRIBES_MODEL).
+        self.architecture = architecture_of(self.family.configs[config], blocks)
         self.default_checkpointed = blocks if activation_checkpointing else 0
         set_checkpointed_blocks(self.model, self.default_checkpointed)
         meta = {

@@ -226,6 +226,10 @@ def test_plan_aware_calibration_measures_what_a_share_is_weighed_against(seed):
 
     prior = CostModel.wan21_h200("14B", layers=1)
     cal = calibrate_plan(make_sampler, prior, meta.shapes, measure, progress=False)
+    # What the prior says of the model survives the fit (its heads price a ring where the
+    # degree exceeds them; none at 8 over 40).
+    described = {k: cal.cost_model.meta.get(k) for k in ("hidden", "heads", "layers")}
+    assert described == {"hidden": 5120, "heads": 40, "layers": 1}
     sampler = make_sampler(cal.cost_model)
     sampler.set_epoch(0)
     plan = sampler.plan()
@@ -546,3 +550,29 @@ def test_timer_at_a_degree_runs_one_members_share_then_the_whole_again():
         seen.clear()
         ms, _ = timer(1, (9, 64, 96), degree=degree)
         assert ms > 0 and set(seen) == {tokens}, (degree, seen)
+
+
+def test_a_fit_keeps_what_prices_sequence_parallel_communication():
+    """Plan-aware calibration refits the form from its points; the model's architecture and
+    the machine's measured all-to-all rates (``cost.DESCRIBES_MODEL``) come from the prior
+    whatever the fit, so a calibrated Wan 2.1-1.3B still prices the ring at degree 8 (1.43x)
+    and the measured bandwidth rather than the flat fraction."""
+    from adaptiveload.calibrate import _model_of
+    from adaptiveload.cost import sequence_parallel_comm_of, sequence_parallel_comm_scale_of
+    from adaptiveload.fit import Point
+
+    prior = CostModel.wan21_h200("1.3B", layers=3)
+    prior.meta |= {"sequence_parallel_comm": 1.25e-4, "all_to_all_bytes_per_s": {"8": 2e11}}
+    rng = np.random.default_rng()
+    lens = [1560, 3600, 14040, 32760, 75600]
+    points = [
+        Point(b, s, float(prior.uniform_costs(np.array([s]), np.array([b]))[0])
+              * rng.uniform(0.9, 1.1), 0, (1, 1, 1))
+        for s in lens for b in (1, 2)
+    ]  # fmt: skip
+    model = _model_of(points, prior)
+    assert model.meta["form"]  # refit: 10 whole points
+    for k in ("hidden", "heads", "layers", "sequence_parallel_comm", "all_to_all_bytes_per_s"):
+        assert model.meta[k] == prior.meta[k], k
+    assert sequence_parallel_comm_of(model) == 1.25e-4
+    assert sequence_parallel_comm_scale_of(model, 8)[3] == pytest.approx(1.4286, abs=1e-4)

@@ -138,6 +138,13 @@ def test_model_timer_checkpoints_the_blocks_it_is_asked_to(family):
         calls[0] = 0
         ms, _ = timer(1, shape, checkpointed=checkpointed)
         assert ms > 0 and calls[0] == 2 * forwards  # warmup + repeat
+    # What a fitted cost model records of the model: its attention heads and hidden size.
+    cfg = timer.family.configs["tiny"]
+    heads, hidden = (
+        cfg["num_attention_heads"],
+        cfg["num_attention_heads"] * cfg["attention_head_dim"],
+    )
+    assert timer.architecture == {"layers": len(blocks), "hidden": hidden, "heads": heads}
     # A family without a fused patch is timed as diffusers runs it.
     assert timer.meta["family"] == family and timer.meta["fused"] is (
         timer.family.patch is not None
@@ -163,6 +170,7 @@ def test_calibrate_cli_with_model(family, tmp_path, capsys, modelled_times):
     assert "fit error: median" in capsys.readouterr().out
     d = json.loads(out.read_text())
     assert d["meta"]["family"] == family and d["meta"]["source"] == f"calibrate_{family}"
+    assert d["meta"]["heads"] == family_of(family).configs["tiny"]["num_attention_heads"]
     geometry = family_of(family).geometry
     assert {p["seq_len"] for p in d["points"]} == {
         geometry.seq_len(*map(int, s.split("x"))) for s in shapes.split(",")

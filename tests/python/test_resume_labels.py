@@ -116,3 +116,9 @@ def test_uneven_state_inside_a_step_belongs_to_its_rank():
         sampler(1 - rank, k, True, "loader0").load_state_dict(state)
     with pytest.raises(ValueError, match=f"inside step {step}.*other settings"):
         sampler(rank, 2, True, "loader0").load_state_dict(state)
+    # Saved by a version whose planner followed other rules (here: before halves were spread),
+    # which no setting brings back: the error says so instead of asking for the settings.
+    assert state["fingerprint"]["halves_spread"] is True
+    old = {k: v for k, v in state["fingerprint"].items() if k != "halves_spread"}
+    with pytest.raises(ValueError, match=f"inside step {step}.*other rules.*halves_spread"):
+        sampler(rank, k, True, "loader0").load_state_dict({**state, "fingerprint": old})

@@ -28,20 +28,31 @@ def layout(degree: int, heads: int) -> tuple[int, int]:
     return ulysses, degree // ulysses
 
 
+def peer_comm_factor(degree: int, heads: int) -> float:
+    """What a member of a micro-batch split over ``degree`` ranks receives of an exchange that
+    travels among its Ulysses peers only (the queries, the output, the text's head-shard
+    cross-attention), over what it receives under plain Ulysses at that degree: with a ring
+    (``layout``: u x r) ``(u - 1) / (u**2 r)`` of the tokens against ``(d - 1) / d**2``; 1 where
+    the degree divides the heads, 0 with no Ulysses part (u = 1)."""
+    u, r = layout(degree, heads)
+    d = degree
+    if d == 1:
+        return 1.0
+    return (u - 1) / (u * u * r) / ((d - 1) / (d * d))
+
+
 def ring_comm_factor(degree: int, heads: int) -> float:
     """What a member of a micro-batch split over ``degree`` ranks receives per block, over what
     it receives under plain Ulysses at that degree (which ``cost.ulysses_comm_per_token``
     prices: 4 exchanges of ``(d - 1) / d**2`` of the tokens' hidden values). 1 where the degree
     divides the heads. With a ring (``layout``: u x r) the queries and the output travel among
-    the u Ulysses peers only, ``(u - 1) / (u**2 r)`` each, while the keys and values arrive
-    whole per head shard, ``(d - 1) / (u d)`` each: at 8 ranks over 12 heads (4 x 2) 1.43x, with
-    no Ulysses part (u = 1) d / 2."""
-    u, r = layout(degree, heads)
-    d = degree
-    if d == 1:
+    the u Ulysses peers only (``peer_comm_factor`` each), while the keys and values arrive
+    whole per head shard, ``(d - 1) / (u d)`` each, r times Ulysses': at 8 ranks over 12 heads
+    (4 x 2) 1.43x, with no Ulysses part (u = 1) d / 2."""
+    if degree == 1:
         return 1.0
-    ring = 2 * (u - 1) / (u * u * r) + 2 * (d - 1) / (u * d)
-    return ring / (4 * (d - 1) / (d * d))
+    _, r = layout(degree, heads)
+    return (2 * peer_comm_factor(degree, heads) + 2 * r) / 4
 
 
 def share_sizes(seq_len: int, degree: int) -> list[int]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adaptiveload.cost import sequence_parallel_comm_scale_of
+from adaptiveload.cost import sequence_parallel_comm_of, sequence_parallel_comm_scale_of
 from adaptiveload.sampler.checks import Options, int_arg
 from adaptiveload.sampler.plan import Plan, place_of
 
@@ -33,6 +33,8 @@ _OPTIONAL = {
     "sequence_parallel_comm",
     "sequence_parallel_comm_scale",
 }
+# Of those, the keys that mark a rule of the planner, not a setting: what a user cannot set back.
+_RULES = {"halves_in_place", "halves_spread", "sequence_parallel_comm_scale"}
 
 
 def fingerprint(kind: str, options: Options, num_samples: int, data: str, cost_model, max_cost):
@@ -42,6 +44,10 @@ def fingerprint(kind: str, options: Options, num_samples: int, data: str, cost_m
     cost = cost_model.to_dict()
     cost.pop("meta", None)
     ring = sequence_parallel_comm_scale_of(cost_model, o.sequence_parallel)
+    # The factor applies to a per-token price only (not to the flat fraction of no bandwidth).
+    priced = (
+        o.sequence_parallel_comm is not None or sequence_parallel_comm_of(cost_model) is not None
+    )
     return {
         "sampler": kind,
         "num_samples": num_samples,
@@ -83,7 +89,7 @@ def fingerprint(kind: str, options: Options, num_samples: int, data: str, cost_m
         # (from 2026-12-07): states saved before, without it, re-plan what they did not consume.
         **(
             {"sequence_parallel_comm_scale": ring}
-            if o.sequence_parallel > 1 and any(g != 1.0 for g in ring)
+            if o.sequence_parallel > 1 and priced and any(g != 1.0 for g in ring)
             else {}
         ),
         **(
@@ -295,6 +301,14 @@ def check_in_step(in_step, steps: int, saved: dict, mine: dict, rank: int) -> No
     )
     if saved != mine:
         changed = sorted(k for k in set(mine) | set(saved) if mine.get(k) != saved.get(k))
+        if set(changed) <= _RULES:
+            raise ValueError(
+                f"{at}: it holds only that rank's place in the step, so it resumes the same "
+                f"plan, and this version of AdaptiveLoad plans it by other rules than the one "
+                f"that saved it ({', '.join(changed)}; no setting brings those back). Resume "
+                "from a state taken at a step's end (mb.last), which re-plans the samples not "
+                "yet consumed, or with the version that saved it."
+            )
         raise ValueError(
             f"{at}: it holds only that rank's place in the step, so it resumes the same plan "
             f"and not one of other settings (changed: {', '.join(changed)}). Resume with the "
