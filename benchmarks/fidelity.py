@@ -46,7 +46,8 @@ merges slices, refusing any of another configuration (sizes, setups, arms, devic
 margin, seed rule), writes the summary, and prints the comparisons that still need seeds and
 the next slice, ``next: --seeds 2-3``, until every comparison is decided or has the stated
 maximum of seeds. A seed that a time budget cut short is named again; run it again (the merge
-takes each seed from the slice that ran most of it). On the device, one call per slice:
+takes each seed from the slice that ran most of it). A slice's record is rewritten as each run
+finishes, so one killed before its end (the device call's limit) merges the runs it finished. On the device, one call per slice:
 
     FIDELITY_ARGS="--seeds 0-1" bash scripts/gpu_check.sh fidelity   # $OUT/fidelity: slice 0
     PYTHONPATH=python python benchmarks/fidelity.py --summarize-only slice0 --out-dir /tmp/f
@@ -130,11 +131,14 @@ def plan_work(work, size, device, wiring) -> list[dict]:
     return jobs
 
 
-def run_jobs(jobs, size, device, deadline, workers, csv_path) -> tuple[list, dict, bool]:
+def run_jobs(
+    jobs, size, device, deadline, workers, csv_path, on_done=lambda lrs: None
+) -> tuple[list, dict, bool]:
     """Trains ``jobs`` (``plan_work``) in this process or in ``workers`` spawned processes (on
     a GPU each holds its own context: the runs are launch-bound, so several keep it busier);
-    no job starts after ``deadline``. Rows are written as runs finish. Returns (rows,
-    learning-rate traces {seed: {setup: {run: lrs}}}, whether the deadline cut the jobs)."""
+    no job starts after ``deadline``. Rows are written as runs finish, and ``on_done`` is
+    called with the traces so far. Returns (rows, learning-rate traces {seed: {setup: {run:
+    lrs}}}, whether the deadline cut the jobs)."""
     rows, lrs = [], {}
 
     def finish(job, result, same_as: str) -> None:
@@ -156,6 +160,7 @@ def run_jobs(jobs, size, device, deadline, workers, csv_path) -> tuple[list, dic
         for twin in jobs:  # runs that train the same steps as this one
             if twin is not job and twin["same_as"] is job:
                 finish(twin, result, job["run"])
+        on_done(lrs)
 
     queue = [j for j in jobs if j["same_as"] is j]
     if workers <= 1:
@@ -188,21 +193,34 @@ def run_jobs(jobs, size, device, deadline, workers, csv_path) -> tuple[list, dic
     return rows, lrs, bool(queue)
 
 
-def run_rounds(args, seeds, size, deadline, csv_path, wiring, max_seeds) -> tuple:
+def merged_traces(traces: dict, more: dict) -> dict:
+    """Learning-rate traces {seed: {setup: {run: lrs}}} of both."""
+    out = {seed: {setup: dict(runs) for setup, runs in by.items()} for seed, by in traces.items()}
+    for seed, by_setup in more.items():
+        for setup, runs in by_setup.items():
+            out.setdefault(seed, {}).setdefault(setup, {}).update(runs)
+    return out
+
+
+def run_rounds(
+    args, seeds, size, deadline, csv_path, wiring, max_seeds, on_done=lambda traces: None
+) -> tuple:
     """The runs of ``seeds`` (every setup and arm); without ``--seeds``, then rounds of
     ``--seed-batch`` more seeds for the comparisons still inconclusive, up to ``max_seeds``.
-    Returns (rows, learning-rate traces per seed, whether the time budget cut them)."""
+    ``on_done`` is called with every trace so far as each run finishes. Returns (rows,
+    learning-rate traces per seed, whether the time budget cut them)."""
     rows, lr_traces, cut = [], {}, False
     work = {s: {setup: runs_of(args.arms) for setup in args.setups} for s in seeds}
     while work and not cut:
         for seed, seed_work in work.items():
             print(f"seed {seed}: {sum(len(r) for r in seed_work.values())} runs", flush=True)
         jobs = plan_work(work, size, args.device, wiring)
-        new, lrs, cut = run_jobs(jobs, size, args.device, deadline, args.workers, csv_path)
+        new, lrs, cut = run_jobs(
+            jobs, size, args.device, deadline, args.workers, csv_path,
+            lambda lrs, before=lr_traces: on_done(merged_traces(before, lrs)),
+        )  # fmt: skip
         rows += new
-        for seed, by_setup in lrs.items():
-            for setup, runs in by_setup.items():
-                lr_traces.setdefault(seed, {}).setdefault(setup, {}).update(runs)
+        lr_traces = merged_traces(lr_traces, lrs)
         if cut:
             print("time budget reached: no more runs", flush=True)
             break
@@ -283,40 +301,53 @@ def main(argv=None) -> int:
     csv_path = os.path.join(out_dir, fsl.ROWS_CSV)
     fsl.start_rows(csv_path)
     wiring = {}
-    rows, lr_traces, cut = run_rounds(
-        args, list(seeds), size, deadline, csv_path, wiring, max_seeds
+
+    def info_of(lr_traces: dict, cut: bool) -> dict:
+        wiring["lr_same_across_runs"] = {
+            f"{seed}/{setup}": len({tuple(v) for v in runs.values()}) == 1
+            for seed, by_setup in lr_traces.items()
+            for setup, runs in by_setup.items()
+        }
+        return {
+            "machine": machine,
+            "device": args.device,
+            **versions,
+            "commands": [" ".join(["python benchmarks/fidelity.py", *(argv or sys.argv[1:])])],
+            "time_budget_cut": cut,
+            "wall_s": round(time.time() - started, 1),
+            "wiring": wiring,
+        }
+
+    def write_slice(info: dict) -> None:
+        fsl.write_slice(
+            out_dir,
+            {
+                "config": cfg,
+                "digest": fsl.digest(cfg),
+                "seeds": seeds,
+                "machine_key": machine_key(),
+                "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                "command": info.pop("commands")[0],
+                "provenance": versions,
+            }
+            | info,
+        )
+
+    # A slice's record is written as each run finishes, as if cut there, so that a slice
+    # killed before its end (the device call's limit) still merges the runs it finished.
+    partial = (
+        (lambda traces: write_slice(info_of(traces, True))) if args.seeds is not None else None
     )
-    wiring["lr_same_across_runs"] = {
-        f"{seed}/{setup}": len({tuple(v) for v in runs.values()}) == 1
-        for seed, by_setup in lr_traces.items()
-        for setup, runs in by_setup.items()
-    }
-    info = {
-        "machine": machine,
-        "device": args.device,
-        **versions,
-        "commands": [" ".join(["python benchmarks/fidelity.py", *(argv or sys.argv[1:])])],
-        "time_budget_cut": cut,
-        "wall_s": round(time.time() - started, 1),
-        "wiring": wiring,
-    }
+    rows, lr_traces, cut = run_rounds(
+        args, list(seeds), size, deadline, csv_path, wiring, max_seeds,
+        partial or (lambda traces: None),
+    )  # fmt: skip
+    info = info_of(lr_traces, cut)
     if args.seeds is None:
         fsl.write_summary(out_dir, rows, cfg, info)
         print(f"wrote {out_dir}/fidelity.csv, .json, .md; {info['wall_s']:.0f} s")
         return 0 if rows else 1
-    fsl.write_slice(
-        out_dir,
-        {
-            "config": cfg,
-            "digest": fsl.digest(cfg),
-            "seeds": seeds,
-            "machine_key": machine_key(),
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "command": info.pop("commands")[0],
-            "provenance": versions,
-        }
-        | info,
-    )
+    write_slice(info)
     fs.print_table(fs.comparisons(rows, args.setups, args.arms))
     print(
         f"this slice only (seeds {fsl.format_seeds(seeds)}): wrote {csv_path} and "

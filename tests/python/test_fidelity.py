@@ -211,6 +211,31 @@ def test_slices_merged_are_one_run_of_their_seeds(tmp_path, capsys):
     assert body[0] == body[1]  # every line but the header (dates, commands)
 
 
+def test_a_slice_killed_before_its_end_merges_the_runs_it_finished(tmp_path, capsys, monkeypatch):
+    """The device call's limit can kill a slice mid-run: its record is written as each run
+    finishes, so the runs done merge (the seed named again, as a budget cut names it)."""
+    real, trained = fb.train_run, []
+
+    def killed_after_two(*args, **kw):
+        if len(trained) == 2:
+            raise KeyboardInterrupt  # what the call's limit does to the process
+        trained.append(args[1])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(fb, "train_run", killed_after_two)
+    out = tmp_path / "s0"
+    with pytest.raises(KeyboardInterrupt):
+        fb.main([*SLICE_ARGS, "--seeds", "0", "--out-dir", str(out)])
+    with open(out / fsl.SLICE_JSON) as f:
+        record = json.load(f)
+    assert record["time_budget_cut"] is True and record["seeds"] == [0]
+    rows = fsl.read_rows(out / fsl.ROWS_CSV)
+    assert {r["run"] for r in rows} >= set(trained) and len(trained) == 2
+    capsys.readouterr()
+    assert fb.main(["--summarize-only", str(out), "--out-dir", str(tmp_path / "m")]) == 0
+    assert "merged 1 slices" in capsys.readouterr().out
+
+
 def fake_slice(path, seeds, diffs, max_seeds=6):
     """A slice folder without training: per seed, arm - control of the primary measure is
     ``diffs[arm][seed]`` (controls at 1.0)."""
