@@ -13,8 +13,8 @@
 //
 //   share(d) = measured(d) * f(d) + comm(d)                           where (S, B, d) was measured
 //   share(d) = max(floor, (fixed + (c - fixed) / d) * f(d)) + comm(d) elsewhere
-//   comm(d)  = comm_fraction * (c - fixed) / d + comm_per_token * g(d) * T * (d - 1) / d^2   (d >=
-//   2)
+//   comm(d)  = comm_fraction * (c - fixed) / d + comm_per_token * g(d) * T * (d - 1) / d^2
+//              (d >= 2)
 //
 // measured(d): the cost model's measured share of this kind (B samples of S tokens, split d
 // ways, timed on one GPU as exactly one member's share); fixed: what splitting does not
