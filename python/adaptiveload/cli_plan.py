@@ -104,10 +104,15 @@ def layout_line(args: argparse.Namespace, family, config: str) -> str | None:
     D = args.sequence_parallel
     if not args.model or D == 1 or heads is None:
         return None
-    from adaptiveload.parallel.groups import layout
+    from adaptiveload.parallel.groups import layout, ring_comm_factor
 
     u, r = layout(D, heads)
-    how = "Ulysses alone" if r == 1 else f"Ulysses {u} x ring {r} (keys and values whole per ring)"
+    how = (
+        "Ulysses alone"
+        if r == 1
+        else f"Ulysses {u} x ring {r} (keys and values whole per ring: each member receives "
+        f"{ring_comm_factor(D, heads):.2f}x Ulysses' bytes)"
+    )
     return (
         f"sequence parallelism: a micro-batch over {D} ranks of {family.name}/{config} "
         f"({heads} attention heads) runs {how}"

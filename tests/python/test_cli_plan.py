@@ -174,7 +174,12 @@ def test_plan_model_says_how_a_degree_runs_over_its_heads(tmp_path, capsys):
     demo = ["plan", "--demo", "--demo-samples", "300", "--figure", "none", "--num-replicas", "16"]
     for model, heads, degree, how in (
         ("wan/wan2.1-1.3B", 12, 4, "Ulysses alone"),
-        ("wan/wan2.1-1.3B", 12, 8, "Ulysses 4 x ring 2"),
+        (
+            "wan/wan2.1-1.3B",
+            12,
+            8,
+            "Ulysses 4 x ring 2 (keys and values whole per ring: each member receives 1.43x",
+        ),
         ("wan/wan2.1-14B", 40, 16, "Ulysses 8 x ring 2"),
         ("hunyuanvideo", 24, 8, "Ulysses alone"),
     ):
