@@ -160,6 +160,14 @@ def train_uneven(out):
 
 
 def main(scenario, out_dir):
+    run(scenario, out_dir)
+    # Leave the process group before the interpreter's exit: gloo's worker threads outliving
+    # it aborted a rank now and then ("terminate called without an active exception").
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def run(scenario, out_dir):
     config = {
         "ordinary": DataLoaderConfiguration(),
         "uneven": DataLoaderConfiguration(even_batches=False),
