@@ -47,7 +47,8 @@ margin, seed rule), writes the summary, and prints the comparisons that still ne
 the next slice, ``next: --seeds 2-3``, until every comparison is decided or has the stated
 maximum of seeds. A seed that a time budget cut short is named again; run it again (the merge
 takes each seed from the slice that ran most of it). A slice's record is rewritten as each run
-finishes, so one killed before its end (the device call's limit) merges the runs it finished. On the device, one call per slice:
+finishes, so one killed before its end (the device call's limit) merges the runs it finished.
+On the device, one call per slice:
 
     FIDELITY_ARGS="--seeds 0-1" bash scripts/gpu_check.sh fidelity   # $OUT/fidelity: slice 0
     PYTHONPATH=python python benchmarks/fidelity.py --summarize-only slice0 --out-dir /tmp/f
@@ -215,10 +216,13 @@ def run_rounds(
         for seed, seed_work in work.items():
             print(f"seed {seed}: {sum(len(r) for r in seed_work.values())} runs", flush=True)
         jobs = plan_work(work, size, args.device, wiring)
+
+        def run_done(lrs, before=lr_traces):
+            on_done(merged_traces(before, lrs))
+
         new, lrs, cut = run_jobs(
-            jobs, size, args.device, deadline, args.workers, csv_path,
-            lambda lrs, before=lr_traces: on_done(merged_traces(before, lrs)),
-        )  # fmt: skip
+            jobs, size, args.device, deadline, args.workers, csv_path, run_done
+        )
         rows += new
         lr_traces = merged_traces(lr_traces, lrs)
         if cut:
@@ -333,15 +337,15 @@ def main(argv=None) -> int:
             | info,
         )
 
-    # A slice's record is written as each run finishes, as if cut there, so that a slice
-    # killed before its end (the device call's limit) still merges the runs it finished.
-    partial = (
-        (lambda traces: write_slice(info_of(traces, True))) if args.seeds is not None else None
-    )
+    def run_done(traces: dict) -> None:
+        # A slice's record is written as each run finishes, as if cut there, so that a slice
+        # killed before its end (the device call's limit) still merges the runs it finished.
+        if args.seeds is not None:
+            write_slice(info_of(traces, True))
+
     rows, lr_traces, cut = run_rounds(
-        args, list(seeds), size, deadline, csv_path, wiring, max_seeds,
-        partial or (lambda traces: None),
-    )  # fmt: skip
+        args, list(seeds), size, deadline, csv_path, wiring, max_seeds, run_done
+    )
     info = info_of(lr_traces, cut)
     if args.seeds is None:
         fsl.write_summary(out_dir, rows, cfg, info)

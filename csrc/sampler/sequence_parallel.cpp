@@ -152,9 +152,8 @@ double share_cost(const SpItem& item, int64_t d, const SequenceParallel& sp) {
   size_t level = 0;
   while ((int64_t{1} << level) < d) ++level;
   const double g = level < sp.comm_scale.size() ? sp.comm_scale[level] : 1.0;
-  const double comm = sp.comm_fraction * split + sp.comm_per_token * g *
-                                                     static_cast<double>(item.tokens) * (dd - 1.0) /
-                                                     (dd * dd);
+  const double sent = static_cast<double>(item.tokens) * (dd - 1.0) / (dd * dd);
+  const double comm = sp.comm_fraction * split + sp.comm_per_token * g * sent;
   const double measured = level < item.measured.size() ? item.measured[level] : 0.0;
   const double f = level < item.factor.size() ? item.factor[level] : 1.0;
   // The host floor is paid in full, whatever the factor: it is launch time, not compute.

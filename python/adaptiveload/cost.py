@@ -360,3 +360,17 @@ def sequence_parallel_comm_scale_of(cost_model: CostModel, max_degree: int) -> l
         out.append(ring_comm_factor(d, heads))
         d *= 2
     return out
+
+
+def sequence_parallel_comm_terms(
+    cost_model: CostModel, comm: float | None, max_degree: int
+) -> tuple[float | None, list[float]]:
+    """What the planner charges a split micro-batch's exchanges: the cost per token (``comm``,
+    the sampler's ``sequence_parallel_comm``, else ``sequence_parallel_comm_of`` the cost model;
+    None: the flat ``SEQUENCE_PARALLEL_COMM_FRACTION`` instead) and its factor per degree
+    (``sequence_parallel_comm_scale_of``; none without a cost per token, which it scales)."""
+    if comm is None:
+        comm = sequence_parallel_comm_of(cost_model)
+    if comm is None:
+        return None, []
+    return comm, sequence_parallel_comm_scale_of(cost_model, max_degree)

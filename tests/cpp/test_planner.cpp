@@ -171,14 +171,26 @@ TEST(CostModel, RejectsBadDegreeNamingIt) {
   EXPECT_THROW(m.with_measured({{5, 1, 1.0, 2}, {5, 1, 2.0, 2}}), std::invalid_argument);
 }
 
-TEST(SequenceParallel, MeasuredShareReplacesTheSplitFormula) {
+// A micro-batch of cost 100 (10 of it not split) and 1,000 tokens; sequence parallelism up to
+// `max_degree` at 0.01 per token sent.
+SpItem hundred_cost_item() {
   SpItem it;
   it.cost = 100.0;
   it.fixed = 10.0;
   it.tokens = 1000;
+  return it;
+}
+
+SequenceParallel per_token_comm(int64_t max_degree) {
   SequenceParallel sp;
-  sp.max_degree = 4;
+  sp.max_degree = max_degree;
   sp.comm_per_token = 0.01;
+  return sp;
+}
+
+TEST(SequenceParallel, MeasuredShareReplacesTheSplitFormula) {
+  SpItem it = hundred_cost_item();
+  const SequenceParallel sp = per_token_comm(4);
   const double comm2 = 0.01 * 1000 * 1.0 / 4.0;
   EXPECT_DOUBLE_EQ(share_cost(it, 2, sp), 10.0 + 45.0 + comm2);
   it.measured = {0.0, 80.0};  // degree 2 measured, 4 not
@@ -190,13 +202,8 @@ TEST(SequenceParallel, MeasuredShareReplacesTheSplitFormula) {
 TEST(SequenceParallel, RingFactorScalesTheCommunicationOfItsDegreeOnly) {
   // comm_scale[k] multiplies the per-token communication at degree 2^k (a ring beyond the
   // heads sends more keys and values); compute, the flat fraction and other degrees keep theirs.
-  SpItem it;
-  it.cost = 100.0;
-  it.fixed = 10.0;
-  it.tokens = 1000;
-  SequenceParallel sp;
-  sp.max_degree = 8;
-  sp.comm_per_token = 0.01;
+  const SpItem it = hundred_cost_item();
+  SequenceParallel sp = per_token_comm(8);
   sp.comm_fraction = 0.1;
   sp.comm_scale = {1.0, 1.0, 1.0, 1.43};
   EXPECT_DOUBLE_EQ(share_cost(it, 4, sp), 10.0 + 22.5 + 0.1 * 22.5 + 0.01 * 1000 * 3.0 / 16.0);

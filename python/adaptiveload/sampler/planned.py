@@ -13,11 +13,7 @@ import torch.distributed as dist
 
 from adaptiveload import _sampler
 from adaptiveload.cost import SEQUENCE_PARALLEL_COMM_FRACTION as SP_COMM_FRACTION
-from adaptiveload.cost import (
-    CostModel,
-    sequence_parallel_comm_of,
-    sequence_parallel_comm_scale_of,
-)
+from adaptiveload.cost import CostModel, sequence_parallel_comm_terms
 from adaptiveload.keys import as_group_ids, to_numpy
 from adaptiveload.memory import GIB, CheckpointPolicy, held_lengths
 from adaptiveload.sampler import resume
@@ -157,13 +153,11 @@ class PlannedBatchSampler(BatchSampler):
         p.representative = s.balance and s.composition == "representative"
         if s.sequence_parallel > 1:
             p.sequence_parallel = s.sequence_parallel
-            comm = s.sequence_parallel_comm
-            if comm is None:
-                comm = sequence_parallel_comm_of(self.options.cost_model)
-            p.sequence_parallel_comm_per_token = 0.0 if comm is None else comm
-            p.sequence_parallel_comm_scale = sequence_parallel_comm_scale_of(
-                self.options.cost_model, s.sequence_parallel
+            comm, scale = sequence_parallel_comm_terms(
+                self.options.cost_model, s.sequence_parallel_comm, s.sequence_parallel
             )
+            p.sequence_parallel_comm_per_token = 0.0 if comm is None else comm
+            p.sequence_parallel_comm_scale = scale
             p.sequence_parallel_comm_fraction = 0.0 if comm is not None else SP_COMM_FRACTION
         raw = _sampler.plan_epoch(
             self._table, p, None if excluded is None else excluded.view(np.uint8)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adaptiveload.cost import sequence_parallel_comm_of, sequence_parallel_comm_scale_of
+from adaptiveload.cost import sequence_parallel_comm_terms
 from adaptiveload.sampler.checks import Options, int_arg
 from adaptiveload.sampler.plan import Plan, place_of
 
@@ -43,10 +43,8 @@ def fingerprint(kind: str, options: Options, num_samples: int, data: str, cost_m
     representative = o.balance and o.composition == "representative"
     cost = cost_model.to_dict()
     cost.pop("meta", None)
-    ring = sequence_parallel_comm_scale_of(cost_model, o.sequence_parallel)
-    # The factor applies to a per-token price only (not to the flat fraction of no bandwidth).
-    priced = (
-        o.sequence_parallel_comm is not None or sequence_parallel_comm_of(cost_model) is not None
+    _, ring = sequence_parallel_comm_terms(
+        cost_model, o.sequence_parallel_comm, o.sequence_parallel
     )
     return {
         "sampler": kind,
@@ -89,7 +87,7 @@ def fingerprint(kind: str, options: Options, num_samples: int, data: str, cost_m
         # (from 2026-12-07): states saved before, without it, re-plan what they did not consume.
         **(
             {"sequence_parallel_comm_scale": ring}
-            if o.sequence_parallel > 1 and priced and any(g != 1.0 for g in ring)
+            if o.sequence_parallel > 1 and any(g != 1.0 for g in ring)
             else {}
         ),
         **(
