@@ -195,9 +195,10 @@ void bind_memory_model(py::module_& m) {
            py::arg("num_blocks"), py::arg("m0"), py::arg("mb"), py::arg("mbk"), py::arg("mt"),
            py::arg("ma"), py::arg("mc"), py::arg("mr"), py::arg("margin"),
            py::arg("recompute_share"))
-      .def("peak", &MemoryModel::peak, py::arg("count"), py::arg("tokens"), py::arg("checkpointed"))
+      .def("peak", &MemoryModel::peak, py::arg("count"), py::arg("tokens"), py::arg("checkpointed"),
+           py::arg("held") = 0.0)
       .def("checkpointed_blocks", &MemoryModel::checkpointed_blocks, py::arg("count"),
-           py::arg("tokens"), py::arg("budget"))
+           py::arg("tokens"), py::arg("budget"), py::arg("held") = 0.0)
       .def("time_factor", &MemoryModel::time_factor, py::arg("checkpointed"))
       .def_readonly("num_blocks", &MemoryModel::num_blocks)
       .def_readonly("m0", &MemoryModel::m0)
@@ -217,17 +218,19 @@ void bind_sample_table(py::module_& m) {
   py::class_<SampleTable>(m, "SampleTable")
       .def(py::init([](const Int64Array& seq_lens, std::optional<Int64Array> group_ids,
                        const CostModel& cost, std::optional<MemoryModel> memory_model,
-                       double memory_budget) {
+                       double memory_budget, std::vector<double> memory_held) {
              const int64_t* lens = checked_1d(seq_lens, "seq_lens", -1);
              const int64_t* ids =
                  group_ids ? checked_1d(*group_ids, "group_ids", seq_lens.shape(0)) : nullptr;
              if (!memory_model)
                return std::make_unique<SampleTable>(lens, seq_lens.shape(0), ids, cost);
-             const MemoryPolicy policy{*memory_model, memory_budget};
+             const MemoryPolicy policy{*memory_model, memory_budget, std::move(memory_held)};
+             policy.validate();
              return std::make_unique<SampleTable>(lens, seq_lens.shape(0), ids, cost, &policy);
            }),
            py::arg("seq_lens"), py::arg("group_ids"), py::arg("cost_model"),
-           py::arg("memory_model") = py::none(), py::arg("memory_budget") = 0.0)
+           py::arg("memory_model") = py::none(), py::arg("memory_budget") = 0.0,
+           py::arg("memory_held") = std::vector<double>{})
       .def("__len__", &SampleTable::size)
       .def_property_readonly("num_groups", &SampleTable::num_groups)
       .def("default_max_cost", &SampleTable::default_max_cost, py::arg("max_tokens"),

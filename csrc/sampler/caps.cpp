@@ -47,9 +47,9 @@ void Caps::refuse(int64_t i, int64_t s, double f) const {
   const int64_t held = share_tokens(s, D, 0);
   BatchStats one;
   one.add(held, f);
-  if (checkpointed_blocks(one) < 0) {
+  if (share_blocks(one, s) < 0) {
     const MemoryModel& m = memory_->model;
-    const double peak = m.peak(1, held, m.num_blocks);
+    const double peak = m.peak(1, held, m.num_blocks, memory_->held(D) * static_cast<double>(s));
     const std::string split = D > 1 ? ", split over sequence_parallel = " + std::to_string(D) +
                                           " ranks (" + std::to_string(held) + " tokens each)"
                                     : "";

@@ -125,8 +125,8 @@ class Caps {
     // must fit max_tokens and memory.
     BatchStats share;
     share.add(share_tokens(len, max_degree_, 0), f);
-    if (len > max_tokens_) return share.tokens > max_tokens_ || checkpointed_blocks(share) < 0;
-    return checkpointed_blocks(share) < 0 || (!memory_ && cost(one, 0) > max_cost_);
+    if (len > max_tokens_) return share.tokens > max_tokens_ || share_blocks(share, len) < 0;
+    return share_blocks(share, len) < 0 || (!memory_ && cost(one, 0) > max_cost_);
   }
 
   /// Throws std::invalid_argument saying why sample `sample` (of `len` tokens, cost f), which
@@ -134,6 +134,11 @@ class Caps {
   [[noreturn]] void refuse(int64_t sample, int64_t len, double f) const;
 
  private:
+  /// checkpointed_blocks of a member's `share` of a sample of `whole` tokens split over
+  /// max_degree ranks (MemoryPolicy::share_blocks; 0 without a policy).
+  int64_t share_blocks(const BatchStats& share, int64_t whole) const {
+    return memory_ ? memory_->share_blocks(share, whole, max_degree_) : 0;
+  }
   bool over_size(const BatchStats& b) const {
     return (max_batch_size_ > 0 && b.count > max_batch_size_) || b.tokens > max_tokens_;
   }

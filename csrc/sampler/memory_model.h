@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "sampler/cost_model.h"
 
@@ -28,6 +29,11 @@ namespace adaptiveload {
 ///   mc  per token per checkpointed block (its saved input)
 ///   mr  per token, once when any block is checkpointed (what recomputation adds besides)
 ///
+/// `held` (bytes, >= 0) is memory per kept block beyond the micro-batch's own activations: a
+/// member of a split micro-batch at a degree the model's heads do not divide (Ulysses x ring)
+/// holds the whole samples' keys and values for its head shard (MemoryPolicy::held_per_token);
+/// it adds held * max(L - n, 1).
+///
 /// Every coefficient is >= 0; fitted by least squares on measured peaks (fit.py).
 /// `margin` >= 0 is the relative headroom the policy keeps: a micro-batch is planned
 /// with n blocks only when peak(B, T, n) * (1 + margin) <= budget.
@@ -51,11 +57,12 @@ struct MemoryModel {
   double margin = 0.0;
   double recompute_share = 0.0;
 
-  /// peak(B, T, n) in bytes; n in [0, L].
-  double peak(int64_t count, int64_t tokens, int64_t checkpointed) const;
+  /// peak(B, T, n) in bytes, plus `held` per kept block; n in [0, L].
+  double peak(int64_t count, int64_t tokens, int64_t checkpointed, double held = 0.0) const;
   /// The fewest checkpointed blocks n whose peak, with the margin, stays within
   /// `budget` bytes; -1 when even n = L does not. A few evaluations of peak(), whatever L.
-  int64_t checkpointed_blocks(int64_t count, int64_t tokens, double budget) const;
+  int64_t checkpointed_blocks(int64_t count, int64_t tokens, double budget,
+                              double held = 0.0) const;
   /// Time of a micro-batch with n checkpointed blocks relative to n = L.
   double time_factor(int64_t checkpointed) const;
   /// Throws std::invalid_argument naming the bad field.
@@ -67,11 +74,30 @@ struct MemoryModel {
 struct MemoryPolicy {
   MemoryModel model;
   double budget = 0.0;  ///< bytes, > 0
+  /// held_per_token[k]: bytes per token of a micro-batch per kept block that a member of it
+  /// split over 2^k ranks holds beyond its share (the ring's keys and values of the whole
+  /// samples, where the model's heads do not divide 2^k: adaptiveload/cost.py,
+  /// sequence_parallel_held_bytes_of); 0 where absent. Each finite and >= 0.
+  std::vector<double> held_per_token;
 
   /// n for a micro-batch (see MemoryModel::checkpointed_blocks).
   int64_t checkpointed_blocks(const BatchStats& b) const {
     return model.checkpointed_blocks(b.count, b.tokens, budget);
   }
+  /// n for one member's share of a micro-batch of `whole_tokens` split over `degree` ranks:
+  /// `share` holds the member's samples and tokens.
+  int64_t share_blocks(const BatchStats& share, int64_t whole_tokens, int64_t degree) const {
+    return model.checkpointed_blocks(share.count, share.tokens, budget,
+                                     held(degree) * static_cast<double>(whole_tokens));
+  }
+  /// held_per_token at `degree` (0 at 1 and where absent).
+  double held(int64_t degree) const {
+    size_t level = 0;
+    while ((int64_t{1} << level) < degree) ++level;
+    return degree > 1 && level < held_per_token.size() ? held_per_token[level] : 0.0;
+  }
+  /// Throws std::invalid_argument naming a bad held_per_token (the model is validated apart).
+  void validate() const;
 };
 
 }  // namespace adaptiveload

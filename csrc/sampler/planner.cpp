@@ -429,17 +429,18 @@ SpItem sp_item(const SampleTable& table, const PlanOptions& o, const std::vector
   }
   it.min_degree = 2 * top;
   for (int64_t d = 1; d <= top; d *= 2) {
-    int64_t share = 0;
+    BatchStats share;
     for (int64_t j = mb.begin; j < mb.end; ++j)
-      share += share_tokens(table.seq_len(bucketed[j]), d, 0);
+      share.add(share_tokens(table.seq_len(bucketed[j]), d, 0), 0.0);
     int64_t blocks = 0;
     if (memory) {
-      const MemoryPolicy& mp = table.memory_policy();
-      blocks = mp.model.checkpointed_blocks(mb.count(), share, mp.budget);
+      // At a degree the heads do not divide, a member also holds the whole samples' keys and
+      // values for its head shard (MemoryPolicy::held_per_token).
+      blocks = table.memory_policy().share_blocks(share, mb.tokens, d);
       it.checkpointed.push_back(blocks);
-      it.factor.push_back(blocks < 0 ? 1.0 : mp.model.time_factor(blocks));
+      it.factor.push_back(blocks < 0 ? 1.0 : table.memory_policy().model.time_factor(blocks));
     }
-    if (share <= o.max_tokens && blocks >= 0 && it.min_degree > top) it.min_degree = d;
+    if (share.tokens <= o.max_tokens && blocks >= 0 && it.min_degree > top) it.min_degree = d;
   }
   return it;
 }

@@ -362,6 +362,32 @@ def sequence_parallel_comm_scale_of(cost_model: CostModel, max_degree: int) -> l
     return out
 
 
+# Bytes of one key or value element: the blocks run in bf16 (autocast) wherever AdaptiveLoad
+# trains or calibrates them.
+KV_ELEMENT_BYTES = 2
+
+
+def sequence_parallel_held_bytes_of(cost_model: CostModel, max_degree: int) -> list[float]:
+    """The memory a member of a split micro-batch holds beyond its share, per degree 1, 2, 4,
+    .. ``max_degree``: bytes per token of the micro-batch per block that keeps its activations
+    (``MemoryModel``'s ``held``). Where a degree exceeds what the model's heads take (Ulysses x
+    ring), a member keeps the whole samples' keys and values of its head shard for the backward:
+    ``2 * hidden * KV_ELEMENT_BYTES * parallel.groups.ring_held_fraction`` (Wan 2.1-1.3B over 8
+    ranks: 768 bytes, 23 KB per token over its 30 blocks). Needs ``hidden`` and ``heads`` in
+    the cost model's ``meta`` (the built-in profiles and ``calibrate --comm`` name them); else
+    none (0 at every degree)."""
+    hidden, heads = cost_model.meta.get("hidden"), cost_model.meta.get("heads")
+    if not isinstance(hidden, int) or not isinstance(heads, int) or hidden < 1 or heads < 1:
+        return []
+    from adaptiveload.parallel.groups import ring_held_fraction
+
+    out, d = [], 1
+    while d <= max_degree:
+        out.append(2 * hidden * KV_ELEMENT_BYTES * ring_held_fraction(d, heads))
+        d *= 2
+    return out if any(out) else []
+
+
 def sequence_parallel_comm_terms(
     cost_model: CostModel, comm: float | None, max_degree: int
 ) -> tuple[float | None, list[float]]:

@@ -57,9 +57,26 @@ def held_lengths(seq_lens, degree: int = 1) -> np.ndarray:
     return -(-lens // int(degree))
 
 
+def held_bytes(held_per_token, seq_lens, degree: int = 1) -> float:
+    """What a member of a micro-batch of these samples split over ``degree`` ranks holds per
+    kept block beyond its share (``MemoryModel``'s ``held``): ``held_per_token`` at the degree
+    (a list per degree 1, 2, 4, ..: ``cost.sequence_parallel_held_bytes_of``, the ring's keys
+    and values) times the samples' tokens; 0 unsplit or where the list stops."""
+    level = int(degree).bit_length() - 1
+    if degree <= 1 or level >= len(held_per_token):
+        return 0.0
+    return float(held_per_token[level]) * float(_lens(seq_lens).sum())
+
+
 # The most blocks a model may have (MemoryModel::kMaxBlocks in the C++ core): far above any
 # DiT's, so a count past it is a mistake.
 _MAX_BLOCKS = 10000
+
+
+def _held_arg(held) -> float:
+    if isinstance(held, bool) or not isinstance(held, (int, float)) or not 0 <= held < math.inf:
+        raise ValueError(f"held must be a finite number of bytes >= 0, got {held!r}")
+    return float(held)
 
 
 class MemoryModel:
@@ -114,18 +131,21 @@ class MemoryModel:
     def coefficients(self) -> dict:
         return {k: getattr(self._core, k) for k in _COEFS}
 
-    def peak_bytes(self, seq_lens, checkpointed: int) -> float:
-        """Predicted peak of a micro-batch of these samples with ``checkpointed`` blocks."""
+    def peak_bytes(self, seq_lens, checkpointed: int, held: float = 0.0) -> float:
+        """Predicted peak of a micro-batch of these samples with ``checkpointed`` blocks, plus
+        ``held`` bytes per kept block (``held_bytes``: a ring member's keys and values)."""
         lens = _lens(seq_lens)
         n = self._blocks_arg(checkpointed)
-        return self._core.peak(len(lens), int(lens.sum()), n)
+        return self._core.peak(len(lens), int(lens.sum()), n, _held_arg(held))
 
-    def checkpointed_blocks(self, seq_lens, budget_bytes: float) -> int:
-        """The fewest checkpointed blocks that keep this micro-batch within the budget
-        (with the margin); -1 when even all of them do not (such a micro-batch is never
-        planned)."""
+    def checkpointed_blocks(self, seq_lens, budget_bytes: float, held: float = 0.0) -> int:
+        """The fewest checkpointed blocks that keep this micro-batch (and ``held`` bytes per
+        kept block) within the budget, with the margin; -1 when even all of them do not (such
+        a micro-batch is never planned)."""
         lens = _lens(seq_lens)
-        return self._core.checkpointed_blocks(len(lens), int(lens.sum()), float(budget_bytes))
+        return self._core.checkpointed_blocks(
+            len(lens), int(lens.sum()), float(budget_bytes), _held_arg(held)
+        )
 
     def max_tokens(self, budget_bytes: float, batch: int = 1) -> int:
         """The most tokens ``batch`` samples may hold and still fit with every block
@@ -214,11 +234,19 @@ class CheckpointPolicy:
     ``reserved_gib``: memory the training process holds that the memory model does not (the
     optimizer state: calibration times forward+backward only). Micro-batches are planned
     within ``budget_gib``; measured peaks are compared with ``budget_gib + reserved_gib`` and
-    with the prediction plus ``reserved_gib``.
+    with the prediction plus ``reserved_gib``. ``held_per_token``: per degree 1, 2, 4, .. what
+    a member of a split micro-batch holds beyond its share (``held_bytes``; the sampler's
+    ``memory_policy()`` passes the planner's).
     """
 
     def __init__(
-        self, model: MemoryModel, budget_gib: float, *, reserved_gib: float = 0.0, log=None
+        self,
+        model: MemoryModel,
+        budget_gib: float,
+        *,
+        reserved_gib: float = 0.0,
+        log=None,
+        held_per_token=(),
     ):
         if not (
             isinstance(budget_gib, (int, float)) and math.isfinite(budget_gib) and budget_gib > 0
@@ -230,6 +258,7 @@ class CheckpointPolicy:
         if not (isinstance(reserved_gib, (int, float)) and 0 <= reserved_gib < math.inf):
             raise ValueError(f"reserved_gib must be a finite number >= 0, got {reserved_gib!r}")
         self.reserved_bytes = float(reserved_gib) * GIB
+        self.held_per_token = [float(_held_arg(h)) for h in held_per_token]
         self.log = log if log is not None else (lambda msg: warnings.warn(msg, stacklevel=3))
         self.fallbacks: dict[tuple[int, int], int] = {}  # kind -> OOMs seen
         self.over_budget: list[dict] = []
@@ -244,7 +273,11 @@ class CheckpointPolicy:
     def planned_blocks(self, seq_lens, degree: int = 1) -> int:
         """The plan's choice for this micro-batch, or with ``degree`` > 1 for one rank's share
         of it (no fallback); -1 if it does not fit."""
-        return self.model.checkpointed_blocks(held_lengths(seq_lens, degree), self.budget_bytes)
+        return self.model.checkpointed_blocks(
+            held_lengths(seq_lens, degree),
+            self.budget_bytes,
+            held_bytes(self.held_per_token, seq_lens, degree),
+        )
 
     def blocks_for(self, seq_lens, degree: int = 1) -> int:
         """Blocks to checkpoint for this micro-batch (``degree``: the plan's, ``mb.degree``)."""
@@ -290,7 +323,8 @@ class CheckpointPolicy:
         """Compare a measured peak (of a rank's share at ``degree``) with the prediction; True
         when within the budget."""
         held = held_lengths(seq_lens, degree)
-        predicted = self.model.peak_bytes(held, checkpointed) + self.reserved_bytes
+        ring = held_bytes(self.held_per_token, seq_lens, degree)
+        predicted = self.model.peak_bytes(held, checkpointed, ring) + self.reserved_bytes
         batch, tokens = self.kind(held)
         row = {
             "batch": batch,
@@ -332,4 +366,4 @@ class CheckpointPolicy:
         return out
 
 
-__all__ = ["GIB", "CheckpointPolicy", "MemoryModel", "held_lengths"]
+__all__ = ["GIB", "CheckpointPolicy", "MemoryModel", "held_bytes", "held_lengths"]

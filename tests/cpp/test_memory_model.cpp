@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -41,9 +42,10 @@ std::vector<int64_t> mixed_lengths(int64_t n, uint32_t seed) {
 }
 
 // The fewest n by trying every n.
-int64_t brute_force_blocks(const MemoryModel& m, int64_t count, int64_t tokens, double budget) {
+int64_t brute_force_blocks(const MemoryModel& m, int64_t count, int64_t tokens, double budget,
+                           double held = 0.0) {
   for (int64_t n = 0; n <= m.num_blocks; ++n)
-    if (m.peak(count, tokens, n) * (1.0 + m.margin) <= budget) return n;
+    if (m.peak(count, tokens, n, held) * (1.0 + m.margin) <= budget) return n;
   return -1;
 }
 
@@ -65,9 +67,36 @@ TEST(MemoryModel, FewestBlocksMatchesTryingEveryCount) {
     const int64_t count = 1 + static_cast<int64_t>(u(gen) * 30);
     const int64_t tokens = count * (1 + static_cast<int64_t>(u(gen) * 80000));
     const double budget = m.m0 + u(gen) * 1e11;
-    EXPECT_EQ(m.checkpointed_blocks(count, tokens, budget),
-              brute_force_blocks(m, count, tokens, budget))
-        << m.describe() << " B=" << count << " T=" << tokens << " budget=" << budget;
+    // Half the trials hold more per kept block (a ring member's keys and values).
+    const double held = trial % 2 ? u(gen) * 2e3 * static_cast<double>(tokens) : 0.0;
+    EXPECT_EQ(m.checkpointed_blocks(count, tokens, budget, held),
+              brute_force_blocks(m, count, tokens, budget, held))
+        << m.describe() << " B=" << count << " T=" << tokens << " budget=" << budget
+        << " held=" << held;
+  }
+}
+
+TEST(MemoryModel, HeldBytesCountOncePerKeptBlock) {
+  const MemoryModel m = wan_memory();
+  for (int64_t n : {0, 1, 15, 29, 30})
+    EXPECT_DOUBLE_EQ(m.peak(2, 9000, n, 768.0 * 72000) - m.peak(2, 9000, n),
+                     768.0 * 72000 * static_cast<double>(std::max<int64_t>(30 - n, 1)));
+  // A member's share of a micro-batch split 8 ways: the policy adds held_per_token at degree 8
+  // times the whole micro-batch's tokens, nothing unsplit or at a degree it does not name.
+  MemoryPolicy policy{m, 40e9, {0.0, 0.0, 0.0, 768.0}};
+  policy.validate();
+  BatchStats share;
+  share.add(9000, 0.0);
+  EXPECT_DOUBLE_EQ(policy.held(8), 768.0);
+  EXPECT_DOUBLE_EQ(policy.held(1), 0.0);
+  EXPECT_DOUBLE_EQ(policy.held(16), 0.0);
+  EXPECT_EQ(policy.share_blocks(share, 72000, 8),
+            brute_force_blocks(m, 1, 9000, 40e9, 768.0 * 72000));
+  EXPECT_GT(policy.share_blocks(share, 72000, 8), policy.share_blocks(share, 72000, 4));
+  EXPECT_EQ(policy.share_blocks(share, 72000, 4), policy.checkpointed_blocks(share));
+  for (double bad : {-1.0, std::nan("")}) {
+    policy.held_per_token[2] = bad;
+    EXPECT_THROW(policy.validate(), std::invalid_argument);
   }
 }
 
@@ -122,7 +151,7 @@ TEST(MemoryModel, TimeFactorAndValidation) {
 TEST(MemoryPolicyPlan, EveryMicroBatchFitsWithTheFewestBlocks) {
   const std::vector<int64_t> lens = mixed_lengths(3000, 11);
   const CostModel cost = CostModel::polynomial(0.5, 1e-3, 2e-8);
-  const MemoryPolicy policy{wan_memory(), 60e9};
+  const MemoryPolicy policy{wan_memory(), 60e9, {}};
   const SampleTable table(lens.data(), static_cast<int64_t>(lens.size()), nullptr, cost, &policy);
   PlanOptions o;
   o.max_tokens = 1 << 30;  // memory is the budget's business here
@@ -168,7 +197,7 @@ TEST(MemoryPolicyPlan, WithoutPolicyNothingChanges) {
   // the same plan as without a policy, all n = 0.
   MemoryModel free_model = wan_memory(0.0);
   free_model.recompute_share = 0.0;
-  const MemoryPolicy huge{free_model, 1e18};
+  const MemoryPolicy huge{free_model, 1e18, {}};
   const SampleTable roomy(lens.data(), static_cast<int64_t>(lens.size()), nullptr, cost, &huge);
   PlanOptions o;
   o.max_tokens = 160000;
@@ -188,7 +217,7 @@ TEST(MemoryPolicyPlan, SampleOverBudgetIsRefusedOrSkipped) {
   std::vector<int64_t> lens = mixed_lengths(500, 5);
   lens[17] = 400000;  // needs more than the budget even with every block checkpointed
   const CostModel cost = CostModel::polynomial(0.5, 1e-3, 2e-8);
-  const MemoryPolicy policy{wan_memory(), 60e9};
+  const MemoryPolicy policy{wan_memory(), 60e9, {}};
   const SampleTable table(lens.data(), static_cast<int64_t>(lens.size()), nullptr, cost, &policy);
   PlanOptions o;
   o.max_tokens = 1 << 30;
@@ -209,7 +238,7 @@ TEST(MemoryPolicyPlan, SampleOverBudgetIsRefusedOrSkipped) {
 
 TEST(MemoryPolicyPlan, BadBudgetIsRefused) {
   const std::vector<int64_t> lens = {100, 200};
-  const MemoryPolicy zero{wan_memory(), 0.0};
+  const MemoryPolicy zero{wan_memory(), 0.0, {}};
   EXPECT_THROW(SampleTable(lens.data(), 2, nullptr, CostModel::power(1.5), &zero),
                std::invalid_argument);
 }

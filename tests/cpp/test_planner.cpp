@@ -797,7 +797,7 @@ TEST(SampleTable, DefaultMaxCostAtTheLargestCapsIsImmediate) {
   m.ma = 1.0;
   m.mc = 0.01;
   m.validate();
-  MemoryPolicy policy{m, 1e30};
+  MemoryPolicy policy{m, 1e30, {}};
   SampleTable mt(lens.data(), 4, nullptr, CostModel::power(1.5), &policy);
   EXPECT_TRUE(std::isfinite(mt.default_max_cost(kMaxTokens)));
 }

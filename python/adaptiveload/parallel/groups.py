@@ -55,6 +55,16 @@ def ring_comm_factor(degree: int, heads: int) -> float:
     return (2 * peer_comm_factor(degree, heads) + 2 * r) / 4
 
 
+def ring_held_fraction(degree: int, heads: int) -> float:
+    """The keys and values a member of a micro-batch split over ``degree`` ranks holds beyond
+    its share, per token of the whole samples, in units of one token's keys and values over all
+    heads: with a ring (``layout``: u x r) it holds them for all the tokens and ``1 / u`` of the
+    heads, where its share (and plain Ulysses) is ``1 / d`` of both: ``(r - 1) / d``. 0 where the
+    degree divides the heads; 1/8 at 8 ranks over 12 heads (4 x 2)."""
+    _, r = layout(degree, heads)
+    return (r - 1) / degree
+
+
 def share_sizes(seq_len: int, degree: int) -> list[int]:
     """Tokens of each of ``degree`` members of one sample of ``seq_len`` tokens."""
     return [seq_len // degree + (1 if j < seq_len % degree else 0) for j in range(degree)]

@@ -13,9 +13,13 @@ import torch.distributed as dist
 
 from adaptiveload import _sampler
 from adaptiveload.cost import SEQUENCE_PARALLEL_COMM_FRACTION as SP_COMM_FRACTION
-from adaptiveload.cost import CostModel, sequence_parallel_comm_terms
+from adaptiveload.cost import (
+    CostModel,
+    sequence_parallel_comm_terms,
+    sequence_parallel_held_bytes_of,
+)
 from adaptiveload.keys import as_group_ids, to_numpy
-from adaptiveload.memory import GIB, CheckpointPolicy, held_lengths
+from adaptiveload.memory import GIB, CheckpointPolicy, held_bytes, held_lengths
 from adaptiveload.sampler import resume
 from adaptiveload.sampler.base import BatchSampler, Setting
 from adaptiveload.sampler.checks import (
@@ -76,11 +80,20 @@ class PlannedBatchSampler(BatchSampler):
         """The C++ sample table of ``self.cost_model``, and the compute cap it gives."""
         memory = ()
         if self.memory_model is not None:
-            memory = (self.memory_model.native, self.memory_budget_gib * GIB)
+            memory = (self.memory_model.native, self.memory_budget_gib * GIB, self._memory_held)
         self._table = _sampler.SampleTable(
             self.seq_lens, self._group_ids, self.cost_model.native, *memory
         )
         self._max_cost = self._compute_max_cost()
+
+    @property
+    def _memory_held(self) -> list[float]:
+        """What a member of a split micro-batch holds beyond its share, per degree (the
+        ring's keys and values: ``cost.sequence_parallel_held_bytes_of`` the base cost model);
+        none without a memory model."""
+        if self.memory_model is None:
+            return []
+        return sequence_parallel_held_bytes_of(self.options.cost_model, self.sequence_parallel)
 
     def _compute_max_cost(self) -> float:
         raise NotImplementedError
@@ -98,11 +111,12 @@ class PlannedBatchSampler(BatchSampler):
             cap += f" on each of sequence_parallel = {self.sequence_parallel} ranks"
         # What one rank holds of it: all of it, or split, its largest share.
         held = held_lengths([self.seq_lens[i]], self.sequence_parallel)
+        ring = held_bytes(self._memory_held, [self.seq_lens[i]], self.sequence_parallel)
         if (
             self.memory_model is not None
-            and self.memory_model.checkpointed_blocks(held, self.memory_budget_gib * GIB) < 0
+            and self.memory_model.checkpointed_blocks(held, self.memory_budget_gib * GIB, ring) < 0
         ):
-            peak = self.memory_model.peak_bytes(held, self.memory_model.num_blocks)
+            peak = self.memory_model.peak_bytes(held, self.memory_model.num_blocks, ring)
             margin = self.memory_model.margin
             share = f"a share of {int(held[0])} tokens on each of {self.sequence_parallel} ranks: "
             cap = (
@@ -215,12 +229,14 @@ class PlannedBatchSampler(BatchSampler):
                 f"(the plan's mb.degree), got {degree!r}"
             )
         held = held_lengths(self.seq_lens[idx], degree)
+        ring = held_bytes(self._memory_held, self.seq_lens[idx], degree)
         if degree == 1:
             blocks = int(self._table.checkpointed_blocks(idx))
         else:
-            blocks = self.memory_model.checkpointed_blocks(held, self.memory_budget_gib * GIB)
+            budget = self.memory_budget_gib * GIB
+            blocks = self.memory_model.checkpointed_blocks(held, budget, ring)
         if blocks < 0:
-            peak = self.memory_model.peak_bytes(held, self.memory_model.num_blocks)
+            peak = self.memory_model.peak_bytes(held, self.memory_model.num_blocks, ring)
             share = f", a share of {degree}" if degree > 1 else ""
             hint = (
                 "; split, pass the plan's degree (mb.degree)"
@@ -243,7 +259,11 @@ class PlannedBatchSampler(BatchSampler):
         if self.memory_model is None:
             raise ValueError("memory_policy needs a sampler made with memory_model")
         return CheckpointPolicy(
-            self.memory_model, self.memory_budget_gib, reserved_gib=reserved_gib, log=log
+            self.memory_model,
+            self.memory_budget_gib,
+            reserved_gib=reserved_gib,
+            log=log,
+            held_per_token=self._memory_held,
         )
 
     # -- online refinement (refine.py) --------------------------------------------------

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adaptiveload.cost import sequence_parallel_comm_terms
+from adaptiveload.cost import sequence_parallel_comm_terms, sequence_parallel_held_bytes_of
 from adaptiveload.sampler.checks import Options, int_arg
 from adaptiveload.sampler.plan import Plan, place_of
 
@@ -32,9 +32,15 @@ _OPTIONAL = {
     "sequence_parallel",
     "sequence_parallel_comm",
     "sequence_parallel_comm_scale",
+    "sequence_parallel_held_bytes",
 }
 # Of those, the keys that mark a rule of the planner, not a setting: what a user cannot set back.
-_RULES = {"halves_in_place", "halves_spread", "sequence_parallel_comm_scale"}
+_RULES = {
+    "halves_in_place",
+    "halves_spread",
+    "sequence_parallel_comm_scale",
+    "sequence_parallel_held_bytes",
+}
 
 
 def fingerprint(kind: str, options: Options, num_samples: int, data: str, cost_model, max_cost):
@@ -46,6 +52,9 @@ def fingerprint(kind: str, options: Options, num_samples: int, data: str, cost_m
     _, ring = sequence_parallel_comm_terms(
         cost_model, o.sequence_parallel_comm, o.sequence_parallel
     )
+    held = []
+    if o.memory_model is not None:
+        held = sequence_parallel_held_bytes_of(o.cost_model, o.sequence_parallel)
     return {
         "sampler": kind,
         "num_samples": num_samples,
@@ -98,6 +107,9 @@ def fingerprint(kind: str, options: Options, num_samples: int, data: str, cost_m
             if o.memory_model is not None
             else {}
         ),
+        # What a ring member holds beyond its share, in the memory policy (from 2026-12-07):
+        # states saved before, without it, re-plan what they did not consume.
+        **({"sequence_parallel_held_bytes": held} if held else {}),
     }
 
 
