@@ -241,7 +241,7 @@ def write_summary(out_dir: str, rows, cfg: dict, info: dict) -> dict:
         "primary": fs.PRIMARY_TEXT,
         "arms": {a: {"keywords": kw, "control_shuffles": src} for a, (kw, src) in ARMS.items()},
         "comparisons": comps,
-        "targets": fs.targets(comps),
+        "targets": fs.targets(comps, cfg["seeds"]["max"]),
         "progress": progress,
     }
     with open(os.path.join(out_dir, "fidelity.json"), "w") as f:
@@ -252,7 +252,7 @@ def write_summary(out_dir: str, rows, cfg: dict, info: dict) -> dict:
         f"{summary['wall_s']:.0f} s."
     )
     with open(os.path.join(out_dir, "fidelity.md"), "w") as f:
-        f.write(fs.markdown(comps, header))
+        f.write(fs.markdown(comps, header, cfg["seeds"]["max"]))
     return summary
 
 

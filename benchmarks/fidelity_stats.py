@@ -109,19 +109,30 @@ def undecided(comps, max_seeds: int) -> list[tuple[str, str]]:
     ]
 
 
-def targets(comps) -> list[dict]:
+def targets(comps, max_seeds: int) -> list[dict]:
     """The target of issue #54: every default arm equivalent to its control (95% interval
-    inside +-MARGIN) on the primary measure; met or missed, per setup."""
-    return [
-        {
-            "setup": c["setup"],
-            "target": f"{c['setup']} default equivalent to {c['control']} within +-{MARGIN:.0%}",
-            "value": _cell(c[PRIMARY]),
-            "met": c[PRIMARY]["verdict"] == "equivalent",
-        }
-        for c in comps
-        if c["arm"] == "default"
-    ]
+    inside +-MARGIN) on the primary measure, per setup: ``met``; ``missed`` (worse, better, or
+    inconclusive at ``max_seeds``); or ``undecided`` (inconclusive with fewer seeds: the
+    stopping rule adds seeds)."""
+    out = []
+    for c in comps:
+        if c["arm"] != "default":
+            continue
+        verdict = c[PRIMARY]["verdict"]
+        status = "met" if verdict == "equivalent" else "missed"
+        if verdict == "inconclusive" and len(c["seeds"]) < max_seeds:
+            status = "undecided"
+        out.append(
+            {
+                "setup": c["setup"],
+                "target": f"{c['setup']} default equivalent to {c['control']} within +-{MARGIN:.0%}",
+                "value": _cell(c[PRIMARY]),
+                "seeds": len(c["seeds"]),
+                "status": status,
+                "met": status == "met",
+            }
+        )
+    return out
 
 
 def _cell(p: dict) -> str:
@@ -147,7 +158,7 @@ def print_table(comps) -> None:
         )
 
 
-def markdown(comps, header: str) -> str:
+def markdown(comps, header: str, max_seeds: int) -> str:
     """The RESULTS.md fragment: every comparison, every verdict, misses included."""
     lines = [
         header,
@@ -171,7 +182,17 @@ def markdown(comps, header: str) -> str:
             )
             + " |"
         )
-    missed = [t for t in targets(comps) if not t["met"]]
-    lines += ["", f"Targets missed: {len(missed)} of {len(targets(comps))}."]
-    lines += [f"- missed: {t['target']}: {t['value']}" for t in missed]
+    goals = targets(comps, max_seeds)
+    count = {k: sum(t["status"] == k for t in goals) for k in ("met", "missed", "undecided")}
+    lines += [
+        "",
+        f"Targets (every default arm equivalent): {count['met']} met, {count['missed']} missed, "
+        f"{count['undecided']} undecided (inconclusive with fewer than the stated maximum of "
+        f"{max_seeds} seeds) of {len(goals)}.",
+    ]
+    lines += [
+        f"- {t['status']}: {t['target']}: {t['value']}, {t['seeds']} seed(s)"
+        for t in goals
+        if t["status"] != "met"
+    ]
     return "\n".join(lines) + "\n"

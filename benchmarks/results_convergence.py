@@ -209,5 +209,20 @@ def fidelity() -> list[str]:
         if os.path.exists(path):
             with open(path) as f:
                 body = f.read().strip().splitlines()
-            return ["## Fidelity: does the default train as a shuffle does?", "", *body, ""]
+            with open(os.path.join(RESULTS, gpu, "fidelity.json")) as f:
+                summary = json.load(f)
+            progress, seeds = summary["progress"], summary["seeds"]
+            state = []
+            if progress["next_seeds"]:
+                nxt = progress["next_seeds"]
+                state = [
+                    f"**Not finished**: seeds {seeds[0]}-{seeds[-1]} so far (the stopping rule "
+                    f"asks at least {summary['config']['seeds']['min']}); "
+                    f"{len(progress['pending'])} comparisons still need seeds. Next slice: "
+                    f'`FIDELITY_ARGS="--seeds {nxt[0]}-{nxt[-1]}" bash scripts/gpu_check.sh '
+                    "fidelity`, then `benchmarks/fidelity.py --summarize-only` over "
+                    f"results/{gpu}/fidelity_slices/* and the new slice.",
+                    "",
+                ]
+            return ["## Fidelity: does the default train as a shuffle does?", "", *state, *body, ""]
     return []

@@ -9,9 +9,10 @@
 #                                                             (default: build test bench host)
 #
 # Results go to $OUT (or ./out): logs, and the benchmarks' CSVs (copy them to
-# benchmarks/results/<gpu>/ and run benchmarks/make_results.py). TORCH_CUDA_ARCH_LIST defaults
-# to 9.0 (H100/H200) here to keep the build short. Python wheels carried in .whl/ (packages the
-# machine lacks, such as diffusers) are installed to /tmp/site first.
+# benchmarks/results/<gpu>/ and run benchmarks/make_results.py). The device brings back only a
+# few files a call: point OUT elsewhere and tar it into the device's $OUT. TORCH_CUDA_ARCH_LIST
+# defaults to 9.0 (H100/H200) here to keep the build short. Python wheels carried in .whl/
+# (packages the machine lacks, such as diffusers) are installed to /tmp/site first.
 #
 # BASELINE=DIR: a checkout of another revision (e.g. main before a change) built beside this one
 # (in the background, from the start); `bench` and `host` then measure it too, in the same run,
@@ -196,7 +197,7 @@ PY
       ;;
     fidelity)
       # Issue 54: does the balanced plan train as well as a shuffle (benchmarks/fidelity.py)?
-      # The full run needs about 23 minutes, more than one call: each call runs the slice of
+      # 4 to 12 seeds at about 3.5 minutes a seed (H100, 8 workers): each call runs the slice of
       # seeds FIDELITY_ARGS names (--seeds 0-1, then the range --summarize-only prints as
       # "next: --seeds A-B") and starts no run after FIDELITY_BUDGET seconds. Merge the
       # slices' folders with fidelity.py --summarize-only DIR [DIR ...]. FIDELITY_WORKERS runs

@@ -303,3 +303,28 @@ def test_slices_of_other_configurations_are_refused(tmp_path, capsys):
         json.dump(record, f)
     assert fb.main(["--summarize-only", a, "--out-dir", str(tmp_path / "m")]) == 2
     assert "does not match its digest" in capsys.readouterr().err
+
+
+def test_targets_tell_the_undecided_from_the_missed(tmp_path, capsys):
+    """A default arm inconclusive with fewer than the stated maximum of seeds is undecided, not
+    missed; inconclusive at the maximum, or worse, it is missed; equivalent, met."""
+    rng = np.random.default_rng()
+    wide = [float(x) for x in np.array([1, -1, 1, -1]) * rng.uniform(0.05, 0.1, 4)]
+    for diffs, seeds, status in (
+        ({"default": wide}, [0, 1], "undecided"),
+        ({"default": wide}, [0, 1, 2, 3], "missed"),
+        ({"default": [0.05 + x / 100 for x in wide]}, [0, 1, 2, 3], "missed"),
+        ({"default": DIFFS["default"]}, [0, 1], "met"),
+    ):
+        d = tmp_path / f"{status}{len(seeds)}{rng.integers(1 << 30)}"
+        src = fake_slice(d / "s", seeds, diffs, max_seeds=4)
+        assert fb.main(["--summarize-only", src, "--out-dir", str(d / "m")]) == 0
+        with open(d / "m" / "fidelity.json") as f:
+            (target,) = json.load(f)["targets"]
+        assert target["status"] == status and target["met"] == (status == "met")
+        with open(d / "m" / "fidelity.md") as f:
+            md = f.read()
+        assert f"1 {status}" in md
+        if status != "met":
+            assert f"- {status}: b1_k1/w8 default equivalent" in md
+    capsys.readouterr()
