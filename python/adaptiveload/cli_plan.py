@@ -104,14 +104,16 @@ def layout_line(args: argparse.Namespace, family, config: str) -> str | None:
     D = args.sequence_parallel
     if not args.model or D == 1 or heads is None:
         return None
-    from adaptiveload.parallel.groups import layout, ring_comm_factor
+    from adaptiveload.parallel.groups import layout, ring_comm_factor, ring_held_fraction
 
     u, r = layout(D, heads)
     how = (
         "Ulysses alone"
         if r == 1
         else f"Ulysses {u} x ring {r} (keys and values whole per ring: each member receives "
-        f"{ring_comm_factor(D, heads):.2f}x Ulysses' bytes)"
+        f"{ring_comm_factor(D, heads):.2f}x Ulysses' bytes and keeps "
+        f"{ring_held_fraction(D, heads):.3g} of the samples' keys and values beyond its share, "
+        "which a memory budget counts)"
     )
     return (
         f"sequence parallelism: a micro-batch over {D} ranks of {family.name}/{config} "

@@ -187,4 +187,5 @@ def test_plan_model_says_how_a_degree_runs_over_its_heads(tmp_path, capsys):
         line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("sequence par"))
         assert f"over {degree} ranks" in line and f"({heads} attention heads)" in line
         assert how in line and model.split("/")[-1] in line
+        assert ("keeps 0.125 of the samples' keys and values" in line) == (how[-5:] == "1.43x")
     assert main([*demo, "--model", "wan/wan2.1-1.3B", "--sequence-parallel", "4"]) == 0
