@@ -2,6 +2,7 @@
 // sequence lengths. Plain C++17; no torch, no Python.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -32,6 +33,13 @@ struct BatchStats {
 
 /// The largest degree a measured share may have.
 constexpr int64_t kMaxMeasuredDegree = 1024;
+
+/// k of degree 2^k: a degree's index in the per-degree lists (the smallest k with 2^k >= d).
+inline size_t degree_level(int64_t degree) {
+  size_t level = 0;
+  while ((int64_t{1} << level) < degree) ++level;
+  return level;
+}
 
 /// A measured micro-batch kind: `batch` samples of `seq_len` tokens took `cost`. With
 /// `degree` d > 1 it is one rank's share of that micro-batch split d ways (sequence

@@ -92,8 +92,7 @@ struct MemoryPolicy {
   }
   /// held_per_token at `degree` (0 at 1 and where absent).
   double held(int64_t degree) const {
-    size_t level = 0;
-    while ((int64_t{1} << level) < degree) ++level;
+    const size_t level = degree_level(degree);
     return degree > 1 && level < held_per_token.size() ? held_per_token[level] : 0.0;
   }
   /// Throws std::invalid_argument naming a bad held_per_token (the model is validated apart).

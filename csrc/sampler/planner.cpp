@@ -594,8 +594,7 @@ void flatten_listings(const SampleTable& table, const std::vector<int64_t>& buck
       plan.offsets.push_back(static_cast<int64_t>(plan.samples.size()));
       plan.costs.push_back(share_cost(info[l.mb], l.degree, sp));
       if (table.has_memory_policy()) {
-        size_t level = 0;
-        while ((int64_t{1} << level) < l.degree) ++level;
+        const size_t level = degree_level(l.degree);
         plan.checkpointed.push_back(static_cast<int32_t>(info[l.mb].checkpointed[level]));
       }
       plan.tokens.push_back(tokens);

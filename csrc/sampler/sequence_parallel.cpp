@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "sampler/cost_model.h"
+
 namespace adaptiveload {
 
 namespace {
@@ -149,8 +151,7 @@ double share_cost(const SpItem& item, int64_t d, const SequenceParallel& sp) {
   const double whole = item.compute < 0.0 ? item.cost : item.compute;
   const double split = (whole - item.fixed) / static_cast<double>(d);
   const double dd = static_cast<double>(d);
-  size_t level = 0;
-  while ((int64_t{1} << level) < d) ++level;
+  const size_t level = degree_level(d);
   const double g = level < sp.comm_scale.size() ? sp.comm_scale[level] : 1.0;
   const double sent = static_cast<double>(item.tokens) * (dd - 1.0) / (dd * dd);
   const double comm = sp.comm_fraction * split + sp.comm_per_token * g * sent;

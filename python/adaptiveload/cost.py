@@ -343,6 +343,11 @@ def sequence_parallel_comm_of(cost_model: CostModel) -> float | None:
     return ulysses_comm_per_token(hidden, layers)
 
 
+def _degrees(max_degree: int) -> list[int]:
+    """1, 2, 4, .. ``max_degree``: the degrees of the planner's per-degree lists, in order."""
+    return [2**k for k in range(int(max_degree).bit_length())]
+
+
 def sequence_parallel_comm_scale_of(cost_model: CostModel, max_degree: int) -> list[float]:
     """The planner's factor on ``sequence_parallel_comm`` per degree 1, 2, 4, .. ``max_degree``:
     where a cost model's ``meta`` names the model's attention ``heads`` (the built-in profiles
@@ -355,11 +360,7 @@ def sequence_parallel_comm_scale_of(cost_model: CostModel, max_degree: int) -> l
         return []
     from adaptiveload.parallel.groups import ring_comm_factor
 
-    out, d = [], 1
-    while d <= max_degree:
-        out.append(ring_comm_factor(d, heads))
-        d *= 2
-    return out
+    return [ring_comm_factor(d, heads) for d in _degrees(max_degree)]
 
 
 # Bytes of one key or value element: the blocks run in bf16 (autocast) wherever AdaptiveLoad
@@ -381,10 +382,9 @@ def sequence_parallel_held_bytes_of(cost_model: CostModel, max_degree: int) -> l
         return []
     from adaptiveload.parallel.groups import ring_held_fraction
 
-    out, d = [], 1
-    while d <= max_degree:
-        out.append(2 * hidden * KV_ELEMENT_BYTES * ring_held_fraction(d, heads))
-        d *= 2
+    out = [
+        2 * hidden * KV_ELEMENT_BYTES * ring_held_fraction(d, heads) for d in _degrees(max_degree)
+    ]
     return out if any(out) else []
 
 

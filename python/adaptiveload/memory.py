@@ -147,6 +147,21 @@ class MemoryModel:
             len(lens), int(lens.sum()), float(budget_bytes), _held_arg(held)
         )
 
+    def share_peak_bytes(
+        self, seq_lens, degree: int, checkpointed: int, held_per_token=()
+    ) -> float:
+        """``peak_bytes`` of one member's share of a micro-batch of these samples split over
+        ``degree`` ranks: its ``held_lengths`` and, per kept block, ``held_bytes`` (the ring's
+        keys and values; ``held_per_token`` per degree 1, 2, 4, ..). ``degree`` 1: the whole."""
+        ring = held_bytes(held_per_token, seq_lens, degree)
+        return self.peak_bytes(held_lengths(seq_lens, degree), checkpointed, ring)
+
+    def share_blocks(self, seq_lens, degree: int, budget_bytes: float, held_per_token=()) -> int:
+        """``checkpointed_blocks`` of one member's share, as ``share_peak_bytes`` counts it:
+        the planner's choice for a listing of that degree (``MemoryPolicy::share_blocks``)."""
+        ring = held_bytes(held_per_token, seq_lens, degree)
+        return self.checkpointed_blocks(held_lengths(seq_lens, degree), budget_bytes, ring)
+
     def max_tokens(self, budget_bytes: float, batch: int = 1) -> int:
         """The most tokens ``batch`` samples may hold and still fit with every block
         checkpointed (0 if none)."""
@@ -273,11 +288,7 @@ class CheckpointPolicy:
     def planned_blocks(self, seq_lens, degree: int = 1) -> int:
         """The plan's choice for this micro-batch, or with ``degree`` > 1 for one rank's share
         of it (no fallback); -1 if it does not fit."""
-        return self.model.checkpointed_blocks(
-            held_lengths(seq_lens, degree),
-            self.budget_bytes,
-            held_bytes(self.held_per_token, seq_lens, degree),
-        )
+        return self.model.share_blocks(seq_lens, degree, self.budget_bytes, self.held_per_token)
 
     def blocks_for(self, seq_lens, degree: int = 1) -> int:
         """Blocks to checkpoint for this micro-batch (``degree``: the plan's, ``mb.degree``)."""
@@ -322,10 +333,11 @@ class CheckpointPolicy:
     def check_peak(self, seq_lens, checkpointed: int, peak_bytes: float, degree: int = 1) -> bool:
         """Compare a measured peak (of a rank's share at ``degree``) with the prediction; True
         when within the budget."""
-        held = held_lengths(seq_lens, degree)
-        ring = held_bytes(self.held_per_token, seq_lens, degree)
-        predicted = self.model.peak_bytes(held, checkpointed, ring) + self.reserved_bytes
-        batch, tokens = self.kind(held)
+        predicted = (
+            self.model.share_peak_bytes(seq_lens, degree, checkpointed, self.held_per_token)
+            + self.reserved_bytes
+        )
+        batch, tokens = self.kind(seq_lens, degree)
         row = {
             "batch": batch,
             "tokens": tokens,

@@ -19,7 +19,7 @@ from adaptiveload.cost import (
     sequence_parallel_held_bytes_of,
 )
 from adaptiveload.keys import as_group_ids, to_numpy
-from adaptiveload.memory import GIB, CheckpointPolicy, held_bytes, held_lengths
+from adaptiveload.memory import GIB, CheckpointPolicy, held_lengths
 from adaptiveload.sampler import resume
 from adaptiveload.sampler.base import BatchSampler, Setting
 from adaptiveload.sampler.checks import (
@@ -110,13 +110,14 @@ class PlannedBatchSampler(BatchSampler):
         if self.sequence_parallel > 1:
             cap += f" on each of sequence_parallel = {self.sequence_parallel} ranks"
         # What one rank holds of it: all of it, or split, its largest share.
-        held = held_lengths([self.seq_lens[i]], self.sequence_parallel)
-        ring = held_bytes(self._memory_held, [self.seq_lens[i]], self.sequence_parallel)
+        sample, D = [self.seq_lens[i]], self.sequence_parallel
+        held = held_lengths(sample, D)
+        memory, budget = self.memory_model, self.memory_budget_gib
         if (
-            self.memory_model is not None
-            and self.memory_model.checkpointed_blocks(held, self.memory_budget_gib * GIB, ring) < 0
+            memory is not None
+            and memory.share_blocks(sample, D, budget * GIB, self._memory_held) < 0
         ):
-            peak = self.memory_model.peak_bytes(held, self.memory_model.num_blocks, ring)
+            peak = memory.share_peak_bytes(sample, D, memory.num_blocks, self._memory_held)
             margin = self.memory_model.margin
             share = f"a share of {int(held[0])} tokens on each of {self.sequence_parallel} ranks: "
             cap = (
@@ -228,15 +229,16 @@ class PlannedBatchSampler(BatchSampler):
                 f"checkpointed_blocks: degree must be a power of two <= sequence_parallel = {d} "
                 f"(the plan's mb.degree), got {degree!r}"
             )
-        held = held_lengths(self.seq_lens[idx], degree)
-        ring = held_bytes(self._memory_held, self.seq_lens[idx], degree)
+        lens, memory = self.seq_lens[idx], self.memory_model
+        held = held_lengths(lens, degree)
         if degree == 1:
             blocks = int(self._table.checkpointed_blocks(idx))
         else:
-            budget = self.memory_budget_gib * GIB
-            blocks = self.memory_model.checkpointed_blocks(held, budget, ring)
+            blocks = memory.share_blocks(
+                lens, degree, self.memory_budget_gib * GIB, self._memory_held
+            )
         if blocks < 0:
-            peak = self.memory_model.peak_bytes(held, self.memory_model.num_blocks, ring)
+            peak = memory.share_peak_bytes(lens, degree, memory.num_blocks, self._memory_held)
             share = f", a share of {degree}" if degree > 1 else ""
             hint = (
                 "; split, pass the plan's degree (mb.degree)"
