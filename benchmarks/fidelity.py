@@ -48,7 +48,7 @@ merges slices, refusing any of another configuration (sizes, setups, arms, devic
 margin, seed rule), writes the summary, and prints the comparisons that still need seeds and
 the next slice, ``next: --seeds 2-3``, until every comparison is decided or has the stated
 maximum of seeds. A seed that a time budget cut short is named again; run it again (the merge
-takes each seed from the slice that ran most of it). A slice's record is rewritten as each run
+takes each run from the first slice that has it). A slice's record is rewritten as each run
 finishes, so one killed before its end (the device call's limit) merges the runs it finished.
 On the device, one call per slice:
 
@@ -58,13 +58,20 @@ On the device, one call per slice:
     PYTHONPATH=python python benchmarks/fidelity.py --summarize-only slice0 slice1 ...
 
 with the slices' folders copied back from each call's $OUT/fidelity; the last merge goes to
-``benchmarks/results/<gpu>/`` (its default). Slices follow one run's stopping rule and
+``benchmarks/results/<gpu>/`` (its default). Once the first seeds are in, most comparisons
+are decided and a slice need not train every run again: ``--seeds A-B --pending DIR ...``
+trains only the comparisons the merge of those slices leaves pending (each arm with its
+control, for the seeds it lacks), and ``--continue DIR ...`` runs such slices round after round
+(``seeds4-5``, ``seeds6-7``, ... under ``--out-dir``) until every comparison is decided or has
+the maximum of seeds, or the time budget ends. The merge takes each run from the first slice
+that has it. ``--workers 8`` fits an 80 GB H100; 14 ran it out of memory. Slices follow one run's stopping rule and
 inflate its error rates just as slightly: adding seeds while inconclusive is sequential testing.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import sys
@@ -206,14 +213,24 @@ def merged_traces(traces: dict, more: dict) -> dict:
 
 
 def run_rounds(
-    args, seeds, size, deadline, csv_path, wiring, max_seeds, on_done=lambda traces: None
+    args,
+    seeds,
+    size,
+    deadline,
+    csv_path,
+    wiring,
+    max_seeds,
+    on_done=lambda traces: None,
+    work=None,
 ) -> tuple:
-    """The runs of ``seeds`` (every setup and arm); without ``--seeds``, then rounds of
-    ``--seed-batch`` more seeds for the comparisons still inconclusive, up to ``max_seeds``.
-    ``on_done`` is called with every trace so far as each run finishes. Returns (rows,
-    learning-rate traces per seed, whether the time budget cut them)."""
+    """The runs of ``work`` ({seed: {setup: [runs]}}; default: every setup and arm of
+    ``seeds``); without ``--seeds``, then rounds of ``--seed-batch`` more seeds for the
+    comparisons still inconclusive, up to ``max_seeds``. ``on_done`` is called with every
+    trace so far as each run finishes. Returns (rows, learning-rate traces per seed, whether
+    the time budget cut them)."""
     rows, lr_traces, cut = [], {}, False
-    work = {s: {setup: runs_of(args.arms) for setup in args.setups} for s in seeds}
+    if work is None:
+        work = {s: {setup: runs_of(args.arms) for setup in args.setups} for s in seeds}
     while work and not cut:
         for seed, seed_work in work.items():
             print(f"seed {seed}: {sum(len(r) for r in seed_work.values())} runs", flush=True)
@@ -264,6 +281,19 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--workers", type=int, default=1, help="runs trained at once, each in its own process"
     )
+    ap.add_argument(
+        "--pending",
+        nargs="+",
+        metavar="DIR",
+        help="with --seeds: only the comparisons these slices leave pending",
+    )
+    ap.add_argument(
+        "--continue",
+        dest="continue_from",
+        nargs="+",
+        metavar="DIR",
+        help="slices of the pending comparisons, round after round, until decided",
+    )
     ap.add_argument("--out-dir", default=None, help="default: benchmarks/results/<gpu>")
     args = ap.parse_args(argv)
     if args.summarize_only:
@@ -276,9 +306,65 @@ def main(argv=None) -> int:
     max_seeds = max(args.max_seeds or (2 if args.quick else 12), min_seeds)
     if args.seeds is not None and args.seeds[-1] >= max_seeds:
         ap.error(f"--seeds beyond the stated maximum of {max_seeds} seeds (0-{max_seeds - 1})")
+    if args.pending and args.seeds is None:
+        ap.error("--pending runs a slice: name its --seeds (or --continue)")
+    if args.continue_from and (args.seeds is not None or args.pending):
+        ap.error("--continue chooses each slice's seeds and runs itself: no --seeds, --pending")
     cfg = fsl.config(
         size, args.setups, args.arms, args.device, min_seeds, max_seeds, args.seed_batch
     )
+    command = " ".join(["python benchmarks/fidelity.py", *(argv or sys.argv[1:])])
+    if args.continue_from:
+        return continue_slices(args, cfg, size, max_seeds)
+    return run(args, cfg, size, min_seeds, max_seeds, command)
+
+
+def continue_slices(args, cfg: dict, size, max_seeds: int) -> int:
+    """``--continue DIR ...``: the next seeds' slice of the comparisons still pending over the
+    slices in DIR ... (``--pending``), merged with them, then the next, until every comparison
+    is decided or has the maximum of seeds, or the time budget ends. Each slice goes to its own
+    folder under ``--out-dir`` (``seeds4-5``, ...), to merge with ``--summarize-only``."""
+    started = time.time()
+    budget = args.time_budget if args.time_budget is not None else 1e9
+    out_root = args.out_dir or os.path.join(HERE, "results", machine_key(), "fidelity_slices")
+    dirs = list(args.continue_from)
+    while True:
+        try:
+            slices = fsl.load_slices(dirs)
+            fsl.check_config(slices, cfg)
+        except fsl.Refused as e:
+            print(f"REFUSED: {e}", file=sys.stderr)
+            return 2
+        comps = fs.comparisons(fsl.merge_rows(slices), cfg["setups"], list(cfg["arms"]))
+        nxt = fsl.next_seeds(fsl.pending(comps, cfg), cfg)
+        left = budget - (time.time() - started)
+        if not nxt:
+            print("decided: every comparison decided or at the maximum of seeds", flush=True)
+            return 0
+        if left <= 0:
+            print(f"time budget reached; next: --seeds {fsl.format_seeds(nxt)}", flush=True)
+            return 0
+        out = os.path.join(out_root, f"seeds{fsl.format_seeds(nxt)}")
+        while os.path.exists(out):
+            out += "+"
+        sub = argparse.Namespace(**vars(args))
+        sub.seeds, sub.pending, sub.out_dir, sub.time_budget = nxt, list(dirs), out, left
+        command = (
+            f"python benchmarks/fidelity.py --seeds {fsl.format_seeds(nxt)} --pending "
+            f"{' '.join(dirs)} --workers {args.workers} (--continue)"
+        )
+        rc = run(sub, cfg, size, cfg["seeds"]["min"], max_seeds, command)
+        if rc != 0:
+            return rc
+        dirs.append(out)
+        with open(os.path.join(out, fsl.SLICE_JSON)) as f:
+            if json.load(f)["time_budget_cut"]:
+                print(f"time budget reached after {out}", flush=True)
+                return 0
+
+
+def run(args, cfg: dict, size, min_seeds: int, max_seeds: int, command: str) -> int:
+    """One run (rounds of seeds, summarized) or one slice (``--seeds``, its rows and record)."""
     started = time.time()
     deadline = started + (args.time_budget if args.time_budget is not None else 1e9)
 
@@ -286,6 +372,16 @@ def main(argv=None) -> int:
     machine = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     versions = fsl.provenance()
     seeds = args.seeds if args.seeds is not None else list(range(min_seeds))
+    work = None
+    if args.pending:
+        try:
+            work = fsl.pending_work(args.pending, cfg, seeds)
+        except fsl.Refused as e:
+            print(f"REFUSED: {e}", file=sys.stderr)
+            return 2
+        if not work:
+            print(f"nothing pending lacks seeds {fsl.format_seeds(seeds)}: no run", flush=True)
+            return 0
     print(
         f"machine {machine}, runs on {args.device}; torch {versions['torch']}, diffusers "
         f"{versions['diffusers']}\nPRIMARY MEASURE (named before the run): {fs.PRIMARY_TEXT}"
@@ -318,7 +414,7 @@ def main(argv=None) -> int:
             "machine": machine,
             "device": args.device,
             **versions,
-            "commands": [" ".join(["python benchmarks/fidelity.py", *(argv or sys.argv[1:])])],
+            "commands": [command],
             "time_budget_cut": cut,
             "wall_s": round(time.time() - started, 1),
             "wiring": wiring,
@@ -346,7 +442,7 @@ def main(argv=None) -> int:
             write_slice(info_of(traces, True))
 
     rows, lr_traces, cut = run_rounds(
-        args, list(seeds), size, deadline, csv_path, wiring, max_seeds, run_done
+        args, list(seeds), size, deadline, csv_path, wiring, max_seeds, run_done, work
     )
     info = info_of(lr_traces, cut)
     if args.seeds is None:

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 import torch
 
 import fidelity_stats as fs
-from fidelity_arms import ARMS, control_of
+from fidelity_arms import ARMS, control_of, runs_of
 
 COLUMNS = (
     "setup",
@@ -164,21 +164,50 @@ def load_slices(dirs) -> list[dict]:
 
 
 def merge_rows(slices) -> list[dict]:
-    """The slices' rows, each seed's from the one slice that ran most of its runs (the first
-    of those on a tie): a seed a time budget cut short and then ran again counts once."""
-    runs = {}  # seed -> [(runs of it, slice index)]
+    """The slices' rows, each run (seed, setup, run) from the first slice that has it: a slice
+    writes a run's rows when the run finishes, so a run in several slices (a seed a time
+    budget cut short and then ran again, a slice of the pending comparisons) counts once."""
+    source, seen_in = {}, {}
     for i, s in enumerate(slices):
-        per_seed = {}
         for r in s["rows"]:
-            per_seed.setdefault(int(r["seed"]), set()).add((r["setup"], r["run"]))
-        for seed, found in per_seed.items():
-            runs.setdefault(seed, []).append((len(found), -i))
-    source = {seed: -max(found)[1] for seed, found in runs.items()}
-    for seed, found in sorted(runs.items()):
-        if len(found) > 1:
-            dirs = ", ".join(slices[-i]["dir"] for _, i in found)
-            print(f"seed {seed} is in {dirs}: using {slices[source[seed]]['dir']}'s runs")
-    return [r for i, s in enumerate(slices) for r in s["rows"] if source[int(r["seed"])] == i]
+            key = (int(r["seed"]), r["setup"], r["run"])
+            source.setdefault(key, i)
+            seen_in.setdefault(key[0], {}).setdefault(i, set()).add(key)
+    for seed, by_slice in sorted(seen_in.items()):
+        if len(by_slice) > 1:
+            dirs = ", ".join(slices[i]["dir"] for i in by_slice)
+            print(f"seed {seed} is in {dirs}: each run from the first of them that has it")
+    return [
+        r
+        for i, s in enumerate(slices)
+        for r in s["rows"]
+        if source[(int(r["seed"]), r["setup"], r["run"])] == i
+    ]
+
+
+def check_config(slices, cfg: dict) -> None:
+    """Raises ``Refused`` where the slices ran another configuration than ``cfg``."""
+    if slices[0]["digest"] != digest(cfg):
+        raise Refused(
+            f"{slices[0]['dir']} ran configuration {slices[0]['digest']}, this run is "
+            f"{digest(cfg)}: pass the setups, arms and seed rule those slices ran"
+        )
+
+
+def pending_work(dirs, cfg: dict, seeds) -> dict:
+    """{seed: {setup: [runs]}}: of ``seeds``, the runs of the comparisons that the merge of the
+    slices in ``dirs`` says still need seeds (each arm with its control), for the seeds each
+    lacks. Raises ``Refused`` where the slices ran another configuration than ``cfg``."""
+    slices = load_slices(dirs)
+    check_config(slices, cfg)
+    comps = fs.comparisons(merge_rows(slices), cfg["setups"], list(cfg["arms"]))
+    work = {}
+    for todo in pending(comps, cfg):
+        for seed in seeds:
+            if seed not in todo["seeds"]:
+                runs = work.setdefault(seed, {}).setdefault(todo["setup"], [])
+                runs.extend(r for r in runs_of([todo["arm"]]) if r not in runs)
+    return work
 
 
 def pending(comps, cfg: dict) -> list[dict]:
@@ -289,6 +318,13 @@ def summarize_only(dirs, out_dir: str | None) -> int:
         "wall_s": round(sum(s["wall_s"] for s in slices), 1),
         "wiring": wiring,
     }
-    write_summary(out_dir, rows, first["config"], info)
+    summary = write_summary(out_dir, rows, first["config"], info)
+    nxt = summary["progress"]["next_seeds"]
+    if nxt:
+        listed = " ".join(dirs)
+        print(
+            f"  the pending comparisons alone: --seeds {format_seeds(nxt)} --pending {listed}"
+            f"\n  every round left, in one call: --continue {listed}"
+        )
     print(f"merged {len(slices)} slices into {out_dir}/fidelity.csv, .json, .md")
     return 0

@@ -215,13 +215,22 @@ def fidelity() -> list[str]:
             state = []
             if progress["next_seeds"]:
                 nxt = progress["next_seeds"]
-                state = [
+                undecided = [t for t in summary["targets"] if t["status"] == "undecided"]
+                pending = [f"{p['setup']} {p['arm']}" for p in progress["pending"]]
+                head = (
                     f"**Not finished**: seeds {seeds[0]}-{seeds[-1]} so far (the stopping rule "
-                    f"asks at least {summary['config']['seeds']['min']}); "
-                    f"{len(progress['pending'])} comparisons still need seeds. Next slice: "
-                    f'`FIDELITY_ARGS="--seeds {nxt[0]}-{nxt[-1]}" bash scripts/gpu_check.sh '
-                    "fidelity`, then `benchmarks/fidelity.py --summarize-only` over "
-                    f"results/{gpu}/fidelity_slices/* and the new slice.",
+                    f"asks at least {summary['config']['seeds']['min']})"
+                    if undecided
+                    else f"**Targets decided** with seeds {seeds[0]}-{seeds[-1]}; the "
+                    "arms that are not defaults are still being decided"
+                )
+                state = [
+                    f"{head}: {len(pending)} comparisons still need seeds "
+                    f"({', '.join(pending)}; next seeds {nxt[0]}-{nxt[-1]}). Next: "
+                    f'`FIDELITY_ARGS="--continue benchmarks/results/{gpu}/fidelity_slices/*" '
+                    "bash scripts/gpu_check.sh fidelity` (those comparisons alone, round after "
+                    "round), then `benchmarks/fidelity.py --summarize-only` over "
+                    f"results/{gpu}/fidelity_slices/* and the new slices.",
                     "",
                 ]
             return ["## Fidelity: does the default train as a shuffle does?", "", *state, *body, ""]

@@ -210,11 +210,14 @@ PY
       ;;
     fidelity)
       # Issue 54: does the balanced plan train as well as a shuffle (benchmarks/fidelity.py)?
-      # 4 to 12 seeds at about 3.5 minutes a seed (H100, 8 workers): each call runs the slice of
-      # seeds FIDELITY_ARGS names (--seeds 0-1, then the range --summarize-only prints as
-      # "next: --seeds A-B") and starts no run after FIDELITY_BUDGET seconds. Merge the
-      # slices' folders with fidelity.py --summarize-only DIR [DIR ...]. FIDELITY_WORKERS runs
-      # share the GPU at once (8 unless told).
+      # 4 to 12 seeds at about 3.5 minutes a seed of every run (H100, 8 workers): each call runs
+      # the slice of seeds FIDELITY_ARGS names (--seeds 0-1, then the range --summarize-only
+      # prints as "next: --seeds A-B"), or, once the first 4 seeds are in, only the comparisons
+      # still pending, round after round (--continue benchmarks/results/h100/fidelity_slices/*:
+      # new slices under $OUT/fidelity/seedsA-B), and starts no run after FIDELITY_BUDGET
+      # seconds. Merge the slices' folders with fidelity.py --summarize-only DIR [DIR ...].
+      # FIDELITY_WORKERS runs share the GPU at once (8 unless told; 14 ran an 80 GB H100 out of
+      # memory).
       eval "extra=(${FIDELITY_ARGS:---seeds 0-1})"
       run_step fidelity ours timeout "${FIDELITY_TIMEOUT:-560}" $PY benchmarks/fidelity.py \
         --device cuda --out-dir "$OUT/fidelity" --time-budget "${FIDELITY_BUDGET:-450}" \

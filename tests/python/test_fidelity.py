@@ -236,14 +236,14 @@ def test_a_slice_killed_before_its_end_merges_the_runs_it_finished(tmp_path, cap
     assert "merged 1 slices" in capsys.readouterr().out
 
 
-def fake_slice(path, seeds, diffs, max_seeds=6):
+def fake_slice(path, seeds, diffs, max_seeds=6, runs=None):
     """A slice folder without training: per seed, arm - control of the primary measure is
-    ``diffs[arm][seed]`` (controls at 1.0)."""
+    ``diffs[arm][seed]`` (controls at 1.0); ``runs``: only these (default: every one)."""
     cfg = fsl.config(SIZE, ["b1_k1/w8"], list(diffs), "cpu", 2, max_seeds, 2)
     os.makedirs(path)
     rows = []
     for seed in seeds:
-        for run in fa.runs_of(list(diffs)):
+        for run in runs or fa.runs_of(list(diffs)):
             v = 1.0 + diffs[run][seed] if run in diffs else 1.0
             rows.append(
                 dict.fromkeys(fsl.COLUMNS, 0)
@@ -328,3 +328,65 @@ def test_targets_tell_the_undecided_from_the_missed(tmp_path, capsys):
         if status != "met":
             assert f"- {status}: b1_k1/w8 default equivalent" in md
     capsys.readouterr()
+
+
+# -- the pending comparisons alone: --seeds A-B --pending DIR ..., and --continue DIR ... -----
+
+
+def test_runs_merge_one_by_one_from_the_slices_that_have_them(tmp_path, capsys):
+    """A seed cut short in one slice (segregated not run) and completed by a slice of the
+    pending comparisons: every run counts, once (a merge by whole seeds dropped one)."""
+    a = fake_slice(tmp_path / "a", [0, 1], DIFFS)
+    rows = [r for r in fsl.read_rows(os.path.join(a, fsl.ROWS_CSV))]
+    cut = [r for r in rows if not (r["seed"] == "1" and r["run"] == "segregated")]
+    fsl.start_rows(os.path.join(a, fsl.ROWS_CSV))
+    fsl.add_rows(os.path.join(a, fsl.ROWS_CSV), cut)
+    b = fake_slice(tmp_path / "b", [1], DIFFS, runs=["shuffled", "segregated"])
+    rows = fsl.merge_rows(fsl.load_slices([a, b]))
+    keys = [(r["seed"], r["run"]) for r in rows]
+    assert sorted(keys) == sorted({(str(s), r) for s in (0, 1) for r in fa.runs_of(DIFFS)})
+    comps = {c["arm"]: c for c in fs.comparisons(rows, ["b1_k1/w8"], list(DIFFS))}
+    assert comps["segregated"]["seeds"] == [0, 1] and comps["default"]["seeds"] == [0, 1]
+    assert "each run from the first of them that has it" in capsys.readouterr().out
+
+
+def test_a_slice_of_the_pending_runs_only_the_undecided_comparisons(tmp_path, capsys):
+    dirs = [fake_slice(tmp_path / f"s{s}", [s], DIFFS) for s in (0, 1)]
+    cfg = fsl.config(SIZE, ["b1_k1/w8"], list(DIFFS), "cpu", 2, 6, 2)
+    work = fsl.pending_work(dirs, cfg, [1, 2, 3])  # seed 1: every comparison has it
+    assert work == {s: {"b1_k1/w8": ["shuffled", "segregated"]} for s in (2, 3)}
+    other = fsl.config(SIZE, ["b1_k1/w8"], list(DIFFS), "cpu", 2, 8, 2)
+    with pytest.raises(fsl.Refused, match="pass the setups, arms and seed rule"):
+        fsl.pending_work(dirs, other, [2, 3])
+    assert fb.main(["--summarize-only", *dirs, "--out-dir", str(tmp_path / "m")]) == 0
+    out = capsys.readouterr().out
+    assert f"--seeds 2-3 --pending {' '.join(dirs)}" in out and "--continue" in out
+
+
+CONTINUE_ARGS = ["--quick", "--device", "cpu", "--setups", "b1_k1/w8"]
+CONTINUE_ARGS += ["--arms", "default,segregated", "--max-seeds", "4"]
+
+
+def test_continue_trains_the_pending_comparisons_until_the_maximum(tmp_path, capsys):
+    """Over slices where the default is decided and segregated is not, --continue trains
+    segregated and its control for seeds 2-3 (real training) and stops at the maximum."""
+    dirs = [fake_slice(tmp_path / f"s{s}", [s], DIFFS, max_seeds=4) for s in (0, 1)]
+    out = tmp_path / "more"
+    assert fb.main([*CONTINUE_ARGS, "--continue", *dirs, "--out-dir", str(out)]) == 0
+    assert "decided: every comparison decided or at the maximum" in capsys.readouterr().out
+    (made,) = os.listdir(out)
+    assert made == "seeds2-3"
+    rows = fsl.read_rows(out / made / fsl.ROWS_CSV)
+    assert {(r["seed"], r["run"]) for r in rows} == {
+        (s, r) for s in ("2", "3") for r in ("shuffled", "segregated")
+    }
+    with open(out / made / fsl.SLICE_JSON) as f:
+        assert "--pending" in json.load(f)["command"]
+    merged = tmp_path / "m"
+    assert fb.main(["--summarize-only", *dirs, str(out / made), "--out-dir", str(merged)]) == 0
+    with open(merged / "fidelity.json") as f:
+        comps = {c["arm"]: c for c in json.load(f)["comparisons"]}
+    assert comps["segregated"]["seeds"] == [0, 1, 2, 3] and comps["default"]["seeds"] == [0, 1]
+    with pytest.raises(SystemExit):  # a slice of the pending names its seeds
+        fb.main([*CONTINUE_ARGS, "--pending", *dirs])
+    assert "--pending runs a slice: name its --seeds" in capsys.readouterr().err
