@@ -5,6 +5,10 @@ real ``diffusers.WanTransformer3DModel`` (scaled down) on a synthetic image+vide
 the two modalities pull the parameters apart, and compares each order with a control that
 differs from it in the order only (issue #34).
 
+Superseded by benchmarks/fidelity.py (issue #54: real mixes' token spread, the learning rate
+by optimizer step, fresh data per seed, every setup teams run), whose table decides whether
+the defaults train as a shuffle does; this one stays as the record of why they changed.
+
 - **Task** (convergence_data.py). Latents are sums of smooth 2-D waves with random amplitudes;
   which waves is set by a pattern id whose text embedding the model reads. Images (1 latent
   frame) and clips (3-5 frames, waves moving) of pattern i share its text but not its waves,

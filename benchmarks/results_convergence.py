@@ -125,6 +125,10 @@ def convergence() -> list[str]:
         [
             "## What the step order does to training",
             "",
+            "Superseded by the fidelity benchmark above (real mixes' token spread, the learning "
+            "rate by optimizer step, fresh data per seed, every setup): kept for the record of "
+            "why the defaults changed on 2026-12-07; the defaults it measured are not today's.",
+            "",
             f"benchmarks/convergence_wan.py: {d['machine']} ({d['device']} workers); torch "
             f"{d['torch']}; {d['date']}; "
             + ", ".join(f"`{c}`" for c in d["commands"])
