@@ -64,8 +64,9 @@ trains only the comparisons the merge of those slices leaves pending (each arm w
 control, for the seeds it lacks), and ``--continue DIR ...`` runs such slices round after round
 (``seeds4-5``, ``seeds6-7``, ... under ``--out-dir``) until every comparison is decided or has
 the maximum of seeds, or the time budget ends. The merge takes each run from the first slice
-that has it. ``--workers 8`` fits an 80 GB H100; 14 ran it out of memory. Slices follow one run's stopping rule and
-inflate its error rates just as slightly: adding seeds while inconclusive is sequential testing.
+that has it. ``--workers 8`` fits an 80 GB H100; 14 ran it out of memory. Slices follow one
+run's stopping rule and inflate its error rates just as slightly: adding seeds while
+inconclusive is sequential testing.
 """
 
 from __future__ import annotations
@@ -344,9 +345,11 @@ def continue_slices(args, cfg: dict, size, max_seeds: int) -> int:
         if left <= 0:
             print(f"time budget reached; next: --seeds {fsl.format_seeds(nxt)}", flush=True)
             return 0
-        out = os.path.join(out_root, f"seeds{fsl.format_seeds(nxt)}")
-        while os.path.exists(out):
-            out += "+"
+        base = out = os.path.join(out_root, f"seeds{fsl.format_seeds(nxt)}")
+        for again in range(2, 100):  # a folder of these seeds kept from an earlier call
+            if not os.path.exists(out):
+                break
+            out = f"{base}.{again}"
         sub = argparse.Namespace(**vars(args))
         sub.seeds, sub.pending, sub.out_dir, sub.time_budget = nxt, list(dirs), out, left
         command = (

@@ -387,6 +387,8 @@ def test_continue_trains_the_pending_comparisons_until_the_maximum(tmp_path, cap
     with open(merged / "fidelity.json") as f:
         comps = {c["arm"]: c for c in json.load(f)["comparisons"]}
     assert comps["segregated"]["seeds"] == [0, 1, 2, 3] and comps["default"]["seeds"] == [0, 1]
+    assert fb.main([*CONTINUE_ARGS, "--continue", *dirs, "--out-dir", str(out)]) == 0
+    assert sorted(os.listdir(out)) == ["seeds2-3", "seeds2-3.2"]  # the first one kept
     with pytest.raises(SystemExit):  # a slice of the pending names its seeds
         fb.main([*CONTINUE_ARGS, "--pending", *dirs])
     assert "--pending runs a slice: name its --seeds" in capsys.readouterr().err
