@@ -331,13 +331,10 @@ def continue_slices(args, cfg: dict, size, max_seeds: int) -> int:
     dirs = list(args.continue_from)
     while True:
         try:
-            slices = fsl.load_slices(dirs)
-            fsl.check_config(slices, cfg)
+            nxt = fsl.next_seeds(fsl.pending_of(dirs, cfg), cfg)
         except fsl.Refused as e:
             print(f"REFUSED: {e}", file=sys.stderr)
             return 2
-        comps = fs.comparisons(fsl.merge_rows(slices), cfg["setups"], list(cfg["arms"]))
-        nxt = fsl.next_seeds(fsl.pending(comps, cfg), cfg)
         left = budget - (time.time() - started)
         if not nxt:
             print("decided: every comparison decided or at the maximum of seeds", flush=True)

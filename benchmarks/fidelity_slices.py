@@ -194,15 +194,20 @@ def check_config(slices, cfg: dict) -> None:
         )
 
 
+def pending_of(dirs, cfg: dict) -> list[dict]:
+    """``pending`` of the merge of the slices in ``dirs``. Raises ``Refused`` where they ran
+    another configuration than ``cfg``."""
+    slices = load_slices(dirs)
+    check_config(slices, cfg)
+    return pending(fs.comparisons(merge_rows(slices), cfg["setups"], list(cfg["arms"])), cfg)
+
+
 def pending_work(dirs, cfg: dict, seeds) -> dict:
     """{seed: {setup: [runs]}}: of ``seeds``, the runs of the comparisons that the merge of the
     slices in ``dirs`` says still need seeds (each arm with its control), for the seeds each
     lacks. Raises ``Refused`` where the slices ran another configuration than ``cfg``."""
-    slices = load_slices(dirs)
-    check_config(slices, cfg)
-    comps = fs.comparisons(merge_rows(slices), cfg["setups"], list(cfg["arms"]))
     work = {}
-    for todo in pending(comps, cfg):
+    for todo in pending_of(dirs, cfg):
         for seed in seeds:
             if seed not in todo["seeds"]:
                 runs = work.setdefault(seed, {}).setdefault(todo["setup"], [])
