@@ -19,7 +19,8 @@ shape) and steps without an image against a shuffle's.
 
 Writes sp.json, sp.csv and sp.png under --out, and timings.jsonl as each kind is timed (pass it
 back as --timings to go on after a time limit); --write also stores the CSV as
-benchmarks/results/<gpu>/replay_sp.csv and rewrites RESULTS.md.
+benchmarks/results/<gpu>/replay_sp.csv (replay_sp_13b_d8.csv for --config wan2.1-1.3B --degree 8)
+and rewrites RESULTS.md.
 """
 
 from __future__ import annotations
@@ -318,7 +319,7 @@ def figure(rows, path):
         return
     worlds = sorted({r["ranks"] for r in rows})
     fig, axes = plt.subplots(1, len(worlds), figsize=(5.5 * len(worlds), 4), squeeze=False)
-    markers = {"shuffled b1": "x", "today": "o", "today uneven": "s"}
+    markers = {"shuffled b1": "x", "today": "o", "today uneven": "s", "today balanced": "D"}
     for ax, w in zip(axes[0], worlds, strict=True):
         for r in (x for x in rows if x["ranks"] == w):
             label = f"K={r['K']} {'b1' if r['batch'] == 1 else 'packed'}"
@@ -364,6 +365,9 @@ def write(rows, setup, command=None):
     }
     name = "replay_sp" + ("_demo" if setup["data"] == "demo" else "")
     name += "_builtin" if setup.get("cost_model") == "built-in" else ""
+    if setup.get("config", "wan2.1-14B") != "wan2.1-14B":  # e.g. replay_sp_13b_d8
+        size = setup["config"].rsplit("-", 1)[-1].lower().replace(".", "")
+        name += f"_{size}_d{setup['degree']}"
     print("wrote", write_results(f"{gpu}/{name}.csv", head, out, meta))
 
 
